@@ -1,0 +1,110 @@
+//! What the engine knows of the tools: their names and how they touch the world.
+//!
+//! Descriptions and input schemas belong to the tools and policy services; the engine
+//! needs only enough to refuse unknown tools and to order calls safely.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// How a tool call touches the world outside the runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SideEffect {
+    /// Reads only: safe to run in parallel and to retry.
+    ReadOnly,
+    /// Writes, but applying it twice with the same effect key changes nothing more.
+    IdempotentWrite,
+    /// Writes; a repeat would be a second business change.
+    Write,
+}
+
+impl SideEffect {
+    /// Whether the call changes anything outside the runtime.
+    pub const fn writes(self) -> bool {
+        match self {
+            SideEffect::ReadOnly => false,
+            SideEffect::IdempotentWrite | SideEffect::Write => true,
+        }
+    }
+}
+
+/// The engine's view of one tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// How the tool touches the world.
+    pub side_effect: SideEffect,
+    /// Whether two writes of this tool may run in either order (and so in parallel).
+    #[serde(default)]
+    pub commutative: bool,
+}
+
+impl ToolSpec {
+    /// A read-only tool.
+    pub const fn read_only() -> ToolSpec {
+        ToolSpec {
+            side_effect: SideEffect::ReadOnly,
+            commutative: false,
+        }
+    }
+
+    /// A tool with the given side effect, not commutative.
+    pub const fn new(side_effect: SideEffect) -> ToolSpec {
+        ToolSpec {
+            side_effect,
+            commutative: false,
+        }
+    }
+}
+
+/// The tools an invocation may call, by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ToolCatalog {
+    tools: BTreeMap<String, ToolSpec>,
+}
+
+impl ToolCatalog {
+    /// An empty catalog: every tool call is refused.
+    pub fn new() -> ToolCatalog {
+        ToolCatalog::default()
+    }
+
+    /// Adds or replaces a tool.
+    #[must_use]
+    pub fn with(mut self, name: impl Into<String>, spec: ToolSpec) -> ToolCatalog {
+        self.tools.insert(name.into(), spec);
+        self
+    }
+
+    /// The spec of `name`, if the tool is known.
+    pub fn get(&self, name: &str) -> Option<&ToolSpec> {
+        self.tools.get(name)
+    }
+
+    /// Number of tools.
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    /// Whether no tool is known.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// The tools, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &ToolSpec)> {
+        self.tools.iter().map(|(name, spec)| (name.as_str(), spec))
+    }
+}
+
+impl<N: Into<String>> FromIterator<(N, ToolSpec)> for ToolCatalog {
+    fn from_iter<I: IntoIterator<Item = (N, ToolSpec)>>(iter: I) -> Self {
+        ToolCatalog {
+            tools: iter
+                .into_iter()
+                .map(|(name, spec)| (name.into(), spec))
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! Budgets and bounds of one invocation.
+
+use std::num::NonZeroU32;
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::DecisionBounds;
+use crate::time::UnixMillis;
+
+/// What one invocation may use. Checked by the engine on committed state; none of them
+/// can be raised by the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Most model decisions (turns).
+    pub max_steps: u32,
+    /// Most tool calls executed, over all turns.
+    pub max_tool_calls: u32,
+    /// Most tokens (input + output); `None` for no token budget.
+    pub max_tokens: Option<u64>,
+    /// How many times in a row the same plan may execute; `None` turns repeat detection off.
+    pub max_repeated_plan: Option<NonZeroU32>,
+    /// When the invocation must stop, if ever.
+    pub deadline: Option<UnixMillis>,
+    /// Invalid decisions fed back to the model before `invalid_decision`.
+    pub decision_repairs: u32,
+    /// Rejected final answers fed back to the model before `verification_failed`.
+    pub verification_repairs: u32,
+    /// Bounds on a single decision.
+    pub bounds: DecisionBounds,
+}
+
+impl Default for Limits {
+    /// Conservative defaults: a profile raises them deliberately.
+    fn default() -> Self {
+        Limits {
+            max_steps: 16,
+            max_tool_calls: 64,
+            max_tokens: None,
+            max_repeated_plan: NonZeroU32::new(2),
+            deadline: None,
+            decision_repairs: 0,
+            verification_repairs: 1,
+            bounds: DecisionBounds::default(),
+        }
+    }
+}

@@ -1,0 +1,1105 @@
+//! The turn state machine: `step(state, input) -> actions`.
+//!
+//! The I/O shell performs the [`Action`]s (call the model, ask policy, run tools, write
+//! the log) and feeds what happened back as [`Input`]s. Nothing here blocks, sleeps,
+//! reads a clock or touches the network; the current time is an argument.
+//!
+//! Ordering rules the machine enforces (see DESIGN.md, "One turn"):
+//! - nothing executes before the decision is validated, budgeted, progress-checked and
+//!   authorized;
+//! - every call of an executed batch gets exactly one result, committed in call order;
+//! - a turn is committed before the next `Decide` is emitted — no commit, no next turn;
+//! - the end is committed too, and `Finish` is emitted exactly once.
+
+use std::sync::Arc;
+
+use crate::canonical::Fingerprint;
+use crate::catalog::ToolCatalog;
+use crate::decision::{CallId, Decision, ProposedDecision, ToolCall, Usage, ValidBatch, validate};
+use crate::event::{EndRecord, Event, EventBody, Rejection, RejectionKind, TurnRecord};
+use crate::limits::Limits;
+use crate::outcome::{CallOutcome, CallResult, Outcome, Totals};
+use crate::plan::ExecutionPlan;
+use crate::terminal::TerminalReason;
+use crate::time::UnixMillis;
+
+/// What the shell tells the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// Begin driving a new or restored invocation.
+    Start,
+    /// The model proposed a decision.
+    Decided {
+        /// The proposal, unvalidated.
+        decision: ProposedDecision,
+        /// What it cost.
+        usage: Usage,
+    },
+    /// The model could not be asked or failed (after the adapter's own retries).
+    DecisionFailed {
+        /// What went wrong.
+        message: String,
+    },
+    /// Policy's verdict on the batch of the last `Authorize`.
+    Authorized(Verdict),
+    /// One call of the executing batch finished, in whatever order calls finish.
+    CallFinished {
+        /// The call.
+        call_id: CallId,
+        /// Its result.
+        outcome: CallOutcome,
+    },
+    /// The executor answered `Reconcile` for a call whose outcome was unknown.
+    Reconciled {
+        /// The call.
+        call_id: CallId,
+        /// What the executor's records say happened.
+        outcome: CallOutcome,
+    },
+    /// The executor cannot tell whether a call's effect happened.
+    ReconciliationFailed {
+        /// The call.
+        call_id: CallId,
+        /// What is known.
+        detail: String,
+    },
+    /// The validators' verdict on the answer of the last `Verify`.
+    Verified(Verification),
+    /// The events of the last `Commit` are durable.
+    Committed,
+    /// The events of the last `Commit` could not be made durable.
+    CommitFailed {
+        /// What went wrong.
+        message: String,
+    },
+    /// The caller (or a revoked lease) asks the invocation to stop.
+    Cancel,
+    /// Time passed; lets the engine enforce the deadline while it waits.
+    Tick,
+}
+
+/// Policy's verdict on a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every call may run.
+    Allow,
+    /// The batch is refused (schema violation, unauthorized).
+    Deny {
+        /// Why, fed back to the model on a repair turn.
+        reason: String,
+    },
+    /// The batch may run only after a human approves it.
+    RequireApproval {
+        /// Why approval is needed.
+        reason: String,
+    },
+}
+
+/// The validators' verdict on a final answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verification {
+    /// The answer is backed by evidence.
+    Accepted,
+    /// The answer is not accepted.
+    Rejected {
+        /// Why, fed back to the model on a repair turn.
+        reason: String,
+    },
+}
+
+/// What the engine asks the shell to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Ask the model for the decision of `turn`; answer with `Decided` or `DecisionFailed`.
+    Decide {
+        /// The turn being decided.
+        turn: u32,
+    },
+    /// Ask policy about these calls; answer with `Authorized`.
+    Authorize {
+        /// The turn.
+        turn: u32,
+        /// The validated calls.
+        calls: Vec<ToolCall>,
+    },
+    /// Run these calls following `plan`; answer with one `CallFinished` per call.
+    Execute {
+        /// The turn.
+        turn: u32,
+        /// The calls, in the model's order.
+        calls: Vec<ToolCall>,
+        /// Which calls may run together.
+        plan: ExecutionPlan,
+    },
+    /// Stop the calls of `turn`: drop running ones (report `Cancelled`, or their result if
+    /// they already finished) and start no more (report `NotStarted`).
+    CancelCalls {
+        /// The turn.
+        turn: u32,
+    },
+    /// Ask the executors what became of writes whose outcome is unknown, by their effect
+    /// keys; answer with one `Reconciled` or `ReconciliationFailed` per call. The model is
+    /// not asked again until every one is settled: it must never redo a write blindly.
+    Reconcile {
+        /// The turn.
+        turn: u32,
+        /// The write calls whose outcome is unknown.
+        calls: Vec<ToolCall>,
+    },
+    /// Ask the validators about a final answer; answer with `Verified`.
+    Verify {
+        /// The turn.
+        turn: u32,
+        /// The answer.
+        answer: String,
+    },
+    /// Append `events` atomically after `expected_version`; answer with `Committed` or
+    /// `CommitFailed`.
+    Commit {
+        /// The seq of the last committed event the append extends (0 for none).
+        expected_version: u64,
+        /// The events, seq `expected_version + 1` onwards.
+        events: Vec<Event>,
+    },
+    /// The invocation has ended; nothing more will be asked.
+    Finish(Outcome),
+}
+
+/// An input the engine refused. The state is exactly as it was before the call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StepError {
+    /// The input does not fit the current phase (a late answer, or a shell bug).
+    #[error("input {input} is not expected while {phase}")]
+    Unexpected {
+        /// The input's kind.
+        input: &'static str,
+        /// The phase the engine is in.
+        phase: &'static str,
+    },
+    /// A result for a call that is not in the executing batch.
+    #[error("no call {0} in the executing batch")]
+    UnknownCall(CallId),
+    /// A second result for the same call.
+    #[error("call {0} already has a result")]
+    DuplicateResult(CallId),
+    /// A reconciliation answer for a call that is not waiting for one.
+    #[error("call {0} is not waiting to be reconciled")]
+    NotReconciling(CallId),
+}
+
+/// A committed history the engine cannot rebuild state from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RestoreError {
+    /// A seq out of order or missing.
+    #[error("event seq {found} where {expected} was expected")]
+    SeqGap {
+        /// The seq that should come next.
+        expected: u64,
+        /// The seq found.
+        found: u64,
+    },
+    /// A turn number out of order.
+    #[error("turn {found} where {expected} was expected")]
+    TurnGap {
+        /// The turn that should come next.
+        expected: u32,
+        /// The turn found.
+        found: u32,
+    },
+    /// Something follows the `Ended` event.
+    #[error("event {0} follows the end of the invocation")]
+    AfterEnd(u64),
+    /// An executed turn without its plan fingerprint.
+    #[error("turn {0} has results but no plan fingerprint")]
+    MissingPlan(u32),
+}
+
+/// Protocol state: where the invocation is, and what it has used. Derived entirely from
+/// the committed events, so a restored invocation has exactly the state of the live one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Protocol {
+    /// Seq of the last committed event (0 before the first).
+    pub version: u64,
+    /// What has been used.
+    pub totals: Totals,
+    /// Repair turns used after invalid decisions.
+    pub decision_repairs_used: u32,
+    /// Repair turns used after rejected answers.
+    pub verification_repairs_used: u32,
+    /// The last executed plan and how many times in a row it executed.
+    pub last_plan: Option<(Fingerprint, u32)>,
+}
+
+impl Protocol {
+    /// Folds one committed event in.
+    fn apply(&mut self, event: &Event) -> Result<(), RestoreError> {
+        let expected = self.version + 1;
+        if event.seq != expected {
+            return Err(RestoreError::SeqGap {
+                expected,
+                found: event.seq,
+            });
+        }
+        match &event.body {
+            EventBody::Turn(record) => {
+                let expected = self.totals.steps + 1;
+                if record.turn != expected {
+                    return Err(RestoreError::TurnGap {
+                        expected,
+                        found: record.turn,
+                    });
+                }
+                let totals = &mut self.totals;
+                totals.steps = record.turn;
+                totals.turn_events += 1;
+                totals.input_tokens = totals
+                    .input_tokens
+                    .saturating_add(record.usage.input_tokens);
+                totals.output_tokens = totals
+                    .output_tokens
+                    .saturating_add(record.usage.output_tokens);
+                if !record.results.is_empty() {
+                    let plan = record.plan.ok_or(RestoreError::MissingPlan(record.turn))?;
+                    let executed = u32::try_from(record.results.len()).unwrap_or(u32::MAX);
+                    totals.tool_calls = totals.tool_calls.saturating_add(executed);
+                    self.last_plan = Some(match self.last_plan {
+                        Some((last, streak)) if last == plan => (plan, streak + 1),
+                        Some(_) | None => (plan, 1),
+                    });
+                }
+                match record.rejection.as_ref().map(|r| r.kind) {
+                    Some(RejectionKind::InvalidDecision) => self.decision_repairs_used += 1,
+                    Some(RejectionKind::VerificationFailed) => self.verification_repairs_used += 1,
+                    Some(RejectionKind::Stopped) | None => {}
+                }
+            }
+            EventBody::Ended(_) => {}
+        }
+        self.version = event.seq;
+        Ok(())
+    }
+}
+
+/// A decision taken but not yet committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Draft {
+    turn: u32,
+    decision: ProposedDecision,
+    usage: Usage,
+}
+
+impl Draft {
+    fn record(self, rejection: Option<Rejection>) -> TurnRecord {
+        TurnRecord {
+            turn: self.turn,
+            decision: self.decision,
+            usage: self.usage,
+            plan: None,
+            results: Vec::new(),
+            rejection,
+        }
+    }
+
+    fn stopped(self, why: &str) -> EventBody {
+        EventBody::Turn(self.record(Some(Rejection {
+            kind: RejectionKind::Stopped,
+            message: why.to_owned(),
+        })))
+    }
+}
+
+/// Where in the turn the invocation is. Business payloads in flight (the decision, the
+/// results so far) live here until they are committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    Idle,
+    Deciding {
+        turn: u32,
+    },
+    Authorizing {
+        draft: Draft,
+        batch: ValidBatch,
+    },
+    Executing {
+        draft: Draft,
+        batch: ValidBatch,
+        results: Vec<Option<CallOutcome>>,
+    },
+    Reconciling(Reconciling),
+    Verifying {
+        draft: Draft,
+        answer: String,
+    },
+    Committing {
+        events: Vec<Event>,
+    },
+    Ended(Outcome),
+}
+
+/// A batch whose writes left outcomes unknown, waiting for the executors' records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Reconciling {
+    draft: Draft,
+    batch: ValidBatch,
+    results: Vec<CallOutcome>,
+    /// Positions of the calls still waiting for an answer.
+    pending: Vec<usize>,
+    /// The first call the executor could not reconcile, with what is known.
+    unresolved: Option<(CallId, String)>,
+}
+
+impl Phase {
+    fn name(&self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::Deciding { .. } => "deciding",
+            Phase::Authorizing { .. } => "authorizing",
+            Phase::Executing { .. } => "executing",
+            Phase::Reconciling(_) => "reconciling",
+            Phase::Verifying { .. } => "verifying",
+            Phase::Committing { .. } => "committing",
+            Phase::Ended(_) => "ended",
+        }
+    }
+}
+
+/// Why a stop was requested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Cancelled,
+    Deadline,
+}
+
+impl Stop {
+    fn reason(self) -> TerminalReason {
+        match self {
+            Stop::Cancelled => TerminalReason::Cancelled,
+            Stop::Deadline => TerminalReason::DeadlineExceeded,
+        }
+    }
+
+    fn detail(self) -> &'static str {
+        match self {
+            Stop::Cancelled => "cancelled by request",
+            Stop::Deadline => "the deadline passed",
+        }
+    }
+}
+
+type Refused = Box<(Phase, StepError)>;
+
+/// One invocation's engine state: protocol state, plus the phase of the turn in flight.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    limits: Limits,
+    catalog: Arc<ToolCatalog>,
+    protocol: Protocol,
+    phase: Phase,
+    /// A stop that arrived while calls or a commit were in flight; honoured as soon as
+    /// they settle. Not durable: after a crash the shell asks again (the lease is revoked).
+    stop: Option<Stop>,
+}
+
+impl Invocation {
+    /// A new invocation with nothing committed. Feed it [`Input::Start`].
+    pub fn new(limits: Limits, catalog: Arc<ToolCatalog>) -> Invocation {
+        Invocation {
+            limits,
+            catalog,
+            protocol: Protocol::default(),
+            phase: Phase::Idle,
+            stop: None,
+        }
+    }
+
+    /// Rebuilds an invocation from its committed events, by the same fold the live path
+    /// uses. An ended history gives an ended invocation; otherwise feed it
+    /// [`Input::Start`] and it continues at the first turn not committed.
+    pub fn restore<'a>(
+        limits: Limits,
+        catalog: Arc<ToolCatalog>,
+        events: impl IntoIterator<Item = &'a Event>,
+    ) -> Result<Invocation, RestoreError> {
+        let mut invocation = Invocation::new(limits, catalog);
+        for event in events {
+            if matches!(invocation.phase, Phase::Ended(_)) {
+                return Err(RestoreError::AfterEnd(event.seq));
+            }
+            invocation.protocol.apply(event)?;
+            if let EventBody::Ended(end) = &event.body {
+                invocation.phase = Phase::Ended(invocation.outcome_of(end));
+            }
+        }
+        Ok(invocation)
+    }
+
+    /// Protocol state (version, totals, repairs, repeat tracking).
+    pub fn protocol(&self) -> &Protocol {
+        &self.protocol
+    }
+
+    /// The limits this invocation runs under.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The outcome, once ended.
+    pub fn outcome(&self) -> Option<&Outcome> {
+        match &self.phase {
+            Phase::Ended(outcome) => Some(outcome),
+            Phase::Idle
+            | Phase::Deciding { .. }
+            | Phase::Authorizing { .. }
+            | Phase::Executing { .. }
+            | Phase::Reconciling(_)
+            | Phase::Verifying { .. }
+            | Phase::Committing { .. } => None,
+        }
+    }
+
+    /// The name of the current phase, for logs and errors.
+    pub fn phase_name(&self) -> &'static str {
+        self.phase.name()
+    }
+
+    /// Advances the machine by one input at time `now`.
+    ///
+    /// On `Err` nothing changed: a late or duplicate input can be logged and dropped.
+    pub fn step(&mut self, input: Input, now: UnixMillis) -> Result<Vec<Action>, StepError> {
+        let phase = std::mem::replace(&mut self.phase, Phase::Idle);
+        match self.transition(phase, input, now) {
+            Ok(actions) => Ok(actions),
+            Err(refused) => {
+                let (phase, error) = *refused;
+                self.phase = phase;
+                Err(error)
+            }
+        }
+    }
+
+    /// The transition table. Takes the phase by value so that in-flight payloads move
+    /// instead of being cloned; a refusal hands the phase back untouched (boxed: it is the
+    /// rare path and the phase is large).
+    fn transition(
+        &mut self,
+        phase: Phase,
+        input: Input,
+        now: UnixMillis,
+    ) -> Result<Vec<Action>, Refused> {
+        match (phase, input) {
+            (phase @ Phase::Ended(_), Input::Cancel | Input::Tick) => Ok(self.stay(phase)),
+            (phase, Input::Cancel) => Ok(self.request_stop(phase, Stop::Cancelled)),
+            (phase, Input::Tick) if self.deadline_passed(now) => {
+                Ok(self.request_stop(phase, Stop::Deadline))
+            }
+            (phase, Input::Tick) => Ok(self.stay(phase)),
+            (Phase::Idle, Input::Start) => Ok(self.begin_turn(now)),
+            (Phase::Deciding { turn }, Input::Decided { decision, usage }) => {
+                let draft = Draft {
+                    turn,
+                    decision,
+                    usage,
+                };
+                Ok(self.decided(draft, now))
+            }
+            (Phase::Deciding { .. }, Input::DecisionFailed { message }) => {
+                Ok(self.end(Vec::new(), TerminalReason::ModelError, message, None, None))
+            }
+            (Phase::Authorizing { draft, batch }, Input::Authorized(verdict)) => {
+                Ok(self.authorized(draft, batch, verdict, now))
+            }
+            (
+                Phase::Executing {
+                    draft,
+                    batch,
+                    results,
+                },
+                Input::CallFinished { call_id, outcome },
+            ) => self.call_finished(draft, batch, results, call_id, outcome),
+            (Phase::Reconciling(waiting), Input::Reconciled { call_id, outcome }) => {
+                self.reconciled(waiting, call_id, Ok(outcome))
+            }
+            (Phase::Reconciling(waiting), Input::ReconciliationFailed { call_id, detail }) => {
+                self.reconciled(waiting, call_id, Err(detail))
+            }
+            (Phase::Verifying { draft, answer }, Input::Verified(verification)) => {
+                Ok(self.verified(draft, answer, verification, now))
+            }
+            (Phase::Committing { events }, Input::Committed) => Ok(self.committed(events, now)),
+            (Phase::Committing { .. }, Input::CommitFailed { message }) => {
+                // Nothing of the failed commit is applied: the log is as it was, and a
+                // resume continues from the last event that is durable.
+                let outcome = Outcome {
+                    reason: TerminalReason::CheckpointFailed,
+                    detail: message,
+                    answer: None,
+                    totals: self.protocol.totals,
+                };
+                self.phase = Phase::Ended(outcome.clone());
+                Ok(vec![Action::Finish(outcome)])
+            }
+            (
+                phase @ (Phase::Idle
+                | Phase::Deciding { .. }
+                | Phase::Authorizing { .. }
+                | Phase::Executing { .. }
+                | Phase::Reconciling(_)
+                | Phase::Verifying { .. }
+                | Phase::Committing { .. }
+                | Phase::Ended(_)),
+                input @ (Input::Start
+                | Input::Decided { .. }
+                | Input::DecisionFailed { .. }
+                | Input::Authorized(_)
+                | Input::CallFinished { .. }
+                | Input::Reconciled { .. }
+                | Input::ReconciliationFailed { .. }
+                | Input::Verified(_)
+                | Input::Committed
+                | Input::CommitFailed { .. }),
+            ) => {
+                let error = StepError::Unexpected {
+                    input: input_name(&input),
+                    phase: phase.name(),
+                };
+                Err(Box::new((phase, error)))
+            }
+        }
+    }
+
+    fn stay(&mut self, phase: Phase) -> Vec<Action> {
+        self.phase = phase;
+        Vec::new()
+    }
+
+    fn deadline_passed(&self, now: UnixMillis) -> bool {
+        self.limits.deadline.is_some_and(|deadline| now >= deadline)
+    }
+
+    /// At a turn boundary: stop if anything says so, else ask the model.
+    fn begin_turn(&mut self, now: UnixMillis) -> Vec<Action> {
+        let totals = self.protocol.totals;
+        if let Some(stop) = self.stop {
+            return self.end_stopped(None, stop);
+        }
+        if self.deadline_passed(now) {
+            return self.end_stopped(None, Stop::Deadline);
+        }
+        if totals.steps >= self.limits.max_steps {
+            let detail = format!(
+                "{} turns taken, the budget is {}",
+                totals.steps, self.limits.max_steps
+            );
+            return self.end(Vec::new(), TerminalReason::MaxSteps, detail, None, None);
+        }
+        let used = tokens_used(&totals);
+        if let Some(max) = self.limits.max_tokens.filter(|max| used >= *max) {
+            let detail = format!("{used} tokens used, the budget is {max}");
+            return self.end(
+                Vec::new(),
+                TerminalReason::TokenBudgetExhausted,
+                detail,
+                None,
+                None,
+            );
+        }
+        let turn = totals.steps + 1;
+        self.phase = Phase::Deciding { turn };
+        vec![Action::Decide { turn }]
+    }
+
+    fn decided(&mut self, draft: Draft, now: UnixMillis) -> Vec<Action> {
+        let after = tokens_used(&self.protocol.totals).saturating_add(draft.usage.total());
+        if let Some(max) = self.limits.max_tokens.filter(|max| after > *max) {
+            let detail =
+                format!("this decision brings the tokens used to {after}, the budget is {max}");
+            return self.end(
+                vec![draft.stopped(&detail)],
+                TerminalReason::TokenBudgetExhausted,
+                detail,
+                None,
+                None,
+            );
+        }
+        if self.deadline_passed(now) {
+            return self.end_stopped(Some(draft), Stop::Deadline);
+        }
+        let decision = match validate(&draft.decision, &self.catalog, &self.limits.bounds) {
+            Ok(decision) => decision,
+            Err(error) => return self.reject(draft, error.to_string()),
+        };
+        match decision {
+            Decision::Final(answer) => {
+                let turn = draft.turn;
+                self.phase = Phase::Verifying {
+                    draft,
+                    answer: answer.clone(),
+                };
+                vec![Action::Verify { turn, answer }]
+            }
+            Decision::ToolCalls(batch) => self.propose_batch(draft, batch),
+            Decision::RequestApproval { summary, batch } => self.end(
+                vec![EventBody::Turn(draft.record(None))],
+                TerminalReason::ApprovalRequired,
+                summary,
+                None,
+                Some(batch.fingerprint),
+            ),
+            Decision::Clarification(question) => self.end(
+                vec![EventBody::Turn(draft.record(None))],
+                TerminalReason::ClarificationRequired,
+                question,
+                None,
+                None,
+            ),
+            Decision::CannotContinue(reason) => self.end(
+                vec![EventBody::Turn(draft.record(None))],
+                TerminalReason::CannotContinue,
+                reason,
+                None,
+                None,
+            ),
+        }
+    }
+
+    /// Budget and progress checks on a valid batch, then policy.
+    fn propose_batch(&mut self, draft: Draft, batch: ValidBatch) -> Vec<Action> {
+        let used = self.protocol.totals.tool_calls;
+        let proposed = u32::try_from(batch.calls.len()).unwrap_or(u32::MAX);
+        if used.saturating_add(proposed) > self.limits.max_tool_calls {
+            let detail = format!(
+                "{proposed} calls proposed with {used} of {} used",
+                self.limits.max_tool_calls
+            );
+            return self.end(
+                vec![draft.stopped(&detail)],
+                TerminalReason::ToolBudgetExhausted,
+                detail,
+                None,
+                None,
+            );
+        }
+        if let (Some(limit), Some((last, streak))) =
+            (self.limits.max_repeated_plan, self.protocol.last_plan)
+            && last == batch.fingerprint
+            && streak >= limit.get()
+        {
+            let detail = format!("the same plan already ran {streak} time(s) in a row");
+            return self.end(
+                vec![draft.stopped(&detail)],
+                TerminalReason::NoProgress,
+                detail,
+                None,
+                None,
+            );
+        }
+        let turn = draft.turn;
+        let calls = batch.calls.clone();
+        self.phase = Phase::Authorizing { draft, batch };
+        vec![Action::Authorize { turn, calls }]
+    }
+
+    fn authorized(
+        &mut self,
+        draft: Draft,
+        batch: ValidBatch,
+        verdict: Verdict,
+        now: UnixMillis,
+    ) -> Vec<Action> {
+        match verdict {
+            Verdict::Allow if self.deadline_passed(now) => {
+                self.end_stopped(Some(draft), Stop::Deadline)
+            }
+            Verdict::Allow => {
+                let turn = draft.turn;
+                let plan = ExecutionPlan::for_calls(&batch.calls, &self.catalog);
+                let calls = batch.calls.clone();
+                let results = vec![None; calls.len()];
+                self.phase = Phase::Executing {
+                    draft,
+                    batch,
+                    results,
+                };
+                vec![Action::Execute { turn, calls, plan }]
+            }
+            Verdict::Deny { reason } => self.reject(draft, format!("denied by policy: {reason}")),
+            Verdict::RequireApproval { reason } => {
+                let fingerprint = batch.fingerprint;
+                self.end(
+                    vec![draft.stopped(&reason)],
+                    TerminalReason::ApprovalRequired,
+                    reason,
+                    None,
+                    Some(fingerprint),
+                )
+            }
+        }
+    }
+
+    /// An invalid or denied decision: a repair turn if one is left, else `invalid_decision`.
+    fn reject(&mut self, draft: Draft, message: String) -> Vec<Action> {
+        let repair = self.protocol.decision_repairs_used < self.limits.decision_repairs;
+        let rejection = Rejection {
+            kind: RejectionKind::InvalidDecision,
+            message: message.clone(),
+        };
+        let turn = EventBody::Turn(draft.record(Some(rejection)));
+        if repair {
+            self.commit(vec![turn])
+        } else {
+            self.end(
+                vec![turn],
+                TerminalReason::InvalidDecision,
+                message,
+                None,
+                None,
+            )
+        }
+    }
+
+    fn call_finished(
+        &mut self,
+        draft: Draft,
+        batch: ValidBatch,
+        mut results: Vec<Option<CallOutcome>>,
+        call_id: CallId,
+        outcome: CallOutcome,
+    ) -> Result<Vec<Action>, Refused> {
+        let slot = match batch.calls.iter().position(|call| call.call_id == call_id) {
+            None => Err(StepError::UnknownCall(call_id)),
+            Some(index) if results[index].is_some() => Err(StepError::DuplicateResult(call_id)),
+            Some(index) => Ok(index),
+        };
+        let index = match slot {
+            Ok(index) => index,
+            Err(error) => {
+                let phase = Phase::Executing {
+                    draft,
+                    batch,
+                    results,
+                };
+                return Err(Box::new((phase, error)));
+            }
+        };
+        results[index] = Some(outcome);
+        if results.iter().any(Option::is_none) {
+            self.phase = Phase::Executing {
+                draft,
+                batch,
+                results,
+            };
+            return Ok(Vec::new());
+        }
+        let results: Vec<CallOutcome> = results.into_iter().flatten().collect();
+        Ok(self.batch_done(draft, batch, results))
+    }
+
+    /// Every call has its result. Writes whose outcome is unknown are reconciled before
+    /// anything is committed; otherwise the turn is committed.
+    fn batch_done(
+        &mut self,
+        draft: Draft,
+        batch: ValidBatch,
+        results: Vec<CallOutcome>,
+    ) -> Vec<Action> {
+        let pending: Vec<usize> = batch
+            .calls
+            .iter()
+            .zip(&results)
+            .enumerate()
+            .filter(|(_, (call, outcome))| {
+                matches!(outcome, CallOutcome::Unknown { .. })
+                    && self
+                        .catalog
+                        .get(&call.tool)
+                        .is_some_and(|spec| spec.side_effect.writes())
+            })
+            .map(|(index, _)| index)
+            .collect();
+        if pending.is_empty() {
+            return self.commit_batch(draft, batch, results, None);
+        }
+        let turn = draft.turn;
+        let calls = pending
+            .iter()
+            .map(|&index| batch.calls[index].clone())
+            .collect();
+        self.phase = Phase::Reconciling(Reconciling {
+            draft,
+            batch,
+            results,
+            pending,
+            unresolved: None,
+        });
+        vec![Action::Reconcile { turn, calls }]
+    }
+
+    fn reconciled(
+        &mut self,
+        mut waiting: Reconciling,
+        call_id: CallId,
+        answer: Result<CallOutcome, String>,
+    ) -> Result<Vec<Action>, Refused> {
+        let Some(at) = waiting
+            .pending
+            .iter()
+            .position(|&index| waiting.batch.calls[index].call_id == call_id)
+        else {
+            let error = StepError::NotReconciling(call_id);
+            return Err(Box::new((Phase::Reconciling(waiting), error)));
+        };
+        let index = waiting.pending.swap_remove(at);
+        match answer {
+            Ok(outcome) => waiting.results[index] = outcome,
+            Err(detail) => {
+                waiting.unresolved.get_or_insert((call_id, detail));
+            }
+        }
+        if !waiting.pending.is_empty() {
+            self.phase = Phase::Reconciling(waiting);
+            return Ok(Vec::new());
+        }
+        let Reconciling {
+            draft,
+            batch,
+            results,
+            unresolved,
+            ..
+        } = waiting;
+        Ok(self.commit_batch(draft, batch, results, unresolved))
+    }
+
+    /// Commits an executed turn, ending the invocation if a call could not be reconciled
+    /// or a stop is pending.
+    fn commit_batch(
+        &mut self,
+        draft: Draft,
+        batch: ValidBatch,
+        results: Vec<CallOutcome>,
+        unresolved: Option<(CallId, String)>,
+    ) -> Vec<Action> {
+        let mut record = draft.record(None);
+        record.plan = Some(batch.fingerprint);
+        record.results = batch
+            .calls
+            .into_iter()
+            .zip(results)
+            .map(|(call, outcome)| CallResult {
+                call_id: call.call_id,
+                outcome,
+            })
+            .collect();
+        let turn = EventBody::Turn(record);
+        match (unresolved, self.stop) {
+            (Some((call_id, detail)), _) => self.end(
+                vec![turn],
+                TerminalReason::ReconciliationRequired,
+                format!(
+                    "the outcome of call {call_id} is unknown and cannot be reconciled: {detail}"
+                ),
+                None,
+                None,
+            ),
+            (None, Some(stop)) => self.end(
+                vec![turn],
+                stop.reason(),
+                stop.detail().to_owned(),
+                None,
+                None,
+            ),
+            (None, None) => self.commit(vec![turn]),
+        }
+    }
+
+    fn verified(
+        &mut self,
+        draft: Draft,
+        answer: String,
+        verification: Verification,
+        now: UnixMillis,
+    ) -> Vec<Action> {
+        match verification {
+            Verification::Accepted if self.deadline_passed(now) => {
+                self.end_stopped(Some(draft), Stop::Deadline)
+            }
+            Verification::Accepted => self.end(
+                vec![EventBody::Turn(draft.record(None))],
+                TerminalReason::Completed,
+                String::new(),
+                Some(answer),
+                None,
+            ),
+            Verification::Rejected { reason } => {
+                let repair =
+                    self.protocol.verification_repairs_used < self.limits.verification_repairs;
+                let rejection = Rejection {
+                    kind: RejectionKind::VerificationFailed,
+                    message: reason.clone(),
+                };
+                let turn = EventBody::Turn(draft.record(Some(rejection)));
+                if repair {
+                    self.commit(vec![turn])
+                } else {
+                    self.end(
+                        vec![turn],
+                        TerminalReason::VerificationFailed,
+                        reason,
+                        None,
+                        None,
+                    )
+                }
+            }
+        }
+    }
+
+    /// A cancel or the deadline. What is in flight decides how soon it takes effect:
+    /// running calls are cancelled and their results still committed; a pending commit
+    /// finishes first; anything else ends now.
+    fn request_stop(&mut self, phase: Phase, stop: Stop) -> Vec<Action> {
+        if self.stop.is_some() {
+            return self.stay(phase);
+        }
+        match phase {
+            Phase::Idle | Phase::Deciding { .. } => self.end_stopped(None, stop),
+            Phase::Authorizing { draft, .. } | Phase::Verifying { draft, .. } => {
+                self.end_stopped(Some(draft), stop)
+            }
+            Phase::Executing {
+                draft,
+                batch,
+                results,
+            } => {
+                self.stop = Some(stop);
+                let turn = draft.turn;
+                self.phase = Phase::Executing {
+                    draft,
+                    batch,
+                    results,
+                };
+                vec![Action::CancelCalls { turn }]
+            }
+            // Reconciling asks the executors' records, starts no side effect and is what
+            // tells the truth about the turn: let it finish, then stop.
+            phase @ Phase::Reconciling(_) => {
+                self.stop = Some(stop);
+                self.stay(phase)
+            }
+            Phase::Committing { events } => {
+                let ending = events
+                    .iter()
+                    .any(|event| matches!(event.body, EventBody::Ended(_)));
+                if !ending {
+                    self.stop = Some(stop);
+                }
+                self.stay(Phase::Committing { events })
+            }
+            phase @ Phase::Ended(_) => self.stay(phase),
+        }
+    }
+
+    fn committed(&mut self, events: Vec<Event>, now: UnixMillis) -> Vec<Action> {
+        let mut ended = None;
+        for event in &events {
+            // The events were built on this very state, so they always apply; if one did
+            // not, that is an engine bug, surfaced as checkpoint_failed instead of a panic.
+            if let Err(error) = self.protocol.apply(event) {
+                let outcome = Outcome {
+                    reason: TerminalReason::CheckpointFailed,
+                    detail: format!("engine invariant broken: {error}"),
+                    answer: None,
+                    totals: self.protocol.totals,
+                };
+                self.phase = Phase::Ended(outcome.clone());
+                return vec![Action::Finish(outcome)];
+            }
+            if let EventBody::Ended(end) = &event.body {
+                ended = Some(end);
+            }
+        }
+        match ended {
+            Some(end) => {
+                let outcome = self.outcome_of(end);
+                self.stop = None;
+                self.phase = Phase::Ended(outcome.clone());
+                vec![Action::Finish(outcome)]
+            }
+            None => self.begin_turn(now),
+        }
+    }
+
+    fn outcome_of(&self, end: &EndRecord) -> Outcome {
+        Outcome {
+            reason: end.reason,
+            detail: end.detail.clone(),
+            answer: end.answer.clone(),
+            totals: self.protocol.totals,
+        }
+    }
+
+    /// Ends for a cancel or the deadline, recording the decision in flight if there is one.
+    fn end_stopped(&mut self, draft: Option<Draft>, stop: Stop) -> Vec<Action> {
+        let turn = draft.map(|draft| draft.stopped(stop.detail()));
+        self.end(
+            turn.into_iter().collect(),
+            stop.reason(),
+            stop.detail().to_owned(),
+            None,
+            None,
+        )
+    }
+
+    fn end(
+        &mut self,
+        mut bodies: Vec<EventBody>,
+        reason: TerminalReason,
+        detail: String,
+        answer: Option<String>,
+        proposal: Option<Fingerprint>,
+    ) -> Vec<Action> {
+        bodies.push(EventBody::Ended(EndRecord {
+            reason,
+            detail,
+            answer,
+            proposal,
+        }));
+        self.commit(bodies)
+    }
+
+    /// Hands events to the shell; the phase holds them until the shell says they are durable.
+    fn commit(&mut self, bodies: Vec<EventBody>) -> Vec<Action> {
+        let expected_version = self.protocol.version;
+        let events: Vec<Event> = bodies
+            .into_iter()
+            .zip(expected_version + 1..)
+            .map(|(body, seq)| Event { seq, body })
+            .collect();
+        self.phase = Phase::Committing {
+            events: events.clone(),
+        };
+        vec![Action::Commit {
+            expected_version,
+            events,
+        }]
+    }
+}
+
+fn tokens_used(totals: &Totals) -> u64 {
+    totals.input_tokens.saturating_add(totals.output_tokens)
+}
+
+fn input_name(input: &Input) -> &'static str {
+    match input {
+        Input::Start => "start",
+        Input::Decided { .. } => "decided",
+        Input::DecisionFailed { .. } => "decision_failed",
+        Input::Authorized(_) => "authorized",
+        Input::CallFinished { .. } => "call_finished",
+        Input::Reconciled { .. } => "reconciled",
+        Input::ReconciliationFailed { .. } => "reconciliation_failed",
+        Input::Verified(_) => "verified",
+        Input::Committed => "committed",
+        Input::CommitFailed { .. } => "commit_failed",
+        Input::Cancel => "cancel",
+        Input::Tick => "tick",
+    }
+}

@@ -1,0 +1,119 @@
+//! The result of one tool call, and the result of a whole invocation.
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::CallId;
+use crate::terminal::TerminalReason;
+
+/// What kind of failure a tool reported, so the model and the retry policy can tell a bad
+/// argument from a timeout from a business refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorType {
+    /// The arguments were refused by the tool.
+    InvalidArguments,
+    /// The thing asked for does not exist.
+    NotFound,
+    /// The caller may not do this.
+    PermissionDenied,
+    /// The call ran out of time.
+    Timeout,
+    /// The tool or something behind it is unavailable.
+    Unavailable,
+    /// The request conflicts with the current state.
+    Conflict,
+    /// A business rule refused the request.
+    Rejected,
+    /// The tool failed in a way it did not classify.
+    Internal,
+}
+
+/// What the tool says may be done next after an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NextAction {
+    /// No advice.
+    None,
+    /// The same call may be tried again.
+    Retry,
+    /// Try again with different arguments.
+    FixArguments,
+    /// A human must approve first.
+    RequestApproval,
+    /// The user must say more.
+    AskUser,
+    /// Do not go on with this.
+    Stop,
+}
+
+/// A structured tool error: never flattened into a string.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolError {
+    /// The kind of failure.
+    pub error_type: ErrorType,
+    /// A human-readable message.
+    pub message: String,
+    /// Whether the same call may succeed if tried again.
+    pub retryable: bool,
+    /// What the tool advises next.
+    pub next_allowed_action: NextAction,
+}
+
+/// The one terminal result every call of an executed batch gets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallOutcome {
+    /// The tool answered; its output as JSON text.
+    Output {
+        /// The output.
+        output_json: String,
+    },
+    /// The tool reported an error.
+    Error(ToolError),
+    /// The call was started and then cancelled.
+    Cancelled,
+    /// The call was never started (cancelled before its turn came).
+    NotStarted,
+    /// Nobody knows whether the call took effect (timed out, cut off).
+    Unknown {
+        /// What is known.
+        detail: String,
+    },
+}
+
+/// A call's ID with its outcome, as committed in call order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallResult {
+    /// The call.
+    pub call_id: CallId,
+    /// What happened.
+    pub outcome: CallOutcome,
+}
+
+/// Totals an invocation has used, as derived from its committed events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Totals {
+    /// Model decisions taken (turns committed).
+    pub steps: u32,
+    /// Tool calls executed.
+    pub tool_calls: u32,
+    /// Prompt tokens used.
+    pub input_tokens: u64,
+    /// Completion tokens used.
+    pub output_tokens: u64,
+    /// Turn events committed.
+    pub turn_events: u32,
+}
+
+/// How an invocation ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// Why it ended.
+    pub reason: TerminalReason,
+    /// A human-readable detail (the validation error, the question, ...).
+    pub detail: String,
+    /// The answer, when `reason` is `completed`.
+    pub answer: Option<String>,
+    /// What it used.
+    pub totals: Totals,
+}

@@ -1,0 +1,939 @@
+//! Every transition and every terminal reason, driven through the public API.
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use agentloop_engine::*;
+use support::*;
+
+fn limits() -> Limits {
+    Limits {
+        max_repeated_plan: NonZeroU32::new(1),
+        ..Limits::default()
+    }
+}
+
+fn run(decisions: Vec<ProposedDecision>) -> Run {
+    drive(
+        Invocation::new(limits(), catalog()),
+        World::scripted(decisions),
+    )
+}
+
+fn ended(run: &Run) -> &EndRecord {
+    match &run.log.last().expect("a log").body {
+        EventBody::Ended(end) => end,
+        EventBody::Turn(_) => panic!("the log does not end with Ended"),
+    }
+}
+
+#[test]
+fn seed_two_step_parallel_lookup_completes() {
+    let run = run(vec![
+        tools(vec![
+            lookup("call-profile", "profile"),
+            lookup("call-policy", "policy"),
+        ]),
+        final_answer("profile=active; policy=refund-under-100"),
+    ]);
+    assert_eq!(run.outcome.reason, TerminalReason::Completed);
+    assert_eq!(
+        run.outcome.answer.as_deref(),
+        Some("profile=active; policy=refund-under-100")
+    );
+    let totals = run.outcome.totals;
+    assert_eq!(
+        (totals.steps, totals.tool_calls, totals.turn_events),
+        (2, 2, 2)
+    );
+    // The tools answered in reverse order; the log keeps call order.
+    assert_eq!(run.executed[0].call_id.as_str(), "call-policy");
+    let first = turns(&run.log)[0];
+    let ids: Vec<&str> = first.results.iter().map(|r| r.call_id.as_str()).collect();
+    assert_eq!(ids, ["call-profile", "call-policy"]);
+    assert_eq!(
+        first.results[0].outcome,
+        output(r#"{"key":"profile","value":"active"}"#)
+    );
+    // Both lookups ran in one parallel stage.
+    let plan = run.actions.iter().find_map(|a| match a {
+        Action::Execute { plan, .. } => Some(plan.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        plan,
+        Some(ExecutionPlan {
+            stages: vec![vec![0, 1]]
+        })
+    );
+}
+
+#[test]
+fn each_turn_is_committed_before_the_next_decision() {
+    let run = run(vec![
+        tools(vec![lookup("a", "profile")]),
+        tools(vec![lookup("b", "policy")]),
+        final_answer("done"),
+    ]);
+    let mut committed_turns = 0;
+    for action in &run.actions {
+        match action {
+            Action::Decide { turn } => assert_eq!(
+                *turn,
+                committed_turns + 1,
+                "turn {turn} decided before turn {} was committed",
+                turn - 1
+            ),
+            Action::Commit { events, .. } => {
+                committed_turns += u32::try_from(
+                    events
+                        .iter()
+                        .filter(|e| matches!(e.body, EventBody::Turn(_)))
+                        .count(),
+                )
+                .unwrap();
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(run.outcome.totals.steps, 3);
+}
+
+#[test]
+fn identical_plan_stops_with_no_progress_before_its_second_execution() {
+    let mut world = World::scripted(vec![tools(vec![call(
+        "same-call",
+        "lookup",
+        r#"{"key":"same"}"#,
+    )])]);
+    world.repeat_last = true;
+    let run = drive(Invocation::new(limits(), catalog()), world);
+    assert_eq!(run.outcome.reason, TerminalReason::NoProgress);
+    assert_eq!(
+        run.executed.len(),
+        1,
+        "the repeated plan must not execute a second time"
+    );
+    assert_eq!(run.outcome.totals.tool_calls, 1);
+    // The refused decision is on record, marked as not carried out.
+    let last = turns(&run.log)[1];
+    assert_eq!(
+        last.rejection.as_ref().map(|r| r.kind),
+        Some(RejectionKind::Stopped)
+    );
+    assert!(last.results.is_empty());
+}
+
+#[test]
+fn reordered_keys_and_calls_are_the_same_plan() {
+    let run = run(vec![
+        tools(vec![
+            call("a", "lookup", r#"{"key":"x","v":1}"#),
+            call("b", "lookup", r#"{"key":"y"}"#),
+        ]),
+        tools(vec![
+            call("c", "lookup", r#"{"key":"y"}"#),
+            call("d", "lookup", r#"{ "v":1, "key":"x" }"#),
+        ]),
+    ]);
+    assert_eq!(run.outcome.reason, TerminalReason::NoProgress);
+    assert_eq!(run.executed.len(), 2);
+}
+
+#[test]
+fn a_tool_repeated_forever_without_repeat_detection_ends_at_max_steps() {
+    let mut world = World::scripted(vec![tools(vec![lookup("again", "profile")])]);
+    world.repeat_last = true;
+    let limits = Limits {
+        max_steps: 5,
+        max_repeated_plan: None,
+        ..Limits::default()
+    };
+    let run = drive(Invocation::new(limits, catalog()), world);
+    assert_eq!(run.outcome.reason, TerminalReason::MaxSteps);
+    assert_eq!(run.outcome.totals.steps, 5);
+    assert_eq!(run.executed.len(), 5);
+    assert_eq!(
+        run.actions
+            .iter()
+            .filter(|a| matches!(a, Action::Decide { .. }))
+            .count(),
+        5
+    );
+}
+
+#[test]
+fn partial_failure_keeps_each_calls_result() {
+    let run = run(vec![
+        tools(vec![
+            lookup("a", "profile"),
+            lookup("b", "missing"),
+            lookup("c", "policy"),
+        ]),
+        final_answer("two of three"),
+    ]);
+    assert_eq!(run.outcome.reason, TerminalReason::Completed);
+    let results = &turns(&run.log)[0].results;
+    assert!(matches!(results[0].outcome, CallOutcome::Output { .. }));
+    assert!(
+        matches!(&results[1].outcome, CallOutcome::Error(e) if e.error_type == ErrorType::NotFound && !e.retryable)
+    );
+    assert!(matches!(results[2].outcome, CallOutcome::Output { .. }));
+}
+
+#[test]
+fn invalid_decisions_end_with_the_reason_and_execute_nothing() {
+    let cases = [
+        (tools(vec![]), "empty"),
+        (tools(vec![call("", "lookup", "{}")]), "no call ID"),
+        (
+            tools(vec![lookup("a", "x"), lookup("a", "y")]),
+            "used twice",
+        ),
+        (tools(vec![call("a", "rm_rf", "{}")]), "unknown tool"),
+        (tools(vec![call("a", "lookup", "{nope")]), "not JSON"),
+        (
+            ProposedDecision::Unparseable {
+                text: "I think I'll call lookup".into(),
+            },
+            "not a decision",
+        ),
+        (final_answer("  "), "answer is empty"),
+    ];
+    for (decision, needle) in cases {
+        let run = run(vec![decision.clone()]);
+        assert_eq!(
+            run.outcome.reason,
+            TerminalReason::InvalidDecision,
+            "{decision:?}"
+        );
+        assert!(
+            run.outcome.detail.contains(needle),
+            "{:?} lacks {needle:?}",
+            run.outcome.detail
+        );
+        assert!(run.executed.is_empty());
+        let turn = turns(&run.log)[0];
+        assert_eq!(
+            turn.decision, decision,
+            "the rejected proposal is recorded verbatim"
+        );
+        assert_eq!(
+            turn.rejection.as_ref().map(|r| r.kind),
+            Some(RejectionKind::InvalidDecision)
+        );
+    }
+}
+
+#[test]
+fn an_invalid_decision_gets_one_repair_turn_when_configured() {
+    let limits = Limits {
+        decision_repairs: 1,
+        ..limits()
+    };
+    let repaired = drive(
+        Invocation::new(limits, catalog()),
+        World::scripted(vec![
+            tools(vec![call("a", "nope", "{}")]),
+            final_answer("fixed"),
+        ]),
+    );
+    assert_eq!(repaired.outcome.reason, TerminalReason::Completed);
+    assert_eq!(repaired.outcome.totals.steps, 2);
+    assert_eq!(repaired.invocation.protocol().decision_repairs_used, 1);
+
+    let twice = drive(
+        Invocation::new(limits, catalog()),
+        World::scripted(vec![tools(vec![call("a", "nope", "{}")]), tools(vec![])]),
+    );
+    assert_eq!(twice.outcome.reason, TerminalReason::InvalidDecision);
+    assert!(twice.outcome.detail.contains("empty"));
+}
+
+#[test]
+fn policy_denial_is_an_invalid_decision_and_nothing_runs() {
+    let mut world = World::scripted(vec![tools(vec![lookup("a", "profile")])]);
+    world.policy = Box::new(|_| Verdict::Deny {
+        reason: "key: must be one of profile, policy".into(),
+    });
+    let run = drive(Invocation::new(limits(), catalog()), world);
+    assert_eq!(run.outcome.reason, TerminalReason::InvalidDecision);
+    assert!(run.outcome.detail.starts_with("denied by policy: key"));
+    assert!(run.executed.is_empty());
+}
+
+#[test]
+fn approval_required_from_the_model_or_from_policy_is_bound_to_the_plan() {
+    let calls = vec![call("t1", "transfer", r#"{"to":"acct-1","amount":40}"#)];
+    let from_model = run(vec![ProposedDecision::RequestApproval {
+        summary: "refund 40".into(),
+        calls: calls.clone(),
+    }]);
+    assert_eq!(from_model.outcome.reason, TerminalReason::ApprovalRequired);
+    assert_eq!(from_model.outcome.detail, "refund 40");
+
+    let mut world = World::scripted(vec![tools(calls.clone())]);
+    world.policy = Box::new(|_| Verdict::RequireApproval {
+        reason: "transfers need a human".into(),
+    });
+    let from_policy = drive(Invocation::new(limits(), catalog()), world);
+    assert_eq!(from_policy.outcome.reason, TerminalReason::ApprovalRequired);
+    assert!(from_policy.executed.is_empty());
+
+    let expected = validate(&tools(calls), &catalog(), &DecisionBounds::default()).unwrap();
+    let Decision::ToolCalls(batch) = expected else {
+        panic!()
+    };
+    assert_eq!(ended(&from_model).proposal, Some(batch.fingerprint));
+    assert_eq!(ended(&from_policy).proposal, Some(batch.fingerprint));
+}
+
+#[test]
+fn clarification_and_cannot_continue_end_with_the_models_text() {
+    let run_q = run(vec![ProposedDecision::Clarification {
+        question: "Which account?".into(),
+    }]);
+    assert_eq!(run_q.outcome.reason, TerminalReason::ClarificationRequired);
+    assert_eq!(run_q.outcome.detail, "Which account?");
+    let run_c = run(vec![ProposedDecision::CannotContinue {
+        reason: "no access to billing".into(),
+    }]);
+    assert_eq!(run_c.outcome.reason, TerminalReason::CannotContinue);
+    assert_eq!(run_c.outcome.detail, "no access to billing");
+    assert_eq!(run_c.outcome.totals.steps, 1);
+}
+
+#[test]
+fn a_failing_model_ends_with_model_error() {
+    let mut world = World::scripted(vec![tools(vec![lookup("a", "profile")])]);
+    world.script.push(Err("HTTP 503 after 4 attempts".into()));
+    let run = drive(Invocation::new(limits(), catalog()), world);
+    assert_eq!(run.outcome.reason, TerminalReason::ModelError);
+    assert_eq!(run.outcome.detail, "HTTP 503 after 4 attempts");
+    assert_eq!(run.outcome.totals.steps, 1);
+}
+
+#[test]
+fn verification_gets_one_repair_turn_then_fails() {
+    let mut world = World::scripted(vec![final_answer("guess"), final_answer("evidence-backed")]);
+    world.verify = Box::new(|answer| {
+        if answer == "guess" {
+            Verification::Rejected {
+                reason: "no evidence".into(),
+            }
+        } else {
+            Verification::Accepted
+        }
+    });
+    let repaired = drive(Invocation::new(limits(), catalog()), world);
+    assert_eq!(repaired.outcome.reason, TerminalReason::Completed);
+    assert_eq!(repaired.outcome.answer.as_deref(), Some("evidence-backed"));
+    assert_eq!(
+        turns(&repaired.log)[0]
+            .rejection
+            .as_ref()
+            .map(|r| r.message.as_str()),
+        Some("no evidence")
+    );
+
+    let mut world = World::scripted(vec![final_answer("guess")]);
+    world.repeat_last = true;
+    world.verify = Box::new(|_| Verification::Rejected {
+        reason: "no evidence".into(),
+    });
+    let failed = drive(Invocation::new(limits(), catalog()), world);
+    assert_eq!(failed.outcome.reason, TerminalReason::VerificationFailed);
+    assert_eq!(failed.outcome.totals.steps, 2);
+    assert_eq!(
+        failed.outcome.answer, None,
+        "a rejected answer is never reported as the answer"
+    );
+}
+
+#[test]
+fn tool_budget_refuses_the_batch_that_would_exceed_it() {
+    let limits = Limits {
+        max_tool_calls: 3,
+        ..limits()
+    };
+    let run = drive(
+        Invocation::new(limits, catalog()),
+        World::scripted(vec![
+            tools(vec![lookup("a", "profile"), lookup("b", "policy")]),
+            tools(vec![lookup("c", "x"), lookup("d", "y")]),
+        ]),
+    );
+    assert_eq!(run.outcome.reason, TerminalReason::ToolBudgetExhausted);
+    assert_eq!(run.outcome.totals.tool_calls, 2);
+    assert_eq!(run.executed.len(), 2);
+}
+
+#[test]
+fn token_budget_stops_the_decision_that_crosses_it_and_the_turn_after_it_is_reached() {
+    let limits = Limits {
+        max_tokens: Some(100),
+        ..limits()
+    };
+    let usage = |n| Usage {
+        input_tokens: n,
+        output_tokens: 10,
+    };
+    let mut world = World::scripted(vec![]);
+    world.script = vec![
+        Ok((tools(vec![lookup("a", "profile")]), usage(50))),
+        Ok((tools(vec![lookup("b", "policy")]), usage(50))),
+    ];
+    let crossed = drive(Invocation::new(limits, catalog()), world);
+    assert_eq!(crossed.outcome.reason, TerminalReason::TokenBudgetExhausted);
+    assert_eq!(
+        crossed.executed.len(),
+        1,
+        "the decision that crossed the budget is not carried out"
+    );
+    assert_eq!(
+        crossed.outcome.totals.input_tokens + crossed.outcome.totals.output_tokens,
+        120
+    );
+
+    let mut world = World::scripted(vec![]);
+    world.script = vec![Ok((tools(vec![lookup("a", "profile")]), usage(90)))];
+    let reached = drive(Invocation::new(limits, catalog()), world);
+    assert_eq!(reached.outcome.reason, TerminalReason::TokenBudgetExhausted);
+    assert_eq!(
+        reached
+            .actions
+            .iter()
+            .filter(|a| matches!(a, Action::Decide { .. }))
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn a_failed_commit_ends_with_checkpoint_failed_and_no_next_turn() {
+    let mut world = World::scripted(vec![
+        tools(vec![lookup("a", "profile")]),
+        final_answer("never"),
+    ]);
+    world.failing_commits = vec![0];
+    let run = drive(Invocation::new(limits(), catalog()), world);
+    assert_eq!(run.outcome.reason, TerminalReason::CheckpointFailed);
+    assert_eq!(run.outcome.detail, "disk full");
+    assert!(run.log.is_empty());
+    assert_eq!(
+        run.invocation.protocol().version,
+        0,
+        "nothing of the failed commit is applied"
+    );
+    assert_eq!(
+        run.actions
+            .iter()
+            .filter(|a| matches!(a, Action::Decide { .. }))
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn unknown_write_outcomes_are_reconciled_before_the_next_decision() {
+    let mut world = World::scripted(vec![
+        tools(vec![
+            call("t1", "transfer", r#"{"amount":5}"#),
+            lookup("l1", "profile"),
+        ]),
+        final_answer("moved 5"),
+    ]);
+    world.tool = Box::new(|call| match call.tool.as_str() {
+        "transfer" => CallOutcome::Unknown {
+            detail: "deadline exceeded after dispatch".into(),
+        },
+        _ => CallOutcome::Unknown {
+            detail: "connection reset".into(),
+        },
+    });
+    world.reconcile = Box::new(|_| Ok(output(r#"{"applied":true,"effect_id":"fx-1"}"#)));
+    let run = drive(Invocation::new(limits(), catalog()), world);
+    assert_eq!(run.outcome.reason, TerminalReason::Completed);
+    let reconcile = run
+        .actions
+        .iter()
+        .position(|a| matches!(a, Action::Reconcile { .. }))
+        .unwrap();
+    let second_decide = run
+        .actions
+        .iter()
+        .rposition(|a| matches!(a, Action::Decide { .. }))
+        .unwrap();
+    assert!(reconcile < second_decide);
+    // Only the write is reconciled; the read keeps its unknown outcome.
+    let Action::Reconcile { calls, .. } = &run.actions[reconcile] else {
+        unreachable!()
+    };
+    assert_eq!(
+        calls.iter().map(|c| c.call_id.as_str()).collect::<Vec<_>>(),
+        ["t1"]
+    );
+    let results = &turns(&run.log)[0].results;
+    assert_eq!(
+        results[0].outcome,
+        output(r#"{"applied":true,"effect_id":"fx-1"}"#)
+    );
+    assert!(matches!(results[1].outcome, CallOutcome::Unknown { .. }));
+}
+
+#[test]
+fn an_unreconcilable_write_ends_with_reconciliation_required() {
+    let mut world = World::scripted(vec![
+        tools(vec![call("t1", "transfer", r#"{"amount":5}"#)]),
+        final_answer("never"),
+    ]);
+    world.tool = Box::new(|_| CallOutcome::Unknown {
+        detail: "cut off".into(),
+    });
+    let run = drive(Invocation::new(limits(), catalog()), world);
+    assert_eq!(run.outcome.reason, TerminalReason::ReconciliationRequired);
+    assert!(run.outcome.detail.contains("t1"), "{}", run.outcome.detail);
+    assert_eq!(
+        run.actions
+            .iter()
+            .filter(|a| matches!(a, Action::Decide { .. }))
+            .count(),
+        1
+    );
+    // The unknown outcome is committed as unknown, never as a failure or a success.
+    assert!(matches!(
+        turns(&run.log)[0].results[0].outcome,
+        CallOutcome::Unknown { .. }
+    ));
+}
+
+// ---- Step-by-step transitions: cancellation, deadlines, refused inputs. ----
+
+fn started(limits: Limits) -> Invocation {
+    let mut invocation = Invocation::new(limits, catalog());
+    assert_eq!(
+        invocation.step(Input::Start, UnixMillis(0)).unwrap(),
+        vec![Action::Decide { turn: 1 }]
+    );
+    invocation
+}
+
+fn decide(invocation: &mut Invocation, decision: ProposedDecision, now: u64) -> Vec<Action> {
+    invocation
+        .step(
+            Input::Decided {
+                decision,
+                usage: Usage::default(),
+            },
+            UnixMillis(now),
+        )
+        .unwrap()
+}
+
+fn commit_events(actions: &[Action]) -> &[Event] {
+    match actions {
+        [Action::Commit { events, .. }] => events,
+        other => panic!("expected one Commit, got {other:?}"),
+    }
+}
+
+fn end_of(events: &[Event]) -> TerminalReason {
+    match &events.last().unwrap().body {
+        EventBody::Ended(end) => end.reason,
+        EventBody::Turn(_) => panic!("no end"),
+    }
+}
+
+/// Takes an invocation to the Executing phase with two lookups.
+fn executing(limits: Limits) -> Invocation {
+    let mut invocation = started(limits);
+    decide(
+        &mut invocation,
+        tools(vec![lookup("a", "profile"), lookup("b", "policy")]),
+        0,
+    );
+    let actions = invocation
+        .step(Input::Authorized(Verdict::Allow), UnixMillis(0))
+        .unwrap();
+    assert!(matches!(actions.as_slice(), [Action::Execute { .. }]));
+    invocation
+}
+
+#[test]
+fn cancel_while_deciding_ends_without_a_turn() {
+    let mut invocation = started(limits());
+    let actions = invocation.step(Input::Cancel, UnixMillis(1)).unwrap();
+    let events = commit_events(&actions);
+    assert_eq!(events.len(), 1);
+    assert_eq!(end_of(events), TerminalReason::Cancelled);
+    // The model's late answer is refused, not acted on.
+    let late = invocation.step(
+        Input::Decided {
+            decision: final_answer("x"),
+            usage: Usage::default(),
+        },
+        UnixMillis(2),
+    );
+    assert_eq!(
+        late,
+        Err(StepError::Unexpected {
+            input: "decided",
+            phase: "committing"
+        })
+    );
+    let finish = invocation.step(Input::Committed, UnixMillis(3)).unwrap();
+    assert!(matches!(&finish[..], [Action::Finish(o)] if o.reason == TerminalReason::Cancelled));
+    assert_eq!(
+        invocation.step(Input::Cancel, UnixMillis(4)),
+        Ok(vec![]),
+        "cancel after the end is a no-op"
+    );
+}
+
+#[test]
+fn cancel_while_executing_cancels_calls_and_commits_every_result() {
+    let mut invocation = executing(limits());
+    invocation
+        .step(
+            Input::CallFinished {
+                call_id: CallId::new("b"),
+                outcome: output("{}"),
+            },
+            UnixMillis(1),
+        )
+        .unwrap();
+    assert_eq!(
+        invocation.step(Input::Cancel, UnixMillis(2)).unwrap(),
+        vec![Action::CancelCalls { turn: 1 }]
+    );
+    assert_eq!(
+        invocation.step(Input::Cancel, UnixMillis(3)).unwrap(),
+        vec![],
+        "a second cancel adds nothing"
+    );
+    let actions = invocation
+        .step(
+            Input::CallFinished {
+                call_id: CallId::new("a"),
+                outcome: CallOutcome::Cancelled,
+            },
+            UnixMillis(4),
+        )
+        .unwrap();
+    let events = commit_events(&actions);
+    let EventBody::Turn(turn) = &events[0].body else {
+        panic!()
+    };
+    assert_eq!(
+        turn.results
+            .iter()
+            .map(|r| (r.call_id.as_str(), r.outcome.clone()))
+            .collect::<Vec<_>>(),
+        [("a", CallOutcome::Cancelled), ("b", output("{}"))]
+    );
+    assert_eq!(end_of(events), TerminalReason::Cancelled);
+    let finish = invocation.step(Input::Committed, UnixMillis(5)).unwrap();
+    assert!(
+        matches!(&finish[..], [Action::Finish(o)] if o.reason == TerminalReason::Cancelled && o.totals.tool_calls == 2)
+    );
+}
+
+#[test]
+fn cancel_while_committing_a_turn_ends_after_the_commit_without_a_new_decision() {
+    let mut invocation = executing(limits());
+    invocation
+        .step(
+            Input::CallFinished {
+                call_id: CallId::new("a"),
+                outcome: output("{}"),
+            },
+            UnixMillis(0),
+        )
+        .unwrap();
+    let actions = invocation
+        .step(
+            Input::CallFinished {
+                call_id: CallId::new("b"),
+                outcome: output("{}"),
+            },
+            UnixMillis(0),
+        )
+        .unwrap();
+    assert_eq!(commit_events(&actions).len(), 1);
+    assert_eq!(
+        invocation.step(Input::Cancel, UnixMillis(1)).unwrap(),
+        vec![]
+    );
+    let actions = invocation.step(Input::Committed, UnixMillis(2)).unwrap();
+    let events = commit_events(&actions);
+    assert_eq!(events[0].seq, 2);
+    assert_eq!(end_of(events), TerminalReason::Cancelled);
+}
+
+#[test]
+fn cancel_while_authorizing_or_verifying_records_the_decision_as_stopped() {
+    let mut invocation = started(limits());
+    decide(&mut invocation, tools(vec![lookup("a", "profile")]), 0);
+    let events = commit_events(&invocation.step(Input::Cancel, UnixMillis(0)).unwrap()).to_vec();
+    let EventBody::Turn(turn) = &events[0].body else {
+        panic!()
+    };
+    assert_eq!(
+        turn.rejection.as_ref().map(|r| r.kind),
+        Some(RejectionKind::Stopped)
+    );
+    assert_eq!(end_of(&events), TerminalReason::Cancelled);
+
+    let mut invocation = started(limits());
+    decide(&mut invocation, final_answer("42"), 0);
+    let events = commit_events(&invocation.step(Input::Cancel, UnixMillis(0)).unwrap()).to_vec();
+    assert_eq!(end_of(&events), TerminalReason::Cancelled);
+}
+
+#[test]
+fn the_deadline_cancels_running_calls_on_a_tick() {
+    let limits = Limits {
+        deadline: Some(UnixMillis(100)),
+        ..limits()
+    };
+    let mut invocation = executing(limits);
+    assert_eq!(
+        invocation.step(Input::Tick, UnixMillis(99)).unwrap(),
+        vec![],
+        "not yet"
+    );
+    assert_eq!(
+        invocation.step(Input::Tick, UnixMillis(100)).unwrap(),
+        vec![Action::CancelCalls { turn: 1 }]
+    );
+    invocation
+        .step(
+            Input::CallFinished {
+                call_id: CallId::new("a"),
+                outcome: CallOutcome::Cancelled,
+            },
+            UnixMillis(101),
+        )
+        .unwrap();
+    let actions = invocation
+        .step(
+            Input::CallFinished {
+                call_id: CallId::new("b"),
+                outcome: CallOutcome::NotStarted,
+            },
+            UnixMillis(102),
+        )
+        .unwrap();
+    assert_eq!(
+        end_of(commit_events(&actions)),
+        TerminalReason::DeadlineExceeded
+    );
+}
+
+#[test]
+fn the_deadline_is_checked_at_the_turn_boundary_and_before_acting() {
+    let limits = Limits {
+        deadline: Some(UnixMillis(100)),
+        ..limits()
+    };
+    let mut late_start = Invocation::new(limits, catalog());
+    let actions = late_start.step(Input::Start, UnixMillis(100)).unwrap();
+    assert_eq!(
+        end_of(commit_events(&actions)),
+        TerminalReason::DeadlineExceeded
+    );
+
+    let mut late_decision = started(limits);
+    let actions = decide(&mut late_decision, tools(vec![lookup("a", "profile")]), 150);
+    assert_eq!(
+        end_of(commit_events(&actions)),
+        TerminalReason::DeadlineExceeded
+    );
+
+    let mut late_verdict = started(limits);
+    decide(&mut late_verdict, tools(vec![lookup("a", "profile")]), 10);
+    let actions = late_verdict
+        .step(Input::Authorized(Verdict::Allow), UnixMillis(100))
+        .unwrap();
+    assert_eq!(
+        end_of(commit_events(&actions)),
+        TerminalReason::DeadlineExceeded,
+        "no Execute after the deadline"
+    );
+}
+
+#[test]
+fn refused_inputs_leave_the_state_untouched() {
+    let mut invocation = executing(limits());
+    let before = format!("{invocation:?}");
+    assert_eq!(
+        invocation.step(
+            Input::CallFinished {
+                call_id: CallId::new("zzz"),
+                outcome: output("{}")
+            },
+            UnixMillis(0)
+        ),
+        Err(StepError::UnknownCall(CallId::new("zzz")))
+    );
+    assert_eq!(format!("{invocation:?}"), before);
+    invocation
+        .step(
+            Input::CallFinished {
+                call_id: CallId::new("a"),
+                outcome: output("{}"),
+            },
+            UnixMillis(0),
+        )
+        .unwrap();
+    let before = format!("{invocation:?}");
+    assert_eq!(
+        invocation.step(
+            Input::CallFinished {
+                call_id: CallId::new("a"),
+                outcome: output("{}")
+            },
+            UnixMillis(0)
+        ),
+        Err(StepError::DuplicateResult(CallId::new("a")))
+    );
+    assert_eq!(
+        invocation.step(Input::Start, UnixMillis(0)),
+        Err(StepError::Unexpected {
+            input: "start",
+            phase: "executing"
+        })
+    );
+    assert_eq!(
+        invocation.step(Input::Committed, UnixMillis(0)),
+        Err(StepError::Unexpected {
+            input: "committed",
+            phase: "executing"
+        })
+    );
+    assert_eq!(
+        invocation.step(
+            Input::Reconciled {
+                call_id: CallId::new("a"),
+                outcome: output("{}")
+            },
+            UnixMillis(0)
+        ),
+        Err(StepError::Unexpected {
+            input: "reconciled",
+            phase: "executing"
+        })
+    );
+    assert_eq!(format!("{invocation:?}"), before);
+}
+
+#[test]
+fn a_reconciliation_answer_for_a_call_not_waiting_is_refused() {
+    let mut invocation = started(limits());
+    decide(
+        &mut invocation,
+        tools(vec![
+            call("t1", "transfer", "{}"),
+            call("t2", "transfer", "{}"),
+        ]),
+        0,
+    );
+    let actions = invocation
+        .step(Input::Authorized(Verdict::Allow), UnixMillis(0))
+        .unwrap();
+    let [Action::Execute { plan, .. }] = actions.as_slice() else {
+        panic!()
+    };
+    assert_eq!(
+        plan.stages,
+        vec![vec![0], vec![1]],
+        "writes run one at a time, in call order"
+    );
+    invocation
+        .step(
+            Input::CallFinished {
+                call_id: CallId::new("t1"),
+                outcome: CallOutcome::Unknown {
+                    detail: "timeout".into(),
+                },
+            },
+            UnixMillis(0),
+        )
+        .unwrap();
+    let actions = invocation
+        .step(
+            Input::CallFinished {
+                call_id: CallId::new("t2"),
+                outcome: output("{}"),
+            },
+            UnixMillis(0),
+        )
+        .unwrap();
+    assert!(matches!(&actions[..], [Action::Reconcile { calls, .. }] if calls.len() == 1));
+    assert_eq!(
+        invocation.step(
+            Input::Reconciled {
+                call_id: CallId::new("t2"),
+                outcome: output("{}")
+            },
+            UnixMillis(0)
+        ),
+        Err(StepError::NotReconciling(CallId::new("t2")))
+    );
+    // A cancel while reconciling waits for the executor's answer, then stops.
+    assert_eq!(
+        invocation.step(Input::Cancel, UnixMillis(0)).unwrap(),
+        vec![]
+    );
+    let actions = invocation
+        .step(
+            Input::Reconciled {
+                call_id: CallId::new("t1"),
+                outcome: output(r#"{"applied":false}"#),
+            },
+            UnixMillis(0),
+        )
+        .unwrap();
+    assert_eq!(end_of(commit_events(&actions)), TerminalReason::Cancelled);
+}
+
+#[test]
+fn every_terminal_reason_is_reachable() {
+    // The tests above reach each reason; this one keeps the list honest when a reason is
+    // added to the vocabulary: add its scenario here too.
+    let reached = [
+        run(vec![final_answer("ok")]).outcome.reason,
+        run(vec![ProposedDecision::RequestApproval {
+            summary: "s".into(),
+            calls: vec![lookup("a", "k")],
+        }])
+        .outcome
+        .reason,
+        run(vec![ProposedDecision::Clarification {
+            question: "q".into(),
+        }])
+        .outcome
+        .reason,
+        run(vec![ProposedDecision::CannotContinue {
+            reason: "r".into(),
+        }])
+        .outcome
+        .reason,
+        run(vec![tools(vec![])]).outcome.reason,
+        run(vec![]).outcome.reason,
+    ];
+    assert_eq!(
+        reached,
+        [
+            TerminalReason::Completed,
+            TerminalReason::ApprovalRequired,
+            TerminalReason::ClarificationRequired,
+            TerminalReason::CannotContinue,
+            TerminalReason::InvalidDecision,
+            TerminalReason::ModelError,
+        ]
+    );
+    let _ = Arc::new(());
+}

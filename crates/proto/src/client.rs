@@ -1,0 +1,206 @@
+//! The one client factory for agentloop services.
+//!
+//! [`connect`] builds a [`Channel`] with the connect and request timeouts of a
+//! [`ClientConfig`]; the per-service functions ([`orchestrator`], [`decision`], ...)
+//! wrap a channel in the generated client with the message size limit
+//! ([`MAX_MESSAGE_BYTES`]) and gzip compression. Every service of the workspace gets
+//! its clients here, so those settings are chosen in one place.
+//!
+//! Compression: our own servers accept gzip (see the `server` module), so clients of
+//! them compress requests. The [`tool_executor`] client does not, because tool
+//! executors are written by tool owners in any language and gzip support on the
+//! receiving side is optional in gRPC; it still accepts gzip-compressed responses.
+
+use std::time::Duration;
+
+use tonic::codec::CompressionEncoding;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+
+use crate::MAX_MESSAGE_BYTES;
+use crate::v1::decision_service_client::DecisionServiceClient;
+use crate::v1::effect_ledger_service_client::EffectLedgerServiceClient;
+use crate::v1::orchestrator_service_client::OrchestratorServiceClient;
+use crate::v1::policy_service_client::PolicyServiceClient;
+use crate::v1::tool_executor_service_client::ToolExecutorServiceClient;
+use crate::v1::tool_gateway_service_client::ToolGatewayServiceClient;
+
+/// How [`connect`] builds a channel.
+///
+/// Construct it with [`ClientConfig::default`] and the `with_*` methods, so fields can
+/// be added later without breaking callers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientConfig {
+    /// Longest time to establish the connection (TCP and, for `https`, TLS).
+    pub connect_timeout: Duration,
+    /// Longest time one unary call may take until its response arrives; `None` leaves
+    /// calls unbounded except by their own gRPC deadline. For a server-streaming call
+    /// it bounds only the wait for the stream to open. Model calls (`Decide`) can be
+    /// slow, so a client of the decision service may want a larger value.
+    pub request_timeout: Option<Duration>,
+    /// Whether [`connect`] returns at once and connects on first use, instead of
+    /// connecting before it returns. Lazy suits services that start before the
+    /// services they call; eager reports a wrong address at startup.
+    pub lazy: bool,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Some(Duration::from_secs(30)),
+            lazy: false,
+        }
+    }
+}
+
+impl ClientConfig {
+    /// Sets [`ClientConfig::connect_timeout`].
+    #[must_use]
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets [`ClientConfig::request_timeout`].
+    #[must_use]
+    pub fn with_request_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets [`ClientConfig::lazy`].
+    #[must_use]
+    pub fn with_lazy(mut self, lazy: bool) -> Self {
+        self.lazy = lazy;
+        self
+    }
+}
+
+/// Why [`connect`] could not produce a channel.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The endpoint is not a valid URI (expected e.g. `http://127.0.0.1:50051`).
+    #[error("invalid endpoint {endpoint:?}")]
+    InvalidEndpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// The parse error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// TLS could not be configured for an `https` endpoint.
+    #[error("cannot configure TLS for {endpoint:?}")]
+    Tls {
+        /// The endpoint as given.
+        endpoint: String,
+        /// The TLS configuration error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The connection could not be established (refused, unreachable, timed out).
+    #[error("cannot connect to {endpoint:?}")]
+    Connect {
+        /// The endpoint as given.
+        endpoint: String,
+        /// The transport error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// Builds a channel to `endpoint` (`http://host:port`, or `https://...` for TLS with the
+/// system's root certificates) with the timeouts of `config`.
+///
+/// A [`Channel`] is cheap to clone and multiplexes calls over one HTTP/2 connection;
+/// build one per target service and share it.
+///
+/// # Errors
+///
+/// [`ConnectError::InvalidEndpoint`] for an unparsable endpoint, [`ConnectError::Tls`]
+/// when TLS cannot be configured, and [`ConnectError::Connect`] when an eager
+/// connection fails.
+pub async fn connect(endpoint: &str, config: ClientConfig) -> Result<Channel, ConnectError> {
+    let mut builder = Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|source| ConnectError::InvalidEndpoint {
+            endpoint: endpoint.to_owned(),
+            source,
+        })?
+        .connect_timeout(config.connect_timeout)
+        // Small RPCs (ledger transitions, policy checks) must not wait for Nagle.
+        .tcp_nodelay(true);
+    if let Some(timeout) = config.request_timeout {
+        builder = builder.timeout(timeout);
+    }
+    if builder.uri().scheme_str() == Some("https") {
+        builder = builder
+            .tls_config(ClientTlsConfig::new().with_native_roots())
+            .map_err(|source| ConnectError::Tls {
+                endpoint: endpoint.to_owned(),
+                source,
+            })?;
+    }
+    if config.lazy {
+        return Ok(builder.connect_lazy());
+    }
+    builder
+        .connect()
+        .await
+        .map_err(|source| ConnectError::Connect {
+            endpoint: endpoint.to_owned(),
+            source,
+        })
+}
+
+/// Applies the shared limits and compression to a generated client. A macro because
+/// the generated clients share these methods by name, not through a trait.
+macro_rules! configured {
+    ($client:expr, compress_requests) => {
+        configured!($client).send_compressed(CompressionEncoding::Gzip)
+    };
+    ($client:expr) => {
+        $client
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            .accept_compressed(CompressionEncoding::Gzip)
+    };
+}
+
+/// A client of the orchestrator's public API, with the shared limits and gzip.
+#[must_use]
+pub fn orchestrator(channel: Channel) -> OrchestratorServiceClient<Channel> {
+    configured!(OrchestratorServiceClient::new(channel), compress_requests)
+}
+
+/// A client of the decision service, with the shared limits and gzip.
+#[must_use]
+pub fn decision(channel: Channel) -> DecisionServiceClient<Channel> {
+    configured!(DecisionServiceClient::new(channel), compress_requests)
+}
+
+/// A client of the policy service, with the shared limits and gzip.
+#[must_use]
+pub fn policy(channel: Channel) -> PolicyServiceClient<Channel> {
+    configured!(PolicyServiceClient::new(channel), compress_requests)
+}
+
+/// A client of the tool gateway, with the shared limits and gzip.
+#[must_use]
+pub fn tool_gateway(channel: Channel) -> ToolGatewayServiceClient<Channel> {
+    configured!(ToolGatewayServiceClient::new(channel), compress_requests)
+}
+
+/// A client of a tool executor, with the shared limits. Requests are sent
+/// uncompressed because a third-party executor need not accept gzip; compressed
+/// responses are accepted.
+#[must_use]
+pub fn tool_executor(channel: Channel) -> ToolExecutorServiceClient<Channel> {
+    configured!(ToolExecutorServiceClient::new(channel))
+}
+
+/// A client of the effect ledger, with the shared limits and gzip.
+#[must_use]
+pub fn effect_ledger(channel: Channel) -> EffectLedgerServiceClient<Channel> {
+    configured!(EffectLedgerServiceClient::new(channel), compress_requests)
+}
