@@ -86,7 +86,7 @@ impl fmt::Display for CallId {
 }
 
 /// A validated tool call: known tool, unique ID, arguments a JSON object within bounds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolCall {
     /// The call's ID.
     pub call_id: CallId,
@@ -127,6 +127,7 @@ pub struct ValidBatch {
 
 /// Bounds on what a single decision may carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct DecisionBounds {
     /// Most calls in one batch.
     pub max_batch_calls: usize,

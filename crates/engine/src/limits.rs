@@ -10,6 +10,7 @@ use crate::time::UnixMillis;
 /// What one invocation may use. Checked by the engine on committed state; none of them
 /// can be raised by the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Limits {
     /// Most model decisions (turns).
     pub max_steps: u32,

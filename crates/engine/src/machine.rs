@@ -13,6 +13,8 @@
 
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use crate::canonical::Fingerprint;
 use crate::catalog::ToolCatalog;
 use crate::decision::{CallId, Decision, ProposedDecision, ToolCall, Usage, ValidBatch, validate};
@@ -24,7 +26,8 @@ use crate::terminal::TerminalReason;
 use crate::time::UnixMillis;
 
 /// What the shell tells the engine.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Input {
     /// Begin driving a new or restored invocation.
     Start,
@@ -79,7 +82,8 @@ pub enum Input {
 }
 
 /// Policy's verdict on a batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// Every call may run.
     Allow,
@@ -96,7 +100,8 @@ pub enum Verdict {
 }
 
 /// The validators' verdict on a final answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Verification {
     /// The answer is backed by evidence.
     Accepted,
@@ -108,7 +113,8 @@ pub enum Verification {
 }
 
 /// What the engine asks the shell to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Action {
     /// Ask the model for the decision of `turn`; answer with `Decided` or `DecisionFailed`.
     Decide {

@@ -1,12 +1,15 @@
 //! Every transition and every terminal reason, driven through the public API.
-
-mod support;
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::wildcard_enum_match_arm
+)] // a test crate
 
 use std::num::NonZeroU32;
-use std::sync::Arc;
 
 use agentloop_engine::*;
-use support::*;
+use agentloop_testkit::*;
 
 fn limits() -> Limits {
     Limits {
@@ -935,5 +938,4 @@ fn every_terminal_reason_is_reachable() {
             TerminalReason::ModelError,
         ]
     );
-    let _ = Arc::new(());
 }

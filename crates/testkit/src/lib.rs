@@ -1,21 +1,30 @@
-//! A synchronous shell for driving the engine in tests: a scripted model, fake tools,
-//! an in-memory log. Each test file uses the parts it needs.
-#![allow(dead_code, unreachable_pub)]
+//! Test support for agentloop: a synchronous, in-memory shell around the pure turn
+//! engine. [`drive`] runs an invocation from `Start` to `Finish` against a [`World`] of
+//! fakes (a scripted model, fake tools, policy, validators and a log that can refuse
+//! commits) and returns everything that happened as a [`Run`].
+//!
+//! It is for tests and benchmarks only: nothing here does I/O, and every broken
+//! expectation panics, because in a test that is the failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![warn(missing_docs)]
 
 use std::collections::VecDeque;
+use std::fmt;
 use std::sync::Arc;
 
 use agentloop_engine::*;
 
-/// A read-only `lookup` tool and a `transfer` write, as in the demo executor.
+/// The demo executor's tools: read-only `lookup` and `sleep`, and the `transfer` write.
 pub fn catalog() -> Arc<ToolCatalog> {
     Arc::new(
         ToolCatalog::new()
             .with("lookup", ToolSpec::read_only())
+            .with("sleep", ToolSpec::read_only())
             .with("transfer", ToolSpec::new(SideEffect::Write)),
     )
 }
 
+/// A proposed call.
 pub fn call(id: &str, tool: &str, arguments: &str) -> ProposedCall {
     ProposedCall {
         call_id: id.into(),
@@ -24,20 +33,24 @@ pub fn call(id: &str, tool: &str, arguments: &str) -> ProposedCall {
     }
 }
 
+/// A proposed `lookup` of `key`.
 pub fn lookup(id: &str, key: &str) -> ProposedCall {
     call(id, "lookup", &format!(r#"{{"key":"{key}"}}"#))
 }
 
+/// A proposed batch.
 pub fn tools(calls: Vec<ProposedCall>) -> ProposedDecision {
     ProposedDecision::ToolCalls { calls }
 }
 
+/// A proposed final answer.
 pub fn final_answer(answer: &str) -> ProposedDecision {
     ProposedDecision::Final {
         answer: answer.into(),
     }
 }
 
+/// A successful call outcome.
 pub fn output(json: &str) -> CallOutcome {
     CallOutcome::Output {
         output_json: json.into(),
@@ -45,27 +58,58 @@ pub fn output(json: &str) -> CallOutcome {
 }
 
 /// The order in which the fake tools report the results of a batch.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arrival {
+    /// In call order.
     InOrder,
+    /// Last call first: shows that correlation does not rely on arrival order.
     Reversed,
 }
 
+/// Policy's answer to a batch.
+pub type Policy = Box<dyn FnMut(&[ToolCall]) -> Verdict>;
+/// A fake tool executor.
+pub type Tool = Box<dyn FnMut(&ToolCall) -> CallOutcome>;
+/// A fake executor's `Reconcile`: the outcome its records show, or why it cannot tell.
+pub type Reconciler = Box<dyn FnMut(&ToolCall) -> Result<CallOutcome, String>>;
+/// The final-answer validators.
+pub type Validator = Box<dyn FnMut(&str) -> Verification>;
+
 /// The world around the engine. Every field is a fake the test controls.
 pub struct World {
-    /// Decision for each turn (1-based); past the end, `repeat_last` decides.
+    /// What the model answers on each turn (index 0 is turn 1): a decision with its
+    /// usage, or a model error. Past the end, `repeat_last` decides.
     pub script: Vec<Result<(ProposedDecision, Usage), String>>,
+    /// Repeat the last entry of `script` forever instead of failing with a model error.
     pub repeat_last: bool,
-    pub policy: Box<dyn FnMut(&[ToolCall]) -> Verdict>,
-    pub tool: Box<dyn FnMut(&ToolCall) -> CallOutcome>,
-    pub reconcile: Box<dyn FnMut(&ToolCall) -> Result<CallOutcome, String>>,
-    pub verify: Box<dyn FnMut(&str) -> Verification>,
+    /// Policy.
+    pub policy: Policy,
+    /// The tools.
+    pub tool: Tool,
+    /// Reconciliation of unknown write outcomes.
+    pub reconcile: Reconciler,
+    /// The final-answer validators.
+    pub verify: Validator,
     /// Commits whose `expected_version` is listed fail.
     pub failing_commits: Vec<u64>,
+    /// The order in which results of a batch arrive.
     pub arrival: Arrival,
 }
 
+impl fmt::Debug for World {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("World")
+            .field("script", &self.script)
+            .field("repeat_last", &self.repeat_last)
+            .field("failing_commits", &self.failing_commits)
+            .field("arrival", &self.arrival)
+            .finish_non_exhaustive()
+    }
+}
+
 impl World {
+    /// A world where the model answers `decisions` with no token usage, policy allows
+    /// everything, tools serve the demo data, answers are accepted and commits succeed.
     pub fn scripted(decisions: Vec<ProposedDecision>) -> World {
         World {
             script: decisions
@@ -104,7 +148,8 @@ impl World {
     }
 }
 
-/// The demo data of the seeds: `profile` = `active`, `policy` = `refund-under-100`.
+/// The seeds' demo data: `profile` = `active`, `policy` = `refund-under-100`; any other
+/// key is a structured `not_found` error. Every other tool answers `{"ok":true}`.
 pub fn demo_tool(call: &ToolCall) -> CallOutcome {
     let args: serde_json::Value = serde_json::from_str(&call.arguments_json).unwrap();
     match (call.tool.as_str(), args["key"].as_str()) {
@@ -121,8 +166,11 @@ pub fn demo_tool(call: &ToolCall) -> CallOutcome {
 }
 
 /// Everything a run did.
+#[derive(Debug)]
 pub struct Run {
+    /// The engine state at the end.
     pub invocation: Invocation,
+    /// How it ended.
     pub outcome: Outcome,
     /// The committed log.
     pub log: Vec<Event>,
@@ -130,8 +178,6 @@ pub struct Run {
     pub actions: Vec<Action>,
     /// Every call executed, in execution order.
     pub executed: Vec<ToolCall>,
-    /// Every input fed, in order.
-    pub inputs: Vec<Input>,
 }
 
 /// Drives `invocation` from `Start` to `Finish` against `world`. The clock stands still.
@@ -139,29 +185,18 @@ pub fn drive(invocation: Invocation, world: World) -> Run {
     drive_from(invocation, world, Vec::new())
 }
 
-/// Like [`drive`], on top of an already committed `log` (a restored invocation).
-pub fn drive_from(mut invocation: Invocation, mut world: World, log: Vec<Event>) -> Run {
+/// Like [`drive`], for an invocation restored from `log` (its committed events).
+pub fn drive_from(mut invocation: Invocation, mut world: World, mut log: Vec<Event>) -> Run {
     let now = UnixMillis(0);
-    let mut run = Run {
-        outcome: Outcome {
-            reason: TerminalReason::Completed,
-            detail: String::new(),
-            answer: None,
-            totals: Totals::default(),
-        },
-        invocation: invocation.clone(),
-        log,
-        actions: Vec::new(),
-        executed: Vec::new(),
-        inputs: Vec::new(),
-    };
+    let mut actions_seen = Vec::new();
+    let mut executed = Vec::new();
     let mut inputs: VecDeque<Input> = VecDeque::from([Input::Start]);
     let mut finished = None;
+    // Bounded: a run that has not finished after this many inputs is an engine bug.
     for _ in 0..100_000 {
         let Some(input) = inputs.pop_front() else {
             break;
         };
-        run.inputs.push(input.clone());
         let actions = invocation
             .step(input, now)
             .expect("the harness only sends expected inputs");
@@ -173,11 +208,11 @@ pub fn drive_from(mut invocation: Invocation, mut world: World, log: Vec<Event>)
                 }
                 Action::Execute { calls, .. } => {
                     let mut order: Vec<&ToolCall> = calls.iter().collect();
-                    if matches!(world.arrival, Arrival::Reversed) {
+                    if world.arrival == Arrival::Reversed {
                         order.reverse();
                     }
                     for call in order {
-                        run.executed.push(call.clone());
+                        executed.push(call.clone());
                         let outcome = (world.tool)(call);
                         inputs.push_back(Input::CallFinished {
                             call_id: call.call_id.clone(),
@@ -187,18 +222,14 @@ pub fn drive_from(mut invocation: Invocation, mut world: World, log: Vec<Event>)
                 }
                 Action::Reconcile { calls, .. } => {
                     for call in calls {
+                        let call_id = call.call_id.clone();
                         inputs.push_back(match (world.reconcile)(call) {
-                            Ok(outcome) => Input::Reconciled {
-                                call_id: call.call_id.clone(),
-                                outcome,
-                            },
-                            Err(detail) => Input::ReconciliationFailed {
-                                call_id: call.call_id.clone(),
-                                detail,
-                            },
+                            Ok(outcome) => Input::Reconciled { call_id, outcome },
+                            Err(detail) => Input::ReconciliationFailed { call_id, detail },
                         });
                     }
                 }
+                // The fakes answer at once: by the time a cancel could arrive, nothing runs.
                 Action::CancelCalls { .. } => {}
                 Action::Verify { answer, .. } => {
                     inputs.push_back(Input::Verified((world.verify)(answer)))
@@ -207,17 +238,14 @@ pub fn drive_from(mut invocation: Invocation, mut world: World, log: Vec<Event>)
                     expected_version,
                     events,
                 } => {
-                    assert_eq!(
-                        *expected_version,
-                        run.log.last().map_or(0, |e| e.seq),
-                        "commits extend the log"
-                    );
+                    let version = log.last().map_or(0, |e: &Event| e.seq);
+                    assert_eq!(*expected_version, version, "commits extend the log");
                     if world.failing_commits.contains(expected_version) {
                         inputs.push_back(Input::CommitFailed {
                             message: "disk full".into(),
                         });
                     } else {
-                        run.log.extend(events.iter().cloned());
+                        log.extend(events.iter().cloned());
                         inputs.push_back(Input::Committed);
                     }
                 }
@@ -227,14 +255,18 @@ pub fn drive_from(mut invocation: Invocation, mut world: World, log: Vec<Event>)
                 }
             }
         }
-        run.actions.extend(actions);
+        actions_seen.extend(actions);
     }
-    run.outcome = finished.expect("every run ends with Finish");
-    run.invocation = invocation;
-    run
+    Run {
+        invocation,
+        outcome: finished.expect("every run ends with Finish"),
+        log,
+        actions: actions_seen,
+        executed,
+    }
 }
 
-/// Turn records of a log.
+/// The turn records of a log.
 pub fn turns(log: &[Event]) -> Vec<&TurnRecord> {
     log.iter()
         .filter_map(|event| match &event.body {
