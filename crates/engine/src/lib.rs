@@ -21,7 +21,7 @@
 //! let actions = invocation.step(Input::Decided { decision: answer, usage: Usage::default() }, now).unwrap();
 //! assert_eq!(actions, vec![Action::Verify { turn: 1, answer: "42".into() }]);
 //! let actions = invocation.step(Input::Verified(Verification::Accepted), now).unwrap();
-//! assert!(matches!(&actions[0], Action::Commit { expected_version: 0, events } if events.len() == 2));
+//! assert!(matches!(&actions[0], Action::Commit { expected_version: 0, events, .. } if events.len() == 2));
 //! let actions = invocation.step(Input::Committed, now).unwrap();
 //! let [Action::Finish(outcome)] = actions.as_slice() else { panic!("expected the end") };
 //! assert_eq!(outcome.reason, TerminalReason::Completed);

@@ -166,6 +166,8 @@ pub enum Action {
         expected_version: u64,
         /// The events, seq `expected_version + 1` onwards.
         events: Vec<Event>,
+        /// The invocation's totals once these events are committed (for the store's index).
+        totals: Totals,
     },
     /// The invocation has ended; nothing more will be asked.
     Finish(Outcome),
@@ -337,7 +339,10 @@ enum Phase {
         answer: String,
     },
     Committing {
-        events: Vec<Event>,
+        /// Protocol state once the commit is durable.
+        after: Protocol,
+        /// The end the commit carries, if it ends the invocation.
+        end: Option<EndRecord>,
     },
     Ended(Outcome),
 }
@@ -531,7 +536,9 @@ impl Invocation {
             (Phase::Verifying { draft, answer }, Input::Verified(verification)) => {
                 Ok(self.verified(draft, answer, verification, now))
             }
-            (Phase::Committing { events }, Input::Committed) => Ok(self.committed(events, now)),
+            (Phase::Committing { after, end }, Input::Committed) => {
+                Ok(self.committed(after, end, now))
+            }
             (Phase::Committing { .. }, Input::CommitFailed { message }) => {
                 // Nothing of the failed commit is applied: the log is as it was, and a
                 // resume continues from the last event that is durable.
@@ -990,41 +997,27 @@ impl Invocation {
                 self.stop = Some(stop);
                 self.stay(phase)
             }
-            Phase::Committing { events } => {
-                let ending = events
-                    .iter()
-                    .any(|event| matches!(event.body, EventBody::Ended(_)));
-                if !ending {
+            Phase::Committing { after, end } => {
+                // Ending already? Then this stop changes nothing.
+                if end.is_none() {
                     self.stop = Some(stop);
                 }
-                self.stay(Phase::Committing { events })
+                self.stay(Phase::Committing { after, end })
             }
             phase @ Phase::Ended(_) => self.stay(phase),
         }
     }
 
-    fn committed(&mut self, events: Vec<Event>, now: UnixMillis) -> Vec<Action> {
-        let mut ended = None;
-        for event in &events {
-            // The events were built on this very state, so they always apply; if one did
-            // not, that is an engine bug, surfaced as checkpoint_failed instead of a panic.
-            if let Err(error) = self.protocol.apply(event) {
-                let outcome = Outcome {
-                    reason: TerminalReason::CheckpointFailed,
-                    detail: format!("engine invariant broken: {error}"),
-                    answer: None,
-                    totals: self.protocol.totals,
-                };
-                self.phase = Phase::Ended(outcome.clone());
-                return vec![Action::Finish(outcome)];
-            }
-            if let EventBody::Ended(end) = &event.body {
-                ended = Some(end);
-            }
-        }
-        match ended {
+    fn committed(
+        &mut self,
+        after: Protocol,
+        end: Option<EndRecord>,
+        now: UnixMillis,
+    ) -> Vec<Action> {
+        self.protocol = after;
+        match end {
             Some(end) => {
-                let outcome = self.outcome_of(end);
+                let outcome = self.outcome_of(&end);
                 self.stop = None;
                 self.phase = Phase::Ended(outcome.clone());
                 vec![Action::Finish(outcome)]
@@ -1071,7 +1064,8 @@ impl Invocation {
         self.commit(bodies)
     }
 
-    /// Hands events to the shell; the phase holds them until the shell says they are durable.
+    /// Hands events to the shell. The protocol state they lead to is computed now, by the
+    /// same fold a restore uses, and takes effect only when the shell says they are durable.
     fn commit(&mut self, bodies: Vec<EventBody>) -> Vec<Action> {
         let expected_version = self.protocol.version;
         let events: Vec<Event> = bodies
@@ -1079,12 +1073,29 @@ impl Invocation {
             .zip(expected_version + 1..)
             .map(|(body, seq)| Event { seq, body })
             .collect();
-        self.phase = Phase::Committing {
-            events: events.clone(),
-        };
+        let mut after = self.protocol.clone();
+        if let Err(error) = events.iter().try_for_each(|event| after.apply(event)) {
+            // The events were built on this very state, so they always apply; if one did
+            // not, that is an engine bug, surfaced as checkpoint_failed instead of a panic.
+            let outcome = Outcome {
+                reason: TerminalReason::CheckpointFailed,
+                detail: format!("engine invariant broken: {error}"),
+                answer: None,
+                totals: self.protocol.totals,
+            };
+            self.phase = Phase::Ended(outcome.clone());
+            return vec![Action::Finish(outcome)];
+        }
+        let end = events.iter().rev().find_map(|event| match &event.body {
+            EventBody::Ended(end) => Some(end.clone()),
+            EventBody::Turn(_) => None,
+        });
+        let totals = after.totals;
+        self.phase = Phase::Committing { after, end };
         vec![Action::Commit {
             expected_version,
             events,
+            totals,
         }]
     }
 }

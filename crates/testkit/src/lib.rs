@@ -237,6 +237,7 @@ pub fn drive_from(mut invocation: Invocation, mut world: World, mut log: Vec<Eve
                 Action::Commit {
                     expected_version,
                     events,
+                    ..
                 } => {
                     let version = log.last().map_or(0, |e: &Event| e.seq);
                     assert_eq!(*expected_version, version, "commits extend the log");
