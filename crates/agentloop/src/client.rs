@@ -1,0 +1,381 @@
+//! The CLI's commands against an orchestrator's public gRPC API. The embedded default
+//! serves that same API on a loopback port, so `run` and `demo` take one code path
+//! whether the orchestrator is embedded or deployed.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use agentloop_proto::client::{ClientConfig, connect};
+use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use tonic::transport::Channel;
+
+use crate::exit;
+use crate::view::{EventView, Summary, reason_of};
+
+/// The seeds' example: two parallel read-only lookups, then an answer built from them.
+pub const DEMO_SCRIPT: &str = r#"{
+  "turns": [
+    {"tool_calls": [
+      {"id": "call-profile", "name": "lookup", "arguments": {"key": "profile"}},
+      {"id": "call-policy", "name": "lookup", "arguments": {"key": "policy"}}
+    ]},
+    {"final": "profile=active; policy=refund-under-100"}
+  ]
+}"#;
+
+/// Largest script file the CLI reads.
+const MAX_SCRIPT_FILE: u64 = 4 * 1024 * 1024;
+/// Times a lost watch stream is reopened before the run gives up.
+const WATCH_RETRIES: u32 = 5;
+
+/// What `run` starts.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The goal.
+    pub goal: String,
+    /// The scripted model, as JSON text.
+    pub script: String,
+    /// JSON summary instead of text.
+    pub json: bool,
+    /// Idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Budget overrides.
+    pub max_steps: Option<u32>,
+    /// Budget overrides.
+    pub max_tool_calls: Option<u32>,
+    /// Budget overrides.
+    pub max_repeated_plan: Option<u32>,
+    /// Budget overrides.
+    pub deadline: Option<Duration>,
+}
+
+/// Reads a script file, refusing oversized ones before reading them.
+pub fn read_script(path: &Path) -> anyhow::Result<String> {
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("cannot read the script {}", path.display()))?
+        .len();
+    if size > MAX_SCRIPT_FILE {
+        bail!(
+            "the script {} is {size} bytes; at most {MAX_SCRIPT_FILE} are allowed",
+            path.display()
+        );
+    }
+    std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the script {}", path.display()))
+}
+
+/// Parses `500ms`, `30s`, `5m`, `1h` (a bare number is milliseconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 500ms, 30s, 5m or 1h"))?;
+    let millis = match unit {
+        "" | "ms" => Some(value),
+        "s" => value.checked_mul(1_000),
+        "m" => value.checked_mul(60_000),
+        "h" => value.checked_mul(3_600_000),
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?}; use ms, s, m or h"
+            ));
+        }
+    };
+    let millis = millis.ok_or_else(|| format!("{text:?} is too long"))?;
+    if millis == 0 {
+        return Err("a deadline must be longer than 0".into());
+    }
+    Ok(Duration::from_millis(millis))
+}
+
+async fn client(server: &str) -> anyhow::Result<OrchestratorServiceClient<Channel>> {
+    let config = ClientConfig::default().with_request_timeout(None);
+    let channel = connect(server, config)
+        .await
+        .with_context(|| format!("cannot reach the orchestrator at {server}"))?;
+    Ok(agentloop_proto::client::orchestrator(channel))
+}
+
+fn status(context: &str, status: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{context}: {:?}: {}", status.code(), status.message())
+}
+
+/// Starts an invocation and follows it: live progress on a terminal, then the summary.
+/// Ctrl-C cancels the invocation (a second one leaves without waiting). Returns the exit
+/// code of its terminal reason.
+pub async fn run(server: &str, options: RunOptions) -> anyhow::Result<u8> {
+    let started = Instant::now();
+    let mut orchestrator = client(server).await?;
+    let overrides = pb::BudgetOverrides {
+        max_steps: options.max_steps,
+        max_tool_calls: options.max_tool_calls,
+        max_tokens: None,
+        max_repeated_plan: options.max_repeated_plan,
+        deadline: options.deadline.map(prost_types_duration),
+    };
+    let response = orchestrator
+        .start_invocation(pb::StartInvocationRequest {
+            idempotency_key: options.idempotency_key.clone().unwrap_or_default(),
+            goal: options.goal.clone(),
+            scripted_model_json: options.script.clone(),
+            budget_overrides: Some(overrides),
+            ..Default::default()
+        })
+        .await
+        .map_err(|s| status("the orchestrator refused the invocation", s))?
+        .into_inner();
+    let invocation = response
+        .invocation
+        .context("the orchestrator answered without an invocation")?;
+    let id = invocation.invocation_id.clone();
+    let progress = Progress::new(!options.json && std::io::stderr().is_terminal());
+    progress.note(&format!("invocation {id}"));
+
+    let mut next = 1;
+    let mut turn_events = 0;
+    let mut retries = 0;
+    let mut cancelled = false;
+    let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
+    'watch: loop {
+        let mut stream = match orchestrator
+            .watch_invocation(pb::WatchInvocationRequest {
+                invocation_id: id.clone(),
+                from_seq: next,
+            })
+            .await
+        {
+            Ok(stream) => stream.into_inner(),
+            Err(s) if retries < WATCH_RETRIES => {
+                retries += 1;
+                progress.note(&format!("watch failed ({}), reconnecting", s.message()));
+                continue;
+            }
+            Err(s) => return Err(status("cannot watch the invocation", s)),
+        };
+        loop {
+            tokio::select! {
+                signal = &mut ctrl_c => {
+                    signal.context("cannot listen for Ctrl-C")?;
+                    if cancelled {
+                        progress.clear();
+                        eprintln!("agentloop: left without waiting; invocation {id} is being cancelled");
+                        return Ok(exit::code(agentloop_engine::TerminalReason::Cancelled));
+                    }
+                    cancelled = true;
+                    progress.note("cancelling (Ctrl-C again to leave without waiting)");
+                    orchestrator
+                        .cancel_invocation(pb::CancelInvocationRequest { invocation_id: id.clone(), reason: "Ctrl-C".into() })
+                        .await
+                        .map_err(|s| status("cannot cancel", s))?;
+                    ctrl_c.set(tokio::signal::ctrl_c());
+                }
+                item = stream.next() => match item {
+                    Some(Ok(pb::WatchInvocationResponse { event: Some(event) })) => {
+                        next = event.seq + 1;
+                        let view = EventView::of(&event);
+                        if view.kind == "turn" {
+                            turn_events += 1;
+                        }
+                        progress.show(&view, started.elapsed());
+                        if view.kind == "ended" {
+                            break 'watch;
+                        }
+                    }
+                    Some(Ok(pb::WatchInvocationResponse { event: None })) => {}
+                    Some(Err(s)) if retries < WATCH_RETRIES => {
+                        retries += 1;
+                        progress.note(&format!("watch interrupted ({}), resuming from event {next}", s.message()));
+                        continue 'watch;
+                    }
+                    Some(Err(s)) => return Err(status("the watch failed", s)),
+                    None => continue 'watch,
+                },
+            }
+        }
+    }
+    progress.clear();
+    let ended = orchestrator
+        .get_invocation(pb::GetInvocationRequest { invocation_id: id })
+        .await
+        .map_err(|s| status("cannot read the invocation", s))?
+        .into_inner()
+        .invocation
+        .context("the orchestrator answered without an invocation")?;
+    let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let summary = Summary::of(&ended, turn_events, elapsed);
+    print_summary(&summary, options.json)?;
+    Ok(reason_of(ended.terminal_reason).map_or(exit::FAILURE, exit::code))
+}
+
+fn prost_types_duration(duration: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(duration.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+fn print_summary(summary: &Summary, json: bool) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer(&mut stdout, summary)?;
+        writeln!(stdout)?;
+    } else {
+        writeln!(stdout, "{}", summary.render())?;
+    }
+    Ok(())
+}
+
+fn print_events(events: &[pb::Event], json: bool) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    for event in events {
+        let view = EventView::of(event);
+        if json {
+            serde_json::to_writer(&mut stdout, &view)?;
+            writeln!(stdout)?;
+        } else {
+            writeln!(stdout, "{}", view.render())?;
+        }
+    }
+    Ok(())
+}
+
+/// `show` against a running orchestrator: the events committed so far.
+pub async fn show_remote(server: &str, id: &str, json: bool) -> anyhow::Result<u8> {
+    let mut orchestrator = client(server).await?;
+    let invocation = orchestrator
+        .get_invocation(pb::GetInvocationRequest {
+            invocation_id: id.to_owned(),
+        })
+        .await
+        .map_err(|s| status("cannot read the invocation", s))?
+        .into_inner()
+        .invocation
+        .context("the orchestrator answered without an invocation")?;
+    let mut events = Vec::new();
+    if invocation.last_seq > 0 {
+        let mut stream = orchestrator
+            .watch_invocation(pb::WatchInvocationRequest {
+                invocation_id: id.to_owned(),
+                from_seq: 1,
+            })
+            .await
+            .map_err(|s| status("cannot read the events", s))?
+            .into_inner();
+        while let Some(item) = stream.next().await {
+            let event = item.map_err(|s| status("cannot read the events", s))?.event;
+            if let Some(event) = event {
+                let last = event.seq >= invocation.last_seq;
+                events.push(event);
+                if last {
+                    break;
+                }
+            }
+        }
+    }
+    print_events(&events, json)?;
+    Ok(0)
+}
+
+/// `show` on the embedded data directory, read directly.
+pub async fn show_local(data_dir: &Path, id: &str, json: bool) -> anyhow::Result<u8> {
+    let events = crate::embedded::read_events(data_dir, id).await?;
+    print_events(&events, json)?;
+    Ok(0)
+}
+
+/// `cancel` on a running orchestrator.
+pub async fn cancel(server: &str, id: &str, reason: &str) -> anyhow::Result<u8> {
+    let mut orchestrator = client(server).await?;
+    let invocation = orchestrator
+        .cancel_invocation(pb::CancelInvocationRequest {
+            invocation_id: id.to_owned(),
+            reason: reason.to_owned(),
+        })
+        .await
+        .map_err(|s| status("cannot cancel", s))?
+        .into_inner()
+        .invocation
+        .context("the orchestrator answered without an invocation")?;
+    if invocation.state() == pb::InvocationState::Ended {
+        println!(
+            "invocation {id} had already ended: {}",
+            crate::view::reason_name(invocation.terminal_reason)
+        );
+    } else {
+        println!("cancel requested for invocation {id}");
+    }
+    Ok(0)
+}
+
+/// Live progress on stderr, only when it is a terminal.
+struct Progress {
+    enabled: bool,
+}
+
+impl Progress {
+    fn new(enabled: bool) -> Progress {
+        Progress { enabled }
+    }
+
+    fn show(&self, view: &EventView, elapsed: Duration) {
+        if !self.enabled {
+            return;
+        }
+        let line = match view.kind {
+            "turn" => {
+                let done = view.calls.iter().filter(|c| c.outcome != "none").count();
+                format!(
+                    "turn {} committed · {} · {done} call(s) done · {:.1}s",
+                    view.turn.unwrap_or(0),
+                    view.decision.unwrap_or("?"),
+                    elapsed.as_secs_f64()
+                )
+            }
+            other => format!("{other} · {:.1}s", elapsed.as_secs_f64()),
+        };
+        let mut stderr = std::io::stderr().lock();
+        let _ = write!(stderr, "\r\x1b[2K{line}");
+        let _ = stderr.flush();
+    }
+
+    fn note(&self, text: &str) {
+        if self.enabled {
+            let mut stderr = std::io::stderr().lock();
+            let _ = writeln!(stderr, "\r\x1b[2K{text}");
+        }
+    }
+
+    fn clear(&self) {
+        if self.enabled {
+            let mut stderr = std::io::stderr().lock();
+            let _ = write!(stderr, "\r\x1b[2K");
+            let _ = stderr.flush();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units_and_refuse_nonsense() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("250"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("99999999999999999999h").is_err());
+    }
+}

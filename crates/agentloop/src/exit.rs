@@ -1,0 +1,45 @@
+//! Exit codes: a stable external format, one per terminal reason (README lists them).
+
+use agentloop_engine::TerminalReason;
+
+/// A command failed before or outside any invocation (unreachable server, bad input).
+pub const FAILURE: u8 = 1;
+/// Bad command-line usage (clap's own code).
+pub const USAGE: u8 = 2;
+
+/// The exit code of an invocation that ended with `reason`.
+pub fn code(reason: TerminalReason) -> u8 {
+    match reason {
+        TerminalReason::Completed => 0,
+        TerminalReason::ApprovalRequired => 10,
+        TerminalReason::ClarificationRequired => 11,
+        TerminalReason::Cancelled => 12,
+        TerminalReason::DeadlineExceeded => 13,
+        TerminalReason::MaxSteps => 14,
+        TerminalReason::ToolBudgetExhausted => 15,
+        TerminalReason::TokenBudgetExhausted => 16,
+        TerminalReason::NoProgress => 17,
+        TerminalReason::InvalidDecision => 18,
+        TerminalReason::ModelError => 19,
+        TerminalReason::CheckpointFailed => 20,
+        TerminalReason::CannotContinue => 21,
+        TerminalReason::VerificationFailed => 22,
+        TerminalReason::ReconciliationRequired => 23,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_distinct_and_only_completed_is_zero() {
+        let mut seen = std::collections::BTreeSet::new();
+        for reason in TerminalReason::ALL {
+            let code = code(reason);
+            assert!(seen.insert(code), "{reason} shares exit code {code}");
+            assert_eq!(code == 0, reason == TerminalReason::Completed);
+            assert!(code != FAILURE && code != USAGE);
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! `agentloop`: run the loop embedded with one command, or drive a deployed orchestrator.
+//!
+//! Exit codes: 0 `completed`; one code per other terminal reason (see README); 1 for a
+//! failure outside any invocation; 2 for bad usage.
+
+#![allow(clippy::print_stdout, reason = "a command line prints its results on stdout")]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use agentloop::client::{self, RunOptions};
+use agentloop::embedded::{Stack, StackOptions};
+use agentloop::exit;
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "agentloop",
+    version,
+    about = "Runs AI-agent tasks as bounded, durable loops"
+)]
+struct Cli {
+    /// Where the embedded default keeps its data (event store, ledger, demo executor).
+    #[arg(
+        long,
+        global = true,
+        env = "AGENTLOOP_DATA_DIR",
+        default_value = ".agentloop"
+    )]
+    data_dir: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Runs every service in this process on one port, over the embedded store.
+    Dev {
+        /// Address to serve on.
+        #[arg(long, default_value = "127.0.0.1:50051")]
+        listen: String,
+        /// Tools config (TOML); without it the demo executor's tools are registered.
+        #[arg(long)]
+        tools: Option<PathBuf>,
+    },
+    /// Starts an invocation with a scripted model and follows it to its end.
+    Run(RunArgs),
+    /// Shows an invocation's committed event log as a timeline.
+    Show {
+        /// The invocation.
+        id: String,
+        /// A running orchestrator; without it, the embedded data directory is read.
+        #[arg(long)]
+        server: Option<String>,
+        /// JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancels an invocation on a running orchestrator.
+    Cancel {
+        /// The invocation.
+        id: String,
+        /// The orchestrator (`agentloop dev` listens on this by default).
+        #[arg(long, default_value = "http://127.0.0.1:50051")]
+        server: String,
+        /// Why, for the log.
+        #[arg(long, default_value = "cancelled from the command line")]
+        reason: String,
+    },
+    /// The seeds' example end to end: two parallel lookups, then the answer.
+    Demo {
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// The scripted-model file (JSON).
+    #[arg(long)]
+    script: PathBuf,
+    /// The goal; defaults to one naming the script.
+    #[arg(long)]
+    goal: Option<String>,
+    /// Tools config (TOML) for the embedded run; without it the demo executor's tools.
+    #[arg(long, conflicts_with = "server")]
+    tools: Option<PathBuf>,
+    /// A running orchestrator instead of the embedded default.
+    #[arg(long)]
+    server: Option<String>,
+    /// JSON summary instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Makes the start idempotent: the same key and request give the same invocation.
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    /// Overrides the profile's turn budget.
+    #[arg(long)]
+    max_steps: Option<u32>,
+    /// Overrides the profile's tool-call budget.
+    #[arg(long)]
+    max_tool_calls: Option<u32>,
+    /// Overrides how often the same plan may run in a row (0 turns the check off).
+    #[arg(long)]
+    max_repeated_plan: Option<u32>,
+    /// Overrides the wall-clock budget: `500ms`, `30s`, `5m`, `1h`.
+    #[arg(long, value_parser = client::parse_duration)]
+    deadline: Option<std::time::Duration>,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return ExitCode::from(if error.use_stderr() { exit::USAGE } else { 0 });
+        }
+    };
+    // Logs go to stderr (stdout is for results and `--json`); quiet unless RUST_LOG says.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    agentloop_server::install_crypto_provider();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("agentloop: cannot start the runtime: {error}");
+            return ExitCode::from(exit::FAILURE);
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(error) => {
+            eprintln!("agentloop: {error:#}");
+            ExitCode::from(exit::FAILURE)
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+    match cli.command {
+        Command::Dev { listen, tools } => {
+            let stack = Stack::start(StackOptions {
+                listen,
+                ..StackOptions::embedded(cli.data_dir, tools)
+            })
+            .await?;
+            println!("agentloop dev: all services on {}", stack.endpoint());
+            println!("press Ctrl-C to stop");
+            agentloop_server::shutdown_signal().await;
+            stack.stop().await?;
+            Ok(0)
+        }
+        Command::Run(args) => {
+            let script = client::read_script(&args.script)?;
+            let goal = args
+                .goal
+                .unwrap_or_else(|| format!("Run the scripted scenario {}", args.script.display()));
+            let options = RunOptions {
+                goal,
+                script,
+                json: args.json,
+                idempotency_key: args.idempotency_key,
+                max_steps: args.max_steps,
+                max_tool_calls: args.max_tool_calls,
+                max_repeated_plan: args.max_repeated_plan,
+                deadline: args.deadline,
+            };
+            match args.server {
+                Some(server) => client::run(&server, options).await,
+                None => {
+                    let stack =
+                        Stack::start(StackOptions::embedded(cli.data_dir, args.tools)).await?;
+                    let result = client::run(&stack.endpoint(), options).await;
+                    stack.stop().await?;
+                    result
+                }
+            }
+        }
+        Command::Show { id, server, json } => match server {
+            Some(server) => client::show_remote(&server, &id, json).await,
+            None => client::show_local(&cli.data_dir, &id, json).await,
+        },
+        Command::Cancel { id, server, reason } => client::cancel(&server, &id, &reason).await,
+        Command::Demo { json } => {
+            let stack = Stack::start(StackOptions::embedded(cli.data_dir, None)).await?;
+            let options = RunOptions {
+                goal: "Load the customer profile and the refund policy".into(),
+                script: client::DEMO_SCRIPT.to_owned(),
+                json,
+                idempotency_key: None,
+                max_steps: None,
+                max_tool_calls: None,
+                max_repeated_plan: None,
+                deadline: None,
+            };
+            let result = client::run(&stack.endpoint(), options).await;
+            stack.stop().await?;
+            result
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! What the CLI shows: the committed event log as a timeline, and the summary of a run,
+//! both as text for people and as JSON (`--json`) for scripts. The JSON shapes are a
+//! stable external format.
+
+use std::fmt::Write as _;
+
+use agentloop_engine::TerminalReason;
+use agentloop_orchestrator::wire;
+use agentloop_proto::v1 as pb;
+use serde::Serialize;
+
+/// One committed event, flattened for JSON.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EventView {
+    /// Position in the log.
+    pub seq: u64,
+    /// Commit time, milliseconds since the epoch.
+    pub committed_at_ms: i64,
+    /// `turn` or `ended`.
+    pub kind: &'static str,
+    /// Turn number (turns only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u32>,
+    /// The decision kind (turns only): final, tool_calls, request_approval,
+    /// clarification, cannot_continue, or unparseable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision: Option<&'static str>,
+    /// The answer, question or reason the decision carried.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The calls and their results, in call order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<CallView>,
+    /// Why the decision was not carried out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejection: Option<String>,
+    /// Terminal reason (ended only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Detail of the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// The accepted answer (ended `completed` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+}
+
+/// One call of a turn.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallView {
+    /// The call ID.
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// The arguments as sent.
+    pub arguments: String,
+    /// output, error, cancelled, not_started, unknown, or none (not executed).
+    pub outcome: &'static str,
+    /// The output JSON, the error message or the unknown detail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The wire name of a terminal reason.
+pub fn reason_name(reason: i32) -> String {
+    pb::TerminalReason::try_from(reason)
+        .ok()
+        .and_then(wire::terminal_reason_from)
+        .map_or_else(|| format!("unknown({reason})"), |r| r.as_str().to_owned())
+}
+
+/// The engine reason of a wire reason, if it is one.
+pub fn reason_of(reason: i32) -> Option<TerminalReason> {
+    pb::TerminalReason::try_from(reason)
+        .ok()
+        .and_then(wire::terminal_reason_from)
+}
+
+impl EventView {
+    /// The view of a wire event.
+    pub fn of(event: &pb::Event) -> EventView {
+        let committed_at_ms = event.committed_at.as_ref().map_or(0, |t| {
+            t.seconds.saturating_mul(1000) + i64::from(t.nanos / 1_000_000)
+        });
+        let mut view = EventView {
+            seq: event.seq,
+            committed_at_ms,
+            kind: "turn",
+            turn: None,
+            decision: None,
+            text: None,
+            calls: Vec::new(),
+            rejection: None,
+            reason: None,
+            detail: None,
+            answer: None,
+        };
+        match &event.body {
+            Some(pb::event::Body::Turn(turn)) => {
+                view.turn = Some(turn.turn);
+                view.rejection = turn.rejection.as_ref().map(|r| r.message.clone());
+                let (decision, text, calls) = decision_parts(turn.decision.as_ref());
+                view.decision = Some(decision);
+                view.text = text;
+                view.calls = calls
+                    .iter()
+                    .map(|call| {
+                        let result = turn.results.iter().find(|r| r.call_id == call.call_id);
+                        let (outcome, detail) = outcome_parts(result);
+                        CallView {
+                            call_id: call.call_id.clone(),
+                            tool: call.tool.clone(),
+                            arguments: call.arguments_json.clone(),
+                            outcome,
+                            detail,
+                        }
+                    })
+                    .collect();
+            }
+            Some(pb::event::Body::Ended(ended)) => {
+                view.kind = "ended";
+                view.reason = Some(reason_name(ended.reason));
+                view.detail = Some(ended.detail.clone()).filter(|d| !d.is_empty());
+                view.answer = ended.answer.clone();
+            }
+            Some(pb::event::Body::ApprovalResolved(_)) => view.kind = "approval_resolved",
+            Some(pb::event::Body::ClarificationAnswered(_)) => view.kind = "clarification_answered",
+            None => view.kind = "unknown",
+        }
+        view
+    }
+
+    /// One or more lines of the timeline.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        match self.kind {
+            "turn" => {
+                let _ = write!(
+                    out,
+                    "#{:<3} turn {:<3} {}",
+                    self.seq,
+                    self.turn.unwrap_or(0),
+                    self.decision.unwrap_or("?")
+                );
+                if let Some(text) = &self.text {
+                    let _ = write!(out, "  {}", one_line(text, 100));
+                }
+                for call in &self.calls {
+                    let _ = write!(
+                        out,
+                        "\n               {}({}) {}  -> {}",
+                        call.tool,
+                        call.call_id,
+                        one_line(&call.arguments, 60),
+                        call.outcome
+                    );
+                    if let Some(detail) = &call.detail {
+                        let _ = write!(out, " {}", one_line(detail, 80));
+                    }
+                }
+                if let Some(rejection) = &self.rejection {
+                    let _ = write!(
+                        out,
+                        "\n               not carried out: {}",
+                        one_line(rejection, 120)
+                    );
+                }
+            }
+            kind => {
+                let _ = write!(
+                    out,
+                    "#{:<3} {kind:<8} {}",
+                    self.seq,
+                    self.reason.as_deref().unwrap_or("")
+                );
+                if let Some(detail) = &self.detail {
+                    let _ = write!(out, "  {}", one_line(detail, 120));
+                }
+                if let Some(answer) = &self.answer {
+                    let _ = write!(out, "\n               answer: {}", one_line(answer, 200));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn decision_parts(
+    decision: Option<&pb::Decision>,
+) -> (&'static str, Option<String>, &[pb::ToolCall]) {
+    use pb::decision::Kind;
+    match decision.and_then(|d| d.kind.as_ref()) {
+        Some(Kind::Final(f)) => ("final", Some(f.answer.clone()), &[]),
+        Some(Kind::ToolCalls(t)) => ("tool_calls", None, &t.calls),
+        Some(Kind::RequestApproval(r)) => ("request_approval", Some(r.summary.clone()), &r.calls),
+        Some(Kind::Clarification(c)) => ("clarification", Some(c.question.clone()), &[]),
+        Some(Kind::CannotContinue(c)) => ("cannot_continue", Some(c.reason.clone()), &[]),
+        None => ("unparseable", None, &[]),
+    }
+}
+
+fn outcome_parts(result: Option<&pb::ToolResult>) -> (&'static str, Option<String>) {
+    use pb::tool_result::Outcome;
+    match result.and_then(|r| r.outcome.as_ref()) {
+        Some(Outcome::Output(output)) => ("output", Some(output.output_json.clone())),
+        Some(Outcome::Error(error)) => ("error", Some(error.message.clone())),
+        Some(Outcome::Cancelled(_)) => ("cancelled", None),
+        Some(Outcome::NotStarted(_)) => ("not_started", None),
+        Some(Outcome::Unknown(unknown)) => ("unknown", Some(unknown.detail.clone())),
+        None => ("none", None),
+    }
+}
+
+fn one_line(text: &str, max: usize) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if flat.chars().count() <= max {
+        flat
+    } else {
+        let cut: String = flat.chars().take(max).collect();
+        format!("{cut}…")
+    }
+}
+
+/// How a run ended, for the summary line and `--json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// The invocation.
+    pub invocation_id: String,
+    /// Its terminal reason.
+    pub reason: String,
+    /// The accepted answer, if completed.
+    pub answer: Option<String>,
+    /// The detail of the end.
+    pub detail: String,
+    /// Turns taken.
+    pub steps: u32,
+    /// Tool calls executed.
+    pub tool_calls: u32,
+    /// Turn events committed.
+    pub events: u32,
+    /// Tokens used.
+    pub input_tokens: u64,
+    /// Tokens produced.
+    pub output_tokens: u64,
+    /// Wall-clock time of the run as the CLI saw it.
+    pub elapsed_ms: u64,
+}
+
+impl Summary {
+    /// The summary of an ended invocation, with the number of turn events seen.
+    pub fn of(invocation: &pb::Invocation, events: u32, elapsed_ms: u64) -> Summary {
+        let usage = invocation.usage.unwrap_or_default();
+        Summary {
+            invocation_id: invocation.invocation_id.clone(),
+            reason: reason_name(invocation.terminal_reason),
+            answer: invocation.answer.clone(),
+            detail: invocation.terminal_detail.clone(),
+            steps: usage.steps,
+            tool_calls: usage.tool_calls,
+            events,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            elapsed_ms,
+        }
+    }
+
+    /// The text form: reason, answer (or detail), then the counters.
+    pub fn render(&self) -> String {
+        let mut out = self.reason.clone();
+        match &self.answer {
+            Some(answer) => {
+                let _ = write!(out, "\n{answer}");
+            }
+            None if !self.detail.is_empty() => {
+                let _ = write!(out, "\n{}", self.detail);
+            }
+            None => {}
+        }
+        let _ = write!(
+            out,
+            "\nsteps={} tool_calls={} events={}",
+            self.steps, self.tool_calls, self.events
+        );
+        out
+    }
+}

@@ -1,0 +1,251 @@
+//! The one gRPC server builder of agentloop, shared by every service binary.
+//!
+//! Five services would otherwise repeat the same plumbing; here it is written once:
+//!
+//! - [`serve`] with a [`ServiceSet`]: a tonic server over a caller-bound listener, with a
+//!   tracing layer, the standard gRPC health service (SERVING for every added service,
+//!   NOT_SERVING as soon as shutdown begins) and gRPC server reflection from the
+//!   agentloop descriptor set, then a graceful drain of in-flight RPCs;
+//! - [`config::load`]: layered configuration (defaults -> TOML file -> `AGENTLOOP_*`
+//!   environment -> command-line overrides);
+//! - [`init_tracing`], [`shutdown_signal`], [`install_crypto_provider`] and the
+//!   [`EXIT_BAD_CONFIG`] exit code, so every `main.rs` behaves the same.
+//!
+//! It is *not* a service: it holds no business logic, no storage and no client code,
+//! and it does not choose addresses (the caller binds the listener, so tests can use
+//! port 0).
+
+#![warn(missing_docs)]
+
+pub mod config;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Once;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::body::Body;
+use tonic::codegen::Service;
+use tonic::codegen::http::{Request, Response};
+use tonic::server::NamedService;
+use tonic::service::RoutesBuilder;
+use tonic::transport::Server;
+use tonic_health::ServingStatus;
+use tower_http::trace::TraceLayer;
+
+/// Process exit code for a configuration that cannot be loaded or is invalid
+/// (`EX_CONFIG` from BSD `sysexits.h`). A fixed, distinct code lets supervisors tell
+/// "fix the config" apart from a crash and stop restarting a binary that cannot start.
+pub const EXIT_BAD_CONFIG: i32 = 78;
+
+/// Name of the environment variable that switches log output to JSON lines
+/// (`AGENTLOOP_LOG_FORMAT=json`); anything else keeps human-readable text.
+pub const LOG_FORMAT_ENV: &str = "AGENTLOOP_LOG_FORMAT";
+
+static CRYPTO_PROVIDER: Once = Once::new();
+
+/// Installs `ring` as the process-wide rustls crypto provider.
+///
+/// The workspace builds rustls with `ring` only (no aws-lc-rs), so rustls cannot pick a
+/// provider by itself: without this call, building any rustls client (reqwest, rmcp,
+/// a TLS tonic channel) panics, even for `http://` URLs. Call it first thing in `main`
+/// and in tests that build such clients. Calling it more than once is harmless; if
+/// another provider was installed first, that one stays.
+pub fn install_crypto_provider() {
+    CRYPTO_PROVIDER.call_once(|| {
+        // An `Err` only means a provider is already installed, which is what we want.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// Sets up the global `tracing` subscriber for a service binary.
+///
+/// The filter follows `RUST_LOG` syntax (default `info`); `AGENTLOOP_LOG_FORMAT=json`
+/// selects JSON lines for log shippers. Safe to call more than once (later calls, and
+/// calls after a test harness installed its own subscriber, do nothing).
+pub fn init_tracing(service: &str) {
+    use tracing_subscriber::EnvFilter;
+
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var(LOG_FORMAT_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("json"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let installed = if json {
+        builder.json().try_init().is_ok()
+    } else {
+        builder.try_init().is_ok()
+    };
+    if installed {
+        tracing::info!(service, "tracing initialised");
+    }
+}
+
+/// Resolves when the process receives SIGTERM (what orchestrators send) or SIGINT
+/// (Ctrl-C), whichever comes first. Pass it to [`serve`] as the shutdown future.
+///
+/// If a handler cannot be installed (which only happens in unusual sandboxes), the
+/// failure is logged and the other signal still works.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received, shutting down"),
+        () = terminate => tracing::info!("SIGTERM received, shutting down"),
+    }
+}
+
+/// Why [`serve`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The reflection service could not be built from the descriptor sets (a build
+    /// problem in `agentloop-proto`, not a runtime one).
+    #[error("cannot build the gRPC reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The transport failed while serving (accepting or serving connections).
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// The gRPC services one process serves, collected before [`serve`] adds the shared
+/// health, reflection and tracing on top.
+///
+/// Services of different types are combined through tonic's [`RoutesBuilder`]; the
+/// names are kept so that health can report each one.
+#[derive(Debug, Default)]
+pub struct ServiceSet {
+    routes: RoutesBuilder,
+    names: Vec<&'static str>,
+}
+
+impl ServiceSet {
+    /// An empty set (health and reflection are still served).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a generated tonic server (e.g. from `agentloop_proto::server`). Its
+    /// [`NamedService::NAME`] is reported SERVING by health and advertised by reflection.
+    #[must_use]
+    #[allow(
+        clippy::should_implement_trait,
+        reason = "the builder name every service codes against; `+` on services would be odd"
+    )]
+    pub fn add<S>(mut self, service: S) -> Self
+    where
+        S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        self.routes.add_service(service);
+        self.names.push(S::NAME);
+        self
+    }
+
+    /// The fully-qualified gRPC names of the added services, in the order added.
+    pub fn names(&self) -> &[&'static str] {
+        &self.names
+    }
+}
+
+/// Serves `services` on `listener` until `shutdown` resolves, then drains.
+///
+/// Adds, for every process alike: a tracing span per RPC, `grpc.health.v1.Health`
+/// (overall status `""` and each added service SERVING) and gRPC reflection v1 and
+/// v1alpha over the agentloop descriptor set. When `shutdown` resolves, health flips
+/// every status to NOT_SERVING first (so load balancers stop routing), then tonic stops
+/// accepting connections and waits for in-flight RPCs to finish before this returns
+/// `Ok(())`.
+///
+/// The caller binds the listener, so tests can bind `127.0.0.1:0` and read the port.
+pub async fn serve(
+    listener: TcpListener,
+    services: ServiceSet,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let ServiceSet { mut routes, names } = services;
+
+    let (reporter, health) = tonic_health::server::health_reporter();
+    for name in &names {
+        reporter
+            .set_service_status(name, ServingStatus::Serving)
+            .await;
+    }
+
+    // Advertise what this process serves, not every service in the descriptor set.
+    let advertised = names
+        .iter()
+        .map(|name| (*name).to_owned())
+        .chain([
+            HEALTH_SERVICE.to_owned(),
+            REFLECTION_V1_SERVICE.to_owned(),
+            REFLECTION_V1ALPHA_SERVICE.to_owned(),
+        ])
+        .collect::<Vec<_>>();
+    let reflection = |builder: tonic_reflection::server::Builder<'static>| {
+        advertised
+            .iter()
+            .fold(builder, |builder, name| {
+                builder.with_service_name(name.clone())
+            })
+            .register_encoded_file_descriptor_set(agentloop_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection(tonic_reflection::server::Builder::configure()).build_v1()?;
+    let reflection_v1alpha =
+        reflection(tonic_reflection::server::Builder::configure()).build_v1alpha()?;
+
+    routes
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha);
+
+    let drain = async move {
+        shutdown.await;
+        // NOT_SERVING before the listener closes, so watchers and balancers see the
+        // process leaving before connections start being refused.
+        for name in names.iter().copied().chain([""]) {
+            reporter
+                .set_service_status(name, ServingStatus::NotServing)
+                .await;
+        }
+        tracing::info!("shutdown requested: health NOT_SERVING, draining in-flight RPCs");
+    };
+
+    let local_addr = listener.local_addr().ok();
+    tracing::info!(?local_addr, "gRPC server listening");
+    Server::builder()
+        // One span per request, with gRPC-aware status classification (a non-OK
+        // grpc-status counts as a failure even though HTTP says 200).
+        .layer(TraceLayer::new_for_grpc())
+        .add_routes(routes.routes())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), drain)
+        .await?;
+    tracing::info!("gRPC server drained and stopped");
+    Ok(())
+}
+
+/// Service name of the standard gRPC health service.
+const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
+/// Service name of gRPC reflection v1.
+const REFLECTION_V1_SERVICE: &str = "grpc.reflection.v1.ServerReflection";
+/// Service name of gRPC reflection v1alpha (still the one many tools ask for).
+const REFLECTION_V1ALPHA_SERVICE: &str = "grpc.reflection.v1alpha.ServerReflection";

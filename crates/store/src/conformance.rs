@@ -1,0 +1,818 @@
+//! The behaviour every [`EventStore`] backend must show, as a test suite backends run.
+//!
+//! Each check is a `pub async fn` taking a fresh, empty store; [`run_all`] runs every
+//! check in [`CHECKS`] on its own store and names the check that failed. A backend's
+//! integration test needs only a factory:
+//!
+//! ```no_run
+//! # async fn example() {
+//! use agentloop_store::{SqliteStore, conformance};
+//! conformance::run_all(|| async {
+//!     let dir = tempfile::tempdir().unwrap();
+//!     let store = SqliteStore::open_in(dir.path()).await.unwrap();
+//!     (store, dir) // the guard (here the temp dir) lives as long as the check
+//! })
+//! .await;
+//! # }
+//! ```
+//!
+//! Checks must run inside a multi-threaded-capable Tokio runtime (one spawns tasks).
+//! They assert only what the [`EventStore`] documentation promises, so PostgreSQL runs the
+//! same functions.
+
+// This module is a test suite shipped for backends: a broken expectation is reported by
+// panicking, exactly as in a test.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use agentloop_engine::{
+    CallId, CallOutcome, CallResult, EndRecord, ErrorType, Event, EventBody, Fingerprint,
+    NextAction, ProposedCall, ProposedDecision, Rejection, RejectionKind, TerminalReason,
+    ToolError, Totals, TurnRecord, UnixMillis, Usage,
+};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use uuid::Uuid;
+
+use crate::{
+    Append, Created, EventStore, InvocationRecord, InvocationState, ListRequest, NewInvocation,
+    StoreError,
+};
+
+/// One conformance check: gets a fresh store, panics on a broken expectation.
+pub type CheckFn = fn(Arc<dyn EventStore>) -> BoxFuture<'static, ()>;
+
+/// Every check, by name, in the order [`run_all`] runs them.
+pub const CHECKS: &[(&str, CheckFn)] = &[
+    ("create_get_round_trip", |s| {
+        Box::pin(create_get_round_trip(s))
+    }),
+    ("idempotent_create", |s| Box::pin(idempotent_create(s))),
+    ("concurrent_creates_one_key", |s| {
+        Box::pin(concurrent_creates_one_key(s))
+    }),
+    ("append_and_read_every_kind", |s| {
+        Box::pin(append_and_read_every_kind(s))
+    }),
+    ("events_paging", |s| Box::pin(events_paging(s))),
+    ("version_conflict", |s| Box::pin(version_conflict(s))),
+    ("concurrent_appends_one_wins", |s| {
+        Box::pin(concurrent_appends_one_wins(s))
+    }),
+    ("lease_epoch_fencing", |s| Box::pin(lease_epoch_fencing(s))),
+    ("append_after_ended_refused", |s| {
+        Box::pin(append_after_ended_refused(s))
+    }),
+    ("malformed_appends_write_nothing", |s| {
+        Box::pin(malformed_appends_write_nothing(s))
+    }),
+    ("list_paging", |s| Box::pin(list_paging(s))),
+    ("running_oldest_first", |s| {
+        Box::pin(running_oldest_first(s))
+    }),
+    ("not_found", |s| Box::pin(not_found(s))),
+];
+
+/// Runs every check in [`CHECKS`], each on a store from `make`.
+///
+/// `make` returns the store and a guard dropped after the check (a temp dir, a database
+/// to drop); a failing check panics with its name.
+pub async fn run_all<S, G, F, Fut>(mut make: F)
+where
+    S: EventStore,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = (S, G)>,
+{
+    for (name, check) in CHECKS {
+        let (store, guard) = make().await;
+        let result = AssertUnwindSafe(check(Arc::new(store)))
+            .catch_unwind()
+            .await;
+        drop(guard);
+        if let Err(payload) = result {
+            let message = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("(no message)");
+            panic!("conformance check `{name}` failed: {message}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Fixtures.
+
+/// A UUIDv7 for millisecond `ms`: larger `ms`, later in listings.
+pub fn id_at(ms: u64) -> Uuid {
+    let random: [u8; 10] = Uuid::new_v4().as_bytes()[..10]
+        .try_into()
+        .expect("ten bytes");
+    uuid::Builder::from_unix_timestamp_millis(ms, &random).into_uuid()
+}
+
+/// A new invocation with ID `id_at(ms)`, created at `ms`.
+pub fn new_invocation(ms: u64, key: Option<&str>, digest: &str) -> NewInvocation {
+    NewInvocation {
+        invocation_id: id_at(ms),
+        idempotency_key: key.map(str::to_owned),
+        request_digest: digest.to_owned(),
+        spec: format!(r#"{{"goal":"check {ms}","profile":"default"}}"#),
+        created_at: UnixMillis(ms),
+    }
+}
+
+fn lookup(id: &str, key: &str) -> ProposedCall {
+    ProposedCall {
+        call_id: id.to_owned(),
+        tool: "lookup".to_owned(),
+        arguments_json: format!(r#"{{"key":"{key}"}}"#),
+    }
+}
+
+/// A typical turn: two `lookup` calls, their plan fingerprint and their two results.
+pub fn lookup_turn(seq: u64, turn: u32) -> Event {
+    let calls = vec![lookup("call-1", "alpha"), lookup("call-2", "beta")];
+    let plan = Fingerprint::of_calls([
+        ("lookup", r#"{"key":"alpha"}"#),
+        ("lookup", r#"{"key":"beta"}"#),
+    ]);
+    Event {
+        seq,
+        body: EventBody::Turn(TurnRecord {
+            turn,
+            decision: ProposedDecision::ToolCalls { calls },
+            usage: Usage {
+                input_tokens: 1_200,
+                output_tokens: 80,
+            },
+            plan: Some(plan),
+            results: vec![
+                CallResult {
+                    call_id: CallId::new("call-1"),
+                    outcome: CallOutcome::Output {
+                        output_json: r#"{"key":"alpha","value":"first letter"}"#.to_owned(),
+                    },
+                },
+                CallResult {
+                    call_id: CallId::new("call-2"),
+                    outcome: CallOutcome::Output {
+                        output_json: r#"{"key":"beta","value":"second letter"}"#.to_owned(),
+                    },
+                },
+            ],
+            rejection: None,
+        }),
+    }
+}
+
+fn turn(seq: u64, decision: ProposedDecision) -> Event {
+    Event {
+        seq,
+        body: EventBody::Turn(TurnRecord {
+            turn: u32::try_from(seq).unwrap_or(u32::MAX),
+            decision,
+            usage: Usage::default(),
+            plan: None,
+            results: Vec::new(),
+            rejection: None,
+        }),
+    }
+}
+
+fn ended(seq: u64, reason: TerminalReason) -> Event {
+    Event {
+        seq,
+        body: EventBody::Ended(EndRecord {
+            reason,
+            detail: format!("ended with {reason}"),
+            answer: None,
+            proposal: None,
+        }),
+    }
+}
+
+/// Every kind of event body, decision, call outcome and optional field, seq 1 onwards;
+/// the last event is `Ended`.
+pub fn every_kind_of_event() -> Vec<Event> {
+    let error = ToolError {
+        error_type: ErrorType::Unavailable,
+        message: "backend down".to_owned(),
+        retryable: true,
+        next_allowed_action: NextAction::Retry,
+    };
+    let calls = vec![
+        lookup("a", "one"),
+        lookup("b", "two"),
+        lookup("c", "three"),
+        lookup("d", "four"),
+        lookup("e", "five"),
+    ];
+    let plan = Fingerprint::of_calls([("lookup", r#"{"key":"one"}"#)]);
+    let mut events = vec![lookup_turn(1, 1)];
+    events.push(Event {
+        seq: 2,
+        body: EventBody::Turn(TurnRecord {
+            turn: 2,
+            decision: ProposedDecision::ToolCalls {
+                calls: calls.clone(),
+            },
+            usage: Usage {
+                input_tokens: u64::from(u32::MAX) + 7,
+                output_tokens: 3,
+            },
+            plan: Some(plan),
+            results: vec![
+                CallResult {
+                    call_id: CallId::new("a"),
+                    outcome: CallOutcome::Output {
+                        output_json: r#"{"unicode":"grüße ✓","n":12345678901234567890}"#.to_owned(),
+                    },
+                },
+                CallResult {
+                    call_id: CallId::new("b"),
+                    outcome: CallOutcome::Error(error),
+                },
+                CallResult {
+                    call_id: CallId::new("c"),
+                    outcome: CallOutcome::Cancelled,
+                },
+                CallResult {
+                    call_id: CallId::new("d"),
+                    outcome: CallOutcome::NotStarted,
+                },
+                CallResult {
+                    call_id: CallId::new("e"),
+                    outcome: CallOutcome::Unknown {
+                        detail: "timed out after 30 s".to_owned(),
+                    },
+                },
+            ],
+            rejection: None,
+        }),
+    });
+    events.push(Event {
+        seq: 3,
+        body: EventBody::Turn(TurnRecord {
+            turn: 3,
+            decision: ProposedDecision::Unparseable {
+                text: "I think\n\"maybe\"".to_owned(),
+            },
+            usage: Usage::default(),
+            plan: None,
+            results: Vec::new(),
+            rejection: Some(Rejection {
+                kind: RejectionKind::InvalidDecision,
+                message: "the model output is not a decision".to_owned(),
+            }),
+        }),
+    });
+    let decisions = [
+        ProposedDecision::Final {
+            answer: "wrong".to_owned(),
+        },
+        ProposedDecision::Clarification {
+            question: "which one?".to_owned(),
+        },
+        ProposedDecision::CannotContinue {
+            reason: "no access".to_owned(),
+        },
+        ProposedDecision::RequestApproval {
+            summary: "transfer 10".to_owned(),
+            calls,
+        },
+    ];
+    for decision in decisions {
+        let seq = events.len() as u64 + 1;
+        events.push(turn(seq, decision));
+    }
+    let seq = events.len() as u64 + 1;
+    events.push(Event {
+        seq,
+        body: EventBody::Turn(TurnRecord {
+            turn: 8,
+            decision: ProposedDecision::Final {
+                answer: "42".to_owned(),
+            },
+            usage: Usage {
+                input_tokens: 10,
+                output_tokens: 2,
+            },
+            plan: None,
+            results: Vec::new(),
+            rejection: Some(Rejection {
+                kind: RejectionKind::Stopped,
+                message: "approval gate".to_owned(),
+            }),
+        }),
+    });
+    let seq = events.len() as u64 + 1;
+    events.push(Event {
+        seq,
+        body: EventBody::Ended(EndRecord {
+            reason: TerminalReason::ApprovalRequired,
+            detail: "needs a human".to_owned(),
+            answer: Some("42".to_owned()),
+            proposal: Some(plan),
+        }),
+    });
+    events
+}
+
+fn totals(steps: u32) -> Totals {
+    Totals {
+        steps,
+        tool_calls: steps * 2,
+        input_tokens: u64::from(steps) * 100,
+        output_tokens: u64::from(steps) * 10,
+        turn_events: steps,
+    }
+}
+
+fn append_of(expected_version: u64, lease_epoch: u64, events: &[Event]) -> Append<'_> {
+    Append {
+        expected_version,
+        lease_epoch,
+        events,
+        totals: totals(u32::try_from(expected_version).unwrap_or(0) + 1),
+        committed_at: UnixMillis(1_000 + expected_version),
+    }
+}
+
+async fn create_new(store: &dyn EventStore, new: NewInvocation) -> InvocationRecord {
+    match store.create(new).await {
+        Ok(Created::New(record)) => record,
+        other => panic!("expected Created::New, got {other:?}"),
+    }
+}
+
+async fn event_count(store: &dyn EventStore, id: Uuid) -> usize {
+    store.events(id, 0, 10_000).await.expect("events").len()
+}
+
+// ---------------------------------------------------------------------------------------
+// Checks.
+
+/// A created invocation reads back exactly, running at version 0.
+pub async fn create_get_round_trip(store: Arc<dyn EventStore>) {
+    let new = new_invocation(1_000, Some("key-1"), "digest-1");
+    let created = create_new(&*store, new.clone()).await;
+    assert_eq!(created.invocation_id, new.invocation_id);
+    assert_eq!(created.idempotency_key, new.idempotency_key);
+    assert_eq!(created.request_digest, new.request_digest);
+    assert_eq!(created.spec, new.spec);
+    assert_eq!(created.state, InvocationState::Running);
+    assert_eq!((created.version, created.lease_epoch), (0, 0));
+    assert_eq!(created.totals, Totals::default());
+    assert_eq!(created.end, None);
+    assert_eq!(created.created_at, new.created_at);
+    assert_eq!(store.get(new.invocation_id).await.expect("get"), created);
+
+    let without_key = new_invocation(1_001, None, "digest-1");
+    let created = create_new(&*store, without_key.clone()).await;
+    assert_eq!(created.idempotency_key, None);
+    assert_eq!(
+        store.get(without_key.invocation_id).await.expect("get"),
+        created
+    );
+    assert!(
+        store
+            .events(without_key.invocation_id, 0, 10)
+            .await
+            .expect("events")
+            .is_empty(),
+        "a new invocation has no events"
+    );
+}
+
+/// The same key and digest returns the stored invocation; a different digest conflicts;
+/// invocations without a key never collide.
+pub async fn idempotent_create(store: Arc<dyn EventStore>) {
+    let first = create_new(&*store, new_invocation(1_000, Some("k"), "d1")).await;
+    let events = [lookup_turn(1, 1)];
+    store
+        .append(first.invocation_id, append_of(0, 1, &events))
+        .await
+        .expect("append");
+    let current = store.get(first.invocation_id).await.expect("get");
+
+    let again = new_invocation(2_000, Some("k"), "d1");
+    match store.create(again.clone()).await {
+        Ok(Created::Existing(record)) => assert_eq!(record, current, "the stored record"),
+        other => panic!("expected Created::Existing, got {other:?}"),
+    }
+    assert!(
+        matches!(store.get(again.invocation_id).await, Err(StoreError::NotFound(id)) if id == again.invocation_id),
+        "a repeated create stores nothing new"
+    );
+
+    match store.create(new_invocation(3_000, Some("k"), "d2")).await {
+        Err(StoreError::IdempotencyConflict { key, existing }) => {
+            assert_eq!(key, "k");
+            assert_eq!(existing, first.invocation_id);
+        }
+        other => panic!("expected IdempotencyConflict, got {other:?}"),
+    }
+
+    create_new(&*store, new_invocation(4_000, Some("other"), "d1")).await;
+    create_new(&*store, new_invocation(5_000, None, "d1")).await;
+    create_new(&*store, new_invocation(6_000, None, "d1")).await;
+    let all = store
+        .list(ListRequest {
+            limit: 100,
+            before: None,
+            state: None,
+        })
+        .await
+        .expect("list");
+    assert_eq!(all.len(), 4);
+}
+
+/// Sixteen concurrent creates with one key: exactly one stores, the rest see it.
+/// Repeated over several keys, because a race shows only now and then.
+pub async fn concurrent_creates_one_key(store: Arc<dyn EventStore>) {
+    const ROUNDS: u64 = 8;
+    for round in 0..ROUNDS {
+        let key = format!("shared-{round}");
+        let mut tasks = tokio::task::JoinSet::new();
+        for index in 0..16u64 {
+            let store = Arc::clone(&store);
+            let new = new_invocation(1_000 + round * 100 + index, Some(&key), "digest");
+            tasks.spawn(async move { store.create(new).await });
+        }
+        let mut new_ids = Vec::new();
+        let mut existing_ids = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            match joined.expect("task") {
+                Ok(Created::New(record)) => new_ids.push(record.invocation_id),
+                Ok(Created::Existing(record)) => existing_ids.push(record.invocation_id),
+                Err(error) => panic!("a concurrent create failed: {error}"),
+            }
+        }
+        assert_eq!(new_ids.len(), 1, "exactly one create stores (key {key})");
+        assert_eq!(existing_ids.len(), 15);
+        assert!(existing_ids.iter().all(|id| *id == new_ids[0]));
+    }
+    let all = store
+        .list(ListRequest {
+            limit: 100,
+            before: None,
+            state: None,
+        })
+        .await
+        .expect("list");
+    assert_eq!(all.len() as u64, ROUNDS, "one invocation per key");
+}
+
+/// Every kind of event reads back exactly, and the invocation row follows the appends.
+pub async fn append_and_read_every_kind(store: Arc<dyn EventStore>) {
+    let record = create_new(&*store, new_invocation(1_000, None, "d")).await;
+    let id = record.invocation_id;
+    let events = every_kind_of_event();
+    let (last, turns) = events.split_last().expect("events");
+
+    let first = Append {
+        expected_version: 0,
+        lease_epoch: 3,
+        events: turns,
+        totals: totals(7),
+        committed_at: UnixMillis(5_000),
+    };
+    store.append(id, first).await.expect("append turns");
+    let after = store.get(id).await.expect("get");
+    assert_eq!(after.version, turns.len() as u64);
+    assert_eq!(after.lease_epoch, 3);
+    assert_eq!(after.totals, totals(7));
+    assert_eq!(after.state, InvocationState::Running);
+    assert_eq!(after.end, None);
+    assert_eq!(after.updated_at, UnixMillis(5_000));
+    assert_eq!(after.created_at, record.created_at);
+
+    let end = Append {
+        expected_version: turns.len() as u64,
+        lease_epoch: 3,
+        events: std::slice::from_ref(last),
+        totals: totals(8),
+        committed_at: UnixMillis(6_000),
+    };
+    store.append(id, end).await.expect("append end");
+    let after = store.get(id).await.expect("get");
+    assert_eq!(after.version, events.len() as u64);
+    assert_eq!(after.state, InvocationState::Ended);
+    assert_eq!(after.totals, totals(8));
+    assert_eq!(after.updated_at, UnixMillis(6_000));
+    let EventBody::Ended(end_record) = &last.body else {
+        panic!("the fixture ends with Ended");
+    };
+    assert_eq!(after.end.as_ref(), Some(end_record));
+
+    let stored = store.events(id, 1, 1_000).await.expect("events");
+    let read: Vec<Event> = stored.iter().map(|s| s.event.clone()).collect();
+    assert_eq!(read, events, "events read back exactly, in order");
+    let times: Vec<u64> = stored.iter().map(|s| s.committed_at.0).collect();
+    let mut expected_times = vec![5_000; turns.len()];
+    expected_times.push(6_000);
+    assert_eq!(times, expected_times);
+}
+
+/// `from_seq` and `limit` page through the log; reading past the end is empty.
+pub async fn events_paging(store: Arc<dyn EventStore>) {
+    let id = create_new(&*store, new_invocation(1_000, None, "d"))
+        .await
+        .invocation_id;
+    let events: Vec<Event> = (1..=5).map(|seq| lookup_turn(seq, seq as u32)).collect();
+    store
+        .append(id, append_of(0, 1, &events[..2]))
+        .await
+        .expect("append 1-2");
+    store
+        .append(id, append_of(2, 1, &events[2..]))
+        .await
+        .expect("append 3-5");
+    let seqs = |page: Vec<crate::StoredEvent>| -> Vec<u64> {
+        page.into_iter().map(|s| s.event.seq).collect()
+    };
+    assert_eq!(
+        seqs(store.events(id, 0, 100).await.unwrap()),
+        [1, 2, 3, 4, 5]
+    );
+    assert_eq!(seqs(store.events(id, 2, 2).await.unwrap()), [2, 3]);
+    assert_eq!(seqs(store.events(id, 4, 2).await.unwrap()), [4, 5]);
+    assert_eq!(seqs(store.events(id, 5, 100).await.unwrap()), [5]);
+    assert!(store.events(id, 6, 100).await.unwrap().is_empty());
+    assert!(store.events(id, u64::MAX, 100).await.unwrap().is_empty());
+    assert!(store.events(id, 1, 0).await.unwrap().is_empty());
+}
+
+/// An append that does not extend the current version is refused and writes nothing.
+pub async fn version_conflict(store: Arc<dyn EventStore>) {
+    let id = create_new(&*store, new_invocation(1_000, None, "d"))
+        .await
+        .invocation_id;
+    store
+        .append(id, append_of(0, 1, &[lookup_turn(1, 1)]))
+        .await
+        .expect("append");
+    for expected in [0u64, 2, 7] {
+        let events = [lookup_turn(expected + 1, 9)];
+        match store.append(id, append_of(expected, 1, &events)).await {
+            Err(StoreError::VersionConflict {
+                invocation_id,
+                expected: e,
+                actual,
+            }) => {
+                assert_eq!(invocation_id, id);
+                assert_eq!(e, expected);
+                assert_eq!(actual, 1);
+            }
+            other => panic!("expected VersionConflict at {expected}, got {other:?}"),
+        }
+    }
+    let record = store.get(id).await.expect("get");
+    assert_eq!(record.version, 1);
+    assert_eq!(
+        record.totals,
+        totals(1),
+        "a refused append leaves the totals"
+    );
+    assert_eq!(event_count(&*store, id).await, 1);
+}
+
+/// Writers extending the same version at once: exactly one succeeds each time.
+pub async fn concurrent_appends_one_wins(store: Arc<dyn EventStore>) {
+    const ROUNDS: u64 = 8;
+    let id = create_new(&*store, new_invocation(1_000, None, "d"))
+        .await
+        .invocation_id;
+    for version in 0..ROUNDS {
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            let store = Arc::clone(&store);
+            tasks.spawn(async move {
+                let events = [lookup_turn(version + 1, 1)];
+                store.append(id, append_of(version, 1, &events)).await
+            });
+        }
+        let mut ok = 0;
+        while let Some(joined) = tasks.join_next().await {
+            match joined.expect("task") {
+                Ok(()) => ok += 1,
+                Err(StoreError::VersionConflict { actual, .. }) if actual == version + 1 => {}
+                Err(other) => panic!("expected success or VersionConflict, got {other}"),
+            }
+        }
+        assert_eq!(ok, 1, "exactly one writer extends version {version}");
+    }
+    assert_eq!(event_count(&*store, id).await as u64, ROUNDS);
+}
+
+/// An older lease epoch is refused; the same or a newer one commits and becomes current.
+pub async fn lease_epoch_fencing(store: Arc<dyn EventStore>) {
+    let id = create_new(&*store, new_invocation(1_000, None, "d"))
+        .await
+        .invocation_id;
+    store
+        .append(id, append_of(0, 5, &[lookup_turn(1, 1)]))
+        .await
+        .expect("epoch 5");
+    match store
+        .append(id, append_of(1, 4, &[lookup_turn(2, 2)]))
+        .await
+    {
+        Err(StoreError::StaleEpoch {
+            invocation_id,
+            presented,
+            current,
+        }) => {
+            assert_eq!((invocation_id, presented, current), (id, 4, 5));
+        }
+        other => panic!("expected StaleEpoch, got {other:?}"),
+    }
+    assert_eq!(store.get(id).await.unwrap().version, 1, "nothing written");
+    store
+        .append(id, append_of(1, 5, &[lookup_turn(2, 2)]))
+        .await
+        .expect("same epoch");
+    store
+        .append(id, append_of(2, 9, &[lookup_turn(3, 3)]))
+        .await
+        .expect("newer epoch");
+    let record = store.get(id).await.unwrap();
+    assert_eq!((record.version, record.lease_epoch), (3, 9));
+    assert!(matches!(
+        store
+            .append(id, append_of(3, 5, &[lookup_turn(4, 4)]))
+            .await,
+        Err(StoreError::StaleEpoch {
+            presented: 5,
+            current: 9,
+            ..
+        })
+    ));
+    assert_eq!(event_count(&*store, id).await, 3);
+}
+
+/// After an `Ended` event nothing more is appended, whatever the version and epoch.
+pub async fn append_after_ended_refused(store: Arc<dyn EventStore>) {
+    let id = create_new(&*store, new_invocation(1_000, None, "d"))
+        .await
+        .invocation_id;
+    let commit = [lookup_turn(1, 1), ended(2, TerminalReason::Completed)];
+    store
+        .append(id, append_of(0, 1, &commit))
+        .await
+        .expect("turn and end in one commit");
+    let record = store.get(id).await.unwrap();
+    assert_eq!(record.state, InvocationState::Ended);
+    assert_eq!(
+        record.end.map(|end| end.reason),
+        Some(TerminalReason::Completed)
+    );
+    for (expected, epoch) in [(2u64, 1u64), (2, 7), (1, 1)] {
+        let events = [lookup_turn(expected + 1, 3)];
+        match store.append(id, append_of(expected, epoch, &events)).await {
+            Err(StoreError::Ended(ended_id)) => assert_eq!(ended_id, id),
+            other => panic!("expected Ended, got {other:?}"),
+        }
+    }
+    assert_eq!(event_count(&*store, id).await, 2);
+    assert!(store.running(10).await.unwrap().is_empty());
+}
+
+/// Empty appends, seq gaps and an `Ended` that is not last are refused; nothing is written.
+pub async fn malformed_appends_write_nothing(store: Arc<dyn EventStore>) {
+    let id = create_new(&*store, new_invocation(1_000, None, "d"))
+        .await
+        .invocation_id;
+    let bad: [Vec<Event>; 5] = [
+        vec![],
+        vec![lookup_turn(2, 1)],
+        vec![lookup_turn(0, 1)],
+        vec![lookup_turn(1, 1), lookup_turn(3, 2)],
+        vec![ended(1, TerminalReason::Cancelled), lookup_turn(2, 1)],
+    ];
+    for events in &bad {
+        match store.append(id, append_of(0, 1, events)).await {
+            Err(StoreError::MalformedAppend(_)) => {}
+            other => panic!("expected MalformedAppend for {events:?}, got {other:?}"),
+        }
+    }
+    let record = store.get(id).await.unwrap();
+    assert_eq!((record.version, record.lease_epoch), (0, 0));
+    assert_eq!(record.state, InvocationState::Running);
+    assert_eq!(event_count(&*store, id).await, 0);
+}
+
+/// Listings come newest first, page with `before`, and filter by state.
+pub async fn list_paging(store: Arc<dyn EventStore>) {
+    let mut ids = Vec::new();
+    for index in 0..7u64 {
+        let record = create_new(&*store, new_invocation(1_000 + index, None, "d")).await;
+        ids.push(record.invocation_id);
+    }
+    // End the 2nd, 4th and 6th.
+    for index in [1usize, 3, 5] {
+        store
+            .append(
+                ids[index],
+                append_of(0, 1, &[ended(1, TerminalReason::MaxSteps)]),
+            )
+            .await
+            .expect("end");
+    }
+    let page = |limit, before, state| {
+        let store = Arc::clone(&store);
+        async move {
+            store
+                .list(ListRequest {
+                    limit,
+                    before,
+                    state,
+                })
+                .await
+                .expect("list")
+                .into_iter()
+                .map(|record| record.invocation_id)
+                .collect::<Vec<Uuid>>()
+        }
+    };
+    let newest_first: Vec<Uuid> = ids.iter().rev().copied().collect();
+    assert_eq!(page(3, None, None).await, newest_first[..3]);
+    assert_eq!(
+        page(3, Some(newest_first[2]), None).await,
+        newest_first[3..6]
+    );
+    assert_eq!(
+        page(3, Some(newest_first[5]), None).await,
+        newest_first[6..]
+    );
+    assert!(page(3, Some(ids[0]), None).await.is_empty());
+    assert_eq!(page(100, None, None).await, newest_first);
+
+    let ended = page(100, None, Some(InvocationState::Ended)).await;
+    assert_eq!(ended, [ids[5], ids[3], ids[1]]);
+    let running = page(2, None, Some(InvocationState::Running)).await;
+    assert_eq!(running, [ids[6], ids[4]]);
+    let running = page(2, Some(ids[4]), Some(InvocationState::Running)).await;
+    assert_eq!(running, [ids[2], ids[0]]);
+
+    let records = store
+        .list(ListRequest {
+            limit: 1,
+            before: None,
+            state: Some(InvocationState::Ended),
+        })
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        records[0],
+        store.get(ids[5]).await.unwrap(),
+        "listed records are whole"
+    );
+}
+
+/// `running()` returns the not-ended invocations, oldest first, up to the limit.
+pub async fn running_oldest_first(store: Arc<dyn EventStore>) {
+    let mut ids = Vec::new();
+    for index in 0..4u64 {
+        let record = create_new(&*store, new_invocation(1_000 + index, None, "d")).await;
+        ids.push(record.invocation_id);
+    }
+    store
+        .append(ids[1], append_of(0, 1, &[lookup_turn(1, 1)]))
+        .await
+        .unwrap();
+    store
+        .append(
+            ids[2],
+            append_of(0, 1, &[ended(1, TerminalReason::Cancelled)]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.running(10).await.unwrap(), [ids[0], ids[1], ids[3]]);
+    assert_eq!(store.running(2).await.unwrap(), [ids[0], ids[1]]);
+    assert!(store.running(0).await.unwrap().is_empty());
+}
+
+/// Every operation on an unknown invocation says `NotFound` with its ID.
+pub async fn not_found(store: Arc<dyn EventStore>) {
+    create_new(&*store, new_invocation(1_000, None, "d")).await;
+    let unknown = id_at(9_999);
+    assert!(matches!(store.get(unknown).await, Err(StoreError::NotFound(id)) if id == unknown));
+    assert!(matches!(
+        store.events(unknown, 0, 10).await,
+        Err(StoreError::NotFound(id)) if id == unknown
+    ));
+    assert!(matches!(
+        store.append(unknown, append_of(0, 1, &[lookup_turn(1, 1)])).await,
+        Err(StoreError::NotFound(id)) if id == unknown
+    ));
+    assert!(matches!(
+        store.get(unknown).await,
+        Err(StoreError::NotFound(_))
+    ));
+}

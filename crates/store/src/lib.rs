@@ -1,0 +1,213 @@
+//! The event store of agentloop: invocations and their append-only event logs.
+//!
+//! One trait, [`EventStore`], with SQLite ([`SqliteStore`]) as the embedded default;
+//! PostgreSQL implements the same trait later and runs the same conformance suite
+//! ([`conformance`]). The store persists what the engine commits — it does not interpret
+//! events beyond what it needs to index an invocation (its state and terminal reason).
+//!
+//! Guarantees every backend gives:
+//! - an append is atomic: all of its events or none;
+//! - an append names the version it extends (`expected_version`) and fails with
+//!   [`StoreError::VersionConflict`] if the log has moved on, so two writers can never both
+//!   extend the same log;
+//! - an append carries the writer's lease epoch; an epoch older than the newest one seen
+//!   for that invocation is refused ([`StoreError::StaleEpoch`]) — fencing;
+//! - once `append` returns `Ok`, the events survive a crash (SQLite: WAL with
+//!   `synchronous=FULL`);
+//! - nothing is ever appended after an `Ended` event.
+#![warn(missing_docs)]
+
+pub mod conformance;
+mod sqlite;
+
+use agentloop_engine::{EndRecord, Event, Totals, UnixMillis};
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+pub use sqlite::{DATABASE_FILE, SqliteDurability, SqliteOptions, SqliteStore};
+
+/// Where an invocation is in its life, as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InvocationState {
+    /// Not ended: a worker runs it or will pick it up.
+    Running,
+    /// Its `Ended` event is committed.
+    Ended,
+}
+
+/// What the caller asked for, fixed at creation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewInvocation {
+    /// The new invocation's ID (UUIDv7: time-ordered, so listings page by creation order).
+    pub invocation_id: Uuid,
+    /// The caller's idempotency key, if any.
+    pub idempotency_key: Option<String>,
+    /// Digest of the caller's request, to tell "the same request again" from "the same key
+    /// for a different request".
+    pub request_digest: String,
+    /// The orchestrator's own description of the invocation (goal, profile, limits, ...)
+    /// as JSON text; opaque to the store.
+    pub spec: String,
+    /// When it was accepted.
+    pub created_at: UnixMillis,
+}
+
+/// An invocation as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvocationRecord {
+    /// Its ID.
+    pub invocation_id: Uuid,
+    /// The caller's idempotency key, if any.
+    pub idempotency_key: Option<String>,
+    /// See [`NewInvocation::request_digest`].
+    pub request_digest: String,
+    /// See [`NewInvocation::spec`].
+    pub spec: String,
+    /// Running or ended.
+    pub state: InvocationState,
+    /// Seq of the last committed event (0 for none).
+    pub version: u64,
+    /// The newest lease epoch that committed (0 before any).
+    pub lease_epoch: u64,
+    /// Totals as of the last commit.
+    pub totals: Totals,
+    /// The end, once ended.
+    pub end: Option<EndRecord>,
+    /// When it was accepted.
+    pub created_at: UnixMillis,
+    /// When it last changed.
+    pub updated_at: UnixMillis,
+}
+
+/// The result of [`EventStore::create`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Created {
+    /// A new invocation was stored.
+    New(InvocationRecord),
+    /// The idempotency key was already used for the same request: this is that invocation.
+    Existing(InvocationRecord),
+}
+
+/// One append: the events of one engine `Commit`, and what the invocation row must say after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Append<'a> {
+    /// The seq of the last event the append extends.
+    pub expected_version: u64,
+    /// The writer's lease epoch (fencing token).
+    pub lease_epoch: u64,
+    /// The events, seq `expected_version + 1` onwards.
+    pub events: &'a [Event],
+    /// The invocation's totals after these events.
+    pub totals: Totals,
+    /// Commit time.
+    pub committed_at: UnixMillis,
+}
+
+/// A committed event with its commit time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    /// When it was committed.
+    pub committed_at: UnixMillis,
+    /// The event.
+    pub event: Event,
+}
+
+/// A page request for [`EventStore::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListRequest {
+    /// Most records to return (the store caps it at [`MAX_PAGE_SIZE`]).
+    pub limit: u32,
+    /// Only invocations created before this ID (newest first); `None` for the first page.
+    pub before: Option<Uuid>,
+    /// Only invocations in this state.
+    pub state: Option<InvocationState>,
+}
+
+/// Largest page any listing returns.
+pub const MAX_PAGE_SIZE: u32 = 500;
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No invocation with that ID.
+    #[error("no invocation {0}")]
+    NotFound(Uuid),
+    /// The idempotency key was used for a different request.
+    #[error(
+        "idempotency key {key:?} was already used for a different request (invocation {existing})"
+    )]
+    IdempotencyConflict {
+        /// The key.
+        key: String,
+        /// The invocation it belongs to.
+        existing: Uuid,
+    },
+    /// The log is not at the version the append extends.
+    #[error("invocation {invocation_id} is at version {actual}, not {expected}")]
+    VersionConflict {
+        /// The invocation.
+        invocation_id: Uuid,
+        /// The version the append expected.
+        expected: u64,
+        /// The version the log is at.
+        actual: u64,
+    },
+    /// A newer lease epoch has committed: this writer lost its lease.
+    #[error("invocation {invocation_id}: lease epoch {presented} is older than {current}")]
+    StaleEpoch {
+        /// The invocation.
+        invocation_id: Uuid,
+        /// The epoch the append carried.
+        presented: u64,
+        /// The newest epoch seen.
+        current: u64,
+    },
+    /// The invocation has ended; nothing more may be appended.
+    #[error("invocation {0} has ended")]
+    Ended(Uuid),
+    /// The events do not continue the log (seq gap, empty append).
+    #[error("malformed append: {0}")]
+    MalformedAppend(String),
+    /// A stored row could not be read back (corruption, incompatible version).
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+    /// The database failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Migrations failed.
+    #[error("migration error: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// Invocations and their event logs.
+#[async_trait]
+pub trait EventStore: Send + Sync + 'static {
+    /// Stores a new invocation, or returns the existing one for a reused idempotency key
+    /// with the same `request_digest`; a different digest is [`StoreError::IdempotencyConflict`].
+    async fn create(&self, new: NewInvocation) -> Result<Created, StoreError>;
+
+    /// One invocation.
+    async fn get(&self, invocation_id: Uuid) -> Result<InvocationRecord, StoreError>;
+
+    /// A page of invocations, newest first.
+    async fn list(&self, request: ListRequest) -> Result<Vec<InvocationRecord>, StoreError>;
+
+    /// Appends the events of one commit atomically, fenced by version and lease epoch, and
+    /// updates the invocation (version, epoch, totals, state and end if an `Ended` event is
+    /// among them).
+    async fn append(&self, invocation_id: Uuid, append: Append<'_>) -> Result<(), StoreError>;
+
+    /// Up to `limit` committed events with `seq >= from_seq`, in order.
+    async fn events(
+        &self,
+        invocation_id: Uuid,
+        from_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredEvent>, StoreError>;
+
+    /// IDs of invocations that have not ended, oldest first, up to `limit` (for resuming
+    /// work after a restart).
+    async fn running(&self, limit: u32) -> Result<Vec<Uuid>, StoreError>;
+}

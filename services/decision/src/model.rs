@@ -1,0 +1,170 @@
+//! The model seam: every adapter (scripted today, OpenAI/Anthropic later) implements
+//! [`Model`] and hands back a closed [`ModelReply`]; provider formats never leave it.
+
+use std::fmt;
+
+use agentloop_proto::v1::decide_response::Outcome;
+use agentloop_proto::v1::decision::{
+    CannotContinue, Clarification, Final, Kind, RequestApproval, ToolCalls,
+};
+use agentloop_proto::v1::{
+    DecideRequest, DecideResponse, Decision, InvalidOutput, ToolCall, Usage,
+};
+
+use crate::script::{ScriptError, ScriptedCall, ScriptedDecision, ScriptedModel};
+
+/// The name the scripted model reports in `DecideResponse.model`.
+pub const SCRIPTED_MODEL_NAME: &str = "scripted";
+
+/// What a model produced for one turn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelReply {
+    /// A decision, or output that is not one (`InvalidOutput`).
+    pub outcome: Outcome,
+    /// Tokens the call consumed (also for invalid output).
+    pub usage: Usage,
+    /// The model that answered, as the provider names it.
+    pub model: String,
+    /// The provider's response ID; empty when there is none.
+    pub response_id: String,
+}
+
+impl From<ModelReply> for DecideResponse {
+    fn from(reply: ModelReply) -> Self {
+        DecideResponse {
+            outcome: Some(reply.outcome),
+            usage: Some(reply.usage),
+            model: reply.model,
+            response_id: reply.response_id,
+        }
+    }
+}
+
+/// Why no reply could be produced. Mapped to a gRPC status in one place
+/// (`impl From<ModelError> for tonic::Status`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    /// The request itself is wrong (missing invocation ID, turn 0, ...): INVALID_ARGUMENT.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The request's scripted model does not parse: INVALID_ARGUMENT.
+    #[error("invalid scripted_model_json: {0}")]
+    Script(#[from] ScriptError),
+    /// Neither the request nor the server configuration names a model: FAILED_PRECONDITION.
+    #[error(
+        "no model configured: the request has no scripted_model_json and the server has no default script (config `script_file`)"
+    )]
+    NoModel,
+    /// The script has no turn for this number and does not repeat its last one:
+    /// FAILED_PRECONDITION (asking again cannot help; the orchestrator maps it to
+    /// model_error).
+    #[error("scripted model has no turn {turn} (it has {turns} turns and repeat_last is false)")]
+    NoSuchTurn {
+        /// The turn asked for.
+        turn: u32,
+        /// Turns in the script.
+        turns: usize,
+    },
+    /// The provider failed (a scripted `model_error`, later: unreachable, quota, an
+    /// error response): UNAVAILABLE.
+    #[error("model provider failed: {0}")]
+    Provider(String),
+}
+
+impl From<ModelError> for tonic::Status {
+    fn from(error: ModelError) -> Self {
+        let message = error.to_string();
+        match error {
+            ModelError::InvalidRequest(_) | ModelError::Script(_) => {
+                tonic::Status::invalid_argument(message)
+            }
+            ModelError::NoModel | ModelError::NoSuchTurn { .. } => {
+                tonic::Status::failed_precondition(message)
+            }
+            ModelError::Provider(_) => tonic::Status::unavailable(message),
+        }
+    }
+}
+
+/// A model adapter. Implementations are object-safe (`Arc<dyn Model>`) and must be
+/// cancel-safe: the server drops the future when the client goes away.
+#[async_trait::async_trait]
+pub trait Model: Send + Sync + fmt::Debug {
+    /// Proposes the decision for `request.turn`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ModelError`]; a provider failure is [`ModelError::Provider`], while output
+    /// that is not a decision is an `Ok` reply with an `InvalidOutput` outcome.
+    async fn decide(&self, request: &DecideRequest) -> Result<ModelReply, ModelError>;
+}
+
+fn call(call: &ScriptedCall) -> ToolCall {
+    ToolCall {
+        call_id: call.id.clone(),
+        tool: call.name.clone(),
+        arguments_json: call.arguments_json.clone(),
+    }
+}
+
+fn decision(kind: Kind) -> Outcome {
+    Outcome::Decision(Decision { kind: Some(kind) })
+}
+
+#[async_trait::async_trait]
+impl Model for ScriptedModel {
+    async fn decide(&self, request: &DecideRequest) -> Result<ModelReply, ModelError> {
+        if request.turn == 0 {
+            return Err(ModelError::InvalidRequest("turn must be 1 or more".into()));
+        }
+        let turn = self.turn(request.turn).ok_or(ModelError::NoSuchTurn {
+            turn: request.turn,
+            turns: self.turns().len(),
+        })?;
+        if !turn.delay.is_zero() {
+            // Dropping the request future (client gone, deadline) drops this sleep.
+            tokio::time::sleep(turn.delay).await;
+        }
+        let outcome = match &turn.decision {
+            ScriptedDecision::ToolCalls(calls) => decision(Kind::ToolCalls(ToolCalls {
+                calls: calls.iter().map(call).collect(),
+            })),
+            ScriptedDecision::Final(answer) => decision(Kind::Final(Final {
+                answer: answer.clone(),
+            })),
+            ScriptedDecision::RequestApproval { summary, calls } => {
+                decision(Kind::RequestApproval(RequestApproval {
+                    summary: summary.clone(),
+                    calls: calls.iter().map(call).collect(),
+                }))
+            }
+            ScriptedDecision::Clarification(question) => {
+                decision(Kind::Clarification(Clarification {
+                    question: question.clone(),
+                }))
+            }
+            ScriptedDecision::CannotContinue(reason) => {
+                decision(Kind::CannotContinue(CannotContinue {
+                    reason: reason.clone(),
+                }))
+            }
+            ScriptedDecision::ModelError(message) => {
+                return Err(ModelError::Provider(message.clone()));
+            }
+            ScriptedDecision::Raw(text) => Outcome::Invalid(InvalidOutput {
+                reason: "the scripted model produced raw output that is not a decision".into(),
+                raw: text.clone(),
+            }),
+        };
+        Ok(ModelReply {
+            outcome,
+            usage: Usage {
+                input_tokens: turn.usage.input_tokens,
+                output_tokens: turn.usage.output_tokens,
+            },
+            model: SCRIPTED_MODEL_NAME.into(),
+            response_id: format!("scripted-{}-{}", request.invocation_id, request.turn),
+        })
+    }
+}

@@ -1,0 +1,555 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::wildcard_enum_match_arm
+)]
+//! The demo executor over real gRPC on 127.0.0.1 port 0.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use agentloop_demo_executor::record::RECORD_FILE_NAME;
+use agentloop_demo_executor::{DemoConfig, DemoError, DemoExecutor, FaultConfig, read_record, run};
+use agentloop_proto::client::{self, ClientConfig};
+use agentloop_proto::v1::tool_executor_service_client::ToolExecutorServiceClient;
+use agentloop_proto::v1::tool_result::Outcome;
+use agentloop_proto::v1::{
+    DescribeRequest, ErrorType, NextAction, ReconcileStatus, ToolCall,
+    ToolExecutorServiceExecuteRequest, ToolExecutorServiceReconcileRequest,
+};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::Code;
+use tonic::transport::Channel;
+
+struct Server {
+    executor: DemoExecutor,
+    client: ToolExecutorServiceClient<Channel>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    async fn start(config: DemoConfig) -> Server {
+        let executor = DemoExecutor::open(config).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = executor.clone();
+        let task = tokio::spawn(async move {
+            run(listener, served, async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        });
+        let channel = client::connect(&format!("http://{addr}"), ClientConfig::default())
+            .await
+            .unwrap();
+        Server {
+            executor,
+            client: client::tool_executor(channel),
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    async fn stop(mut self) {
+        drop(self.client);
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap();
+    }
+}
+
+fn config(dir: &Path) -> DemoConfig {
+    DemoConfig {
+        data_dir: dir.to_owned(),
+        ..DemoConfig::default()
+    }
+}
+
+fn request(tool: &str, args: &str, effect_key: &str) -> ToolExecutorServiceExecuteRequest {
+    ToolExecutorServiceExecuteRequest {
+        invocation_id: "inv-1".into(),
+        call: Some(ToolCall {
+            call_id: "c1".into(),
+            tool: tool.into(),
+            arguments_json: args.into(),
+        }),
+        effect_key: effect_key.into(),
+        attempt: 1,
+    }
+}
+
+async fn execute(
+    client: &mut ToolExecutorServiceClient<Channel>,
+    req: ToolExecutorServiceExecuteRequest,
+) -> Result<Outcome, tonic::Status> {
+    let result = client.execute(req).await?.into_inner().result.unwrap();
+    assert_eq!(result.call_id, "c1");
+    Ok(result.outcome.unwrap())
+}
+
+async fn reconcile(
+    client: &mut ToolExecutorServiceClient<Channel>,
+    tool: &str,
+    key: &str,
+) -> Result<agentloop_proto::v1::ToolExecutorServiceReconcileResponse, tonic::Status> {
+    let req = ToolExecutorServiceReconcileRequest {
+        tool: tool.into(),
+        effect_key: key.into(),
+    };
+    Ok(client.reconcile(req).await?.into_inner())
+}
+
+fn output(outcome: Outcome) -> (serde_json::Value, String) {
+    match outcome {
+        Outcome::Output(out) => (serde_json::from_str(&out.output_json).unwrap(), out.receipt),
+        other => panic!("expected an output, got {other:?}"),
+    }
+}
+
+fn error(outcome: Outcome) -> agentloop_proto::v1::ToolError {
+    match outcome {
+        Outcome::Error(error) => error,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+const TRANSFER_ARGS: &str = r#"{"from":"alice","to":"bob","amount":4200}"#;
+
+#[tokio::test]
+async fn describe_lists_the_three_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(config(dir.path())).await;
+    let tools = server
+        .client
+        .describe(DescribeRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .tools;
+    let names: Vec<_> = tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["lookup", "sleep", "transfer"]);
+    assert_eq!(tools, agentloop_demo_executor::descriptors());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn lookup_serves_builtin_and_file_entries_and_reports_unknown_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data.json");
+    std::fs::write(&data, r#"{"region": "eu-west"}"#).unwrap();
+    let mut server = Server::start(DemoConfig {
+        data_file: Some(data),
+        ..config(dir.path())
+    })
+    .await;
+    let c = &mut server.client;
+
+    let (out, receipt) = output(
+        execute(c, request("lookup", r#"{"key":"profile"}"#, ""))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        out,
+        serde_json::json!({"key": "profile", "value": "active"})
+    );
+    assert!(receipt.is_empty());
+    let (out, _) = output(
+        execute(c, request("lookup", r#"{"key":"policy"}"#, ""))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(out["value"], "refund-under-100");
+    let (out, _) = output(
+        execute(c, request("lookup", r#"{"key":"region"}"#, ""))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(out["value"], "eu-west");
+
+    let missing = error(
+        execute(c, request("lookup", r#"{"key":"nope"}"#, ""))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(missing.error_type, ErrorType::NotFound as i32);
+    assert!(!missing.retryable);
+    assert_eq!(missing.next_allowed_action, NextAction::FixArguments as i32);
+
+    let bad = error(
+        execute(c, request("lookup", r#"{"k":"profile"}"#, ""))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(bad.error_type, ErrorType::InvalidArguments as i32);
+
+    let unknown = execute(c, request("teleport", "{}", "")).await.unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_data_file_or_fault_config_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data.json");
+    std::fs::write(&data, r#"{"region": 7}"#).unwrap();
+    let bad_data = DemoExecutor::open(DemoConfig {
+        data_file: Some(data),
+        ..config(dir.path())
+    });
+    assert!(matches!(bad_data, Err(DemoError::DataFile { .. })));
+    let faults = FaultConfig {
+        fail_before_apply: 1.5,
+        ..FaultConfig::default()
+    };
+    let bad_faults = DemoExecutor::open(DemoConfig {
+        faults,
+        ..config(dir.path())
+    });
+    assert!(matches!(bad_faults, Err(DemoError::InvalidConfig(_))));
+}
+
+#[tokio::test]
+async fn sleep_returns_and_stops_promptly_when_the_caller_times_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(config(dir.path())).await;
+    let (out, _) = output(
+        execute(&mut server.client, request("sleep", r#"{"ms":5}"#, ""))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(out, serde_json::json!({"slept_ms": 5}));
+    let too_long = error(
+        execute(&mut server.client, request("sleep", r#"{"ms":600001}"#, ""))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(too_long.error_type, ErrorType::InvalidArguments as i32);
+
+    let mut stats = server.executor.watch_stats();
+    let mut req = tonic::Request::new(request("sleep", r#"{"ms":60000}"#, ""));
+    req.set_timeout(Duration::from_millis(200));
+    let started = Instant::now();
+    let status = server.client.execute(req).await.unwrap_err();
+    // tonic reports an expired grpc-timeout as DEADLINE_EXCEEDED when the server's
+    // timer wins and as CANCELLED("Timeout expired") when the client's own does.
+    assert!(
+        matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{status:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The handler's future was dropped: the sleep's guard counted it.
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        stats.wait_for(|s| s.sleeps_cancelled == 1),
+    )
+    .await
+    .expect("the executor never saw the cancellation")
+    .unwrap();
+    assert_eq!(server.executor.stats().sleeps_started, 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn transfer_applies_once_per_effect_key_even_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(config(dir.path())).await;
+    let c = &mut server.client;
+
+    let no_key = execute(c, request("transfer", TRANSFER_ARGS, ""))
+        .await
+        .unwrap_err();
+    assert_eq!(no_key.code(), Code::InvalidArgument);
+    let long_key = execute(c, request("transfer", TRANSFER_ARGS, &"k".repeat(257)))
+        .await
+        .unwrap_err();
+    assert_eq!(long_key.code(), Code::InvalidArgument);
+    let extra = r#"{"from":"alice","to":"bob","amount":1,"memo":"hi"}"#;
+    let rejected = error(execute(c, request("transfer", extra, "e0")).await.unwrap());
+    assert_eq!(rejected.error_type, ErrorType::InvalidArguments as i32);
+    assert_eq!(
+        rejected.next_allowed_action,
+        NextAction::FixArguments as i32
+    );
+
+    let first = execute(c, request("transfer", TRANSFER_ARGS, "e1"))
+        .await
+        .unwrap();
+    let (out, receipt) = output(first.clone());
+    assert_eq!(receipt, "txn-00000001");
+    assert_eq!(
+        out,
+        serde_json::json!({"receipt": "txn-00000001", "from": "alice", "to": "bob", "amount": 4200})
+    );
+    let again = execute(c, request("transfer", TRANSFER_ARGS, "e1"))
+        .await
+        .unwrap();
+    assert_eq!(again, first);
+    let conflict = error(
+        execute(
+            c,
+            request(
+                "transfer",
+                r#"{"from":"alice","to":"bob","amount":1}"#,
+                "e1",
+            ),
+        )
+        .await
+        .unwrap(),
+    );
+    assert_eq!(conflict.error_type, ErrorType::Conflict as i32);
+    let stats = server.executor.stats();
+    assert_eq!((stats.applied, stats.deduplicated), (1, 1));
+    server.stop().await;
+
+    // A new process over the same data dir remembers the key.
+    let mut server = Server::start(config(dir.path())).await;
+    let after = execute(&mut server.client, request("transfer", TRANSFER_ARGS, "e1"))
+        .await
+        .unwrap();
+    assert_eq!(after, first);
+    assert_eq!(server.executor.stats().applied, 0);
+    let second = execute(&mut server.client, request("transfer", TRANSFER_ARGS, "e2"))
+        .await
+        .unwrap();
+    assert_eq!(output(second).1, "txn-00000002");
+    let record = read_record(dir.path()).unwrap();
+    assert_eq!(
+        record
+            .iter()
+            .map(|t| t.effect_key.as_str())
+            .collect::<Vec<_>>(),
+        ["e1", "e2"]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_torn_last_line_is_ignored_and_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(config(dir.path())).await;
+    execute(&mut server.client, request("transfer", TRANSFER_ARGS, "e1"))
+        .await
+        .unwrap();
+    server.stop().await;
+    let path = dir.path().join(RECORD_FILE_NAME);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let clean_len = bytes.len();
+    bytes.extend_from_slice(br#"{"effect_key":"e2","invocation_id":"inv"#);
+    std::fs::write(&path, &bytes).unwrap();
+
+    let mut server = Server::start(config(dir.path())).await;
+    assert_eq!(
+        std::fs::read(&path).unwrap().len(),
+        clean_len,
+        "torn tail not cut off"
+    );
+    let c = &mut server.client;
+    assert_eq!(
+        reconcile(c, "transfer", "e1").await.unwrap().status,
+        ReconcileStatus::Applied as i32
+    );
+    assert_eq!(
+        reconcile(c, "transfer", "e2").await.unwrap().status,
+        ReconcileStatus::NotApplied as i32
+    );
+    let second = execute(c, request("transfer", TRANSFER_ARGS, "e2"))
+        .await
+        .unwrap();
+    assert_eq!(output(second).1, "txn-00000002");
+    assert_eq!(read_record(dir.path()).unwrap().len(), 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_damaged_line_before_the_last_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(RECORD_FILE_NAME), "garbage\n{}\n").unwrap();
+    assert!(matches!(
+        DemoExecutor::open(config(dir.path())),
+        Err(DemoError::CorruptRecord { line: 1, .. })
+    ));
+}
+
+#[tokio::test]
+async fn reconcile_answers_from_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(config(dir.path())).await;
+    let c = &mut server.client;
+    let (_, receipt) = output(
+        execute(c, request("transfer", TRANSFER_ARGS, "e1"))
+            .await
+            .unwrap(),
+    );
+
+    let applied = reconcile(c, "transfer", "e1").await.unwrap();
+    assert_eq!(applied.status, ReconcileStatus::Applied as i32);
+    assert_eq!(applied.receipt, receipt);
+    let out: serde_json::Value = serde_json::from_str(&applied.output_json).unwrap();
+    assert_eq!(out["amount"], 4200);
+
+    let absent = reconcile(c, "transfer", "never-sent").await.unwrap();
+    assert_eq!(absent.status, ReconcileStatus::NotApplied as i32);
+    assert!(absent.receipt.is_empty());
+
+    assert_eq!(
+        reconcile(c, "transfer", "").await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        reconcile(c, "transfer", &"k".repeat(257))
+            .await
+            .unwrap_err()
+            .code(),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        reconcile(c, "lookup", "e1").await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        reconcile(c, "teleport", "e1").await.unwrap_err().code(),
+        Code::NotFound
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn fail_before_apply_applies_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = FaultConfig {
+        fail_before_apply: 1.0,
+        seed: Some(7),
+        ..FaultConfig::default()
+    };
+    let mut server = Server::start(DemoConfig {
+        faults,
+        ..config(dir.path())
+    })
+    .await;
+    let status = execute(&mut server.client, request("transfer", TRANSFER_ARGS, "e1"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    let answer = reconcile(&mut server.client, "transfer", "e1")
+        .await
+        .unwrap();
+    assert_eq!(answer.status, ReconcileStatus::NotApplied as i32);
+    assert!(read_record(dir.path()).unwrap().is_empty());
+    assert_eq!(server.executor.stats().failed_before_apply, 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_dropped_reply_still_applied_the_transfer_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = FaultConfig {
+        drop_reply_after_apply: 1.0,
+        seed: Some(7),
+        ..FaultConfig::default()
+    };
+    let mut server = Server::start(DemoConfig {
+        faults,
+        ..config(dir.path())
+    })
+    .await;
+    for _ in 0..3 {
+        let status = execute(&mut server.client, request("transfer", TRANSFER_ARGS, "e1"))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable);
+    }
+    let answer = reconcile(&mut server.client, "transfer", "e1")
+        .await
+        .unwrap();
+    assert_eq!(answer.status, ReconcileStatus::Applied as i32);
+    assert_eq!(answer.receipt, "txn-00000001");
+    assert_eq!(read_record(dir.path()).unwrap().len(), 1);
+    let stats = server.executor.stats();
+    assert_eq!(
+        (stats.applied, stats.deduplicated, stats.dropped_replies),
+        (1, 2, 3)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_reply_delayed_past_the_deadline_leaves_the_transfer_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = FaultConfig {
+        reply_delay_ms: 30_000,
+        ..FaultConfig::default()
+    };
+    let mut server = Server::start(DemoConfig {
+        faults,
+        ..config(dir.path())
+    })
+    .await;
+    let mut stats = server.executor.watch_stats();
+    let mut req = tonic::Request::new(request("transfer", TRANSFER_ARGS, "e1"));
+    req.set_timeout(Duration::from_millis(300));
+    let status = server.client.execute(req).await.unwrap_err();
+    assert!(
+        matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{status:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(10), stats.wait_for(|s| s.applied == 1))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = reconcile(&mut server.client, "transfer", "e1")
+        .await
+        .unwrap();
+    assert_eq!(answer.status, ReconcileStatus::Applied as i32);
+    server.stop().await;
+}
+
+/// Outcome codes of 24 transfers with distinct keys under 50 % faults.
+async fn fault_pattern(seed: u64) -> Vec<Code> {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = FaultConfig {
+        fail_before_apply: 0.3,
+        drop_reply_after_apply: 0.3,
+        seed: Some(seed),
+        ..FaultConfig::default()
+    };
+    let mut server = Server::start(DemoConfig {
+        faults,
+        ..config(dir.path())
+    })
+    .await;
+    let mut codes = Vec::new();
+    for i in 0..24 {
+        let code = match execute(
+            &mut server.client,
+            request("transfer", TRANSFER_ARGS, &format!("e{i}")),
+        )
+        .await
+        {
+            Ok(_) => Code::Ok,
+            Err(status) => status.code(),
+        };
+        codes.push(code);
+    }
+    // Ground truth: exactly the transfers that were not failed before apply are recorded.
+    let stats = server.executor.stats();
+    assert_eq!(read_record(dir.path()).unwrap().len() as u64, stats.applied);
+    assert_eq!(stats.applied + stats.failed_before_apply, 24);
+    server.stop().await;
+    codes
+}
+
+#[tokio::test]
+async fn faults_follow_the_seed() {
+    let first = fault_pattern(42).await;
+    assert_eq!(first, fault_pattern(42).await);
+    assert!(
+        first.contains(&Code::Ok) && first.contains(&Code::Unavailable),
+        "{first:?}"
+    );
+    assert_ne!(first, fault_pattern(43).await);
+}

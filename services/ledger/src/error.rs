@@ -1,0 +1,206 @@
+//! The ledger's errors and their one mapping to gRPC status codes.
+
+use crate::state::TransitionError;
+
+/// Everything the ledger can refuse or fail at.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// A request field is missing, too long, or holds an unknown enum value.
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument {
+        /// The request field, as named in the proto.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No entry has this effect key.
+    #[error("no effect with key {effect_key:?}")]
+    NotFound {
+        /// The key asked for.
+        effect_key: String,
+    },
+    /// Prepare named an existing effect key for a different invocation, call or tool.
+    #[error(
+        "effect key {effect_key:?} is already prepared for invocation {invocation_id:?}, \
+         call {call_id:?}, tool {tool:?}"
+    )]
+    AlreadyExists {
+        /// The contested key.
+        effect_key: String,
+        /// The owner on record.
+        invocation_id: String,
+        /// The owner's call.
+        call_id: String,
+        /// The owner's tool.
+        tool: String,
+    },
+    /// The entry is not in a state that allows the requested change.
+    #[error("effect {effect_key:?}: {source}")]
+    Transition {
+        /// Which entry.
+        effect_key: String,
+        /// Why the change was refused (names both states).
+        #[source]
+        source: TransitionError,
+    },
+    /// A stored row cannot be read back (e.g. an unknown state name): the database was
+    /// changed outside the ledger.
+    #[error("effect {effect_key:?} is stored corrupt: {reason}")]
+    Corrupt {
+        /// Which entry.
+        effect_key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The database failed.
+    #[error("ledger storage failed: {0}")]
+    Storage(#[from] sqlx::Error),
+    /// The schema could not be brought up to date at open.
+    #[error("ledger schema migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The data directory could not be created.
+    #[error("cannot create data directory {path}: {source}")]
+    DataDir {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl LedgerError {
+    /// Shorthand for [`LedgerError::InvalidArgument`].
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        LedgerError::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The one place ledger errors become gRPC statuses. Client mistakes carry their full
+/// message; storage failures are logged here and answered with a generic message, so
+/// database details do not leak to callers.
+impl From<LedgerError> for tonic::Status {
+    fn from(error: LedgerError) -> Self {
+        use tonic::{Code, Status};
+        match &error {
+            LedgerError::InvalidArgument { .. } => Status::invalid_argument(error.to_string()),
+            LedgerError::NotFound { .. } => Status::not_found(error.to_string()),
+            LedgerError::AlreadyExists { .. } => Status::already_exists(error.to_string()),
+            LedgerError::Transition { .. } => Status::failed_precondition(error.to_string()),
+            LedgerError::Corrupt { .. } => {
+                tracing::error!(%error, "corrupt ledger row");
+                Status::new(Code::DataLoss, error.to_string())
+            }
+            LedgerError::Storage(source) => {
+                tracing::error!(%error, "ledger storage error");
+                if is_transient(source) {
+                    Status::unavailable("ledger storage is busy; retry")
+                } else {
+                    Status::internal("ledger storage error")
+                }
+            }
+            LedgerError::Migrate(_) | LedgerError::DataDir { .. } => {
+                tracing::error!(%error, "ledger not initialised");
+                Status::internal("ledger storage error")
+            }
+        }
+    }
+}
+
+/// Failures that a retry may cure (a locked database, an exhausted pool, I/O).
+fn is_transient(error: &sqlx::Error) -> bool {
+    if matches!(
+        error,
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)
+    ) {
+        return true;
+    }
+    // SQLITE_BUSY (5) and SQLITE_LOCKED (6), possibly as extended result codes.
+    if let sqlx::Error::Database(db) = error {
+        return db
+            .code()
+            .and_then(|code| code.parse::<i64>().ok())
+            .is_some_and(|code| matches!(code & 0xff, 5 | 6));
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::EffectState;
+    use tonic::Code;
+
+    #[test]
+    fn each_error_maps_to_its_code_with_a_useful_message() {
+        let cases: Vec<(LedgerError, Code, &str)> = vec![
+            (
+                LedgerError::invalid("effect_key", "must not be empty"),
+                Code::InvalidArgument,
+                "invalid effect_key: must not be empty",
+            ),
+            (
+                LedgerError::NotFound {
+                    effect_key: "k".into(),
+                },
+                Code::NotFound,
+                "no effect with key \"k\"",
+            ),
+            (
+                LedgerError::AlreadyExists {
+                    effect_key: "k".into(),
+                    invocation_id: "i".into(),
+                    call_id: "c".into(),
+                    tool: "t".into(),
+                },
+                Code::AlreadyExists,
+                "already prepared for invocation \"i\"",
+            ),
+            (
+                LedgerError::Transition {
+                    effect_key: "k".into(),
+                    source: TransitionError::Illegal {
+                        from: EffectState::Committed,
+                        to: EffectState::Dispatched,
+                    },
+                },
+                Code::FailedPrecondition,
+                "illegal transition from COMMITTED to DISPATCHED",
+            ),
+            (
+                LedgerError::Corrupt {
+                    effect_key: "k".into(),
+                    reason: "bad state".into(),
+                },
+                Code::DataLoss,
+                "bad state",
+            ),
+            (
+                LedgerError::Storage(sqlx::Error::PoolTimedOut),
+                Code::Unavailable,
+                "retry",
+            ),
+            (
+                LedgerError::Storage(sqlx::Error::RowNotFound),
+                Code::Internal,
+                "ledger storage error",
+            ),
+        ];
+        for (error, code, fragment) in cases {
+            let status = tonic::Status::from(error);
+            assert_eq!(status.code(), code, "{status:?}");
+            assert!(status.message().contains(fragment), "{status:?}");
+        }
+    }
+
+    #[test]
+    fn storage_details_do_not_leak() {
+        let status = tonic::Status::from(LedgerError::Storage(sqlx::Error::Protocol(
+            "secret path /var/db".into(),
+        )));
+        assert!(!status.message().contains("secret"), "{status:?}");
+    }
+}

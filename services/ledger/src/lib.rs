@@ -1,0 +1,157 @@
+//! The effect ledger service of agentloop: the durable record of external writes.
+//!
+//! Before a tool call with side effects is sent to its executor, the orchestrator
+//! *prepares* it here under a stable effect key, marks it *dispatched*, and records the
+//! outcome (*committed*, *rejected* or *outcome unknown*). After a crash, the entries
+//! still unresolved tell a resuming worker which effects it must reconcile with their
+//! executor before going on, so no change is applied twice or silently lost.
+//!
+//! - [`state`]: the transition rules, a pure function;
+//! - [`store`]: [`LedgerStore`], SQLite (WAL, `synchronous=FULL`) with guarded writes;
+//! - [`service`]: [`LedgerService`], the `agentloop.v1.EffectLedgerService` impl;
+//! - [`run`]: serve it on a listener until a shutdown future resolves.
+//!
+//! It is *not* the reconciler: it records what workers tell it and enforces the
+//! transitions, but it never calls executors. It does not store tool arguments or
+//! outputs either — only identity, state and a bounded detail text.
+
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod service;
+pub mod state;
+pub mod store;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+
+pub use error::LedgerError;
+pub use service::LedgerService;
+pub use state::{Action, EffectState, Outcome};
+pub use store::{Entry, LedgerStore, NewEffect, Page, StoreOptions};
+
+/// Prefix of the environment variables that configure the ledger
+/// (`AGENTLOOP_LEDGER_LISTEN`, `AGENTLOOP_LEDGER_DATA_DIR`, ...).
+pub const ENV_PREFIX: &str = "AGENTLOOP_LEDGER_";
+/// File name of the database inside the data directory.
+pub const DB_FILE: &str = "ledger.sqlite3";
+
+/// The default effect key of a tool call: lowercase hex SHA-256 over a domain tag and
+/// the length-prefixed invocation and call IDs.
+///
+/// Why not `"{invocation}:{call}"`: IDs may contain `:`, so two different pairs could
+/// give the same key; and executors often bound idempotency keys (tens to a few
+/// hundred bytes), which a fixed 64-character key always fits. Length prefixes make
+/// the encoding injective; the domain tag keeps these keys apart from other hashes.
+/// The value is part of the durable format: changing it would orphan stored entries.
+pub fn effect_key(invocation_id: &str, call_id: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"agentloop.effect_key.v1\0");
+    for part in [invocation_id, call_id] {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part.as_bytes());
+    }
+    hasher
+        .finalize()
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+/// The ledger's configuration (layered by `agentloop_server::config`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LedgerConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Directory holding the database file ([`DB_FILE`]); created if missing.
+    pub data_dir: PathBuf,
+    /// How long a write waits for SQLite's lock, in milliseconds.
+    pub busy_timeout_ms: u64,
+    /// SQLite connection pool size.
+    pub max_connections: u32,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50055)),
+            data_dir: PathBuf::from("data/ledger"),
+            busy_timeout_ms: 5_000,
+            max_connections: 4,
+        }
+    }
+}
+
+impl LedgerConfig {
+    /// Opens the store this configuration describes, creating the data directory.
+    pub async fn open_store(&self) -> Result<LedgerStore, LedgerError> {
+        std::fs::create_dir_all(&self.data_dir).map_err(|source| LedgerError::DataDir {
+            path: self.data_dir.clone(),
+            source,
+        })?;
+        let options = StoreOptions {
+            busy_timeout: Duration::from_millis(self.busy_timeout_ms),
+            max_connections: self.max_connections,
+        };
+        LedgerStore::open(&self.data_dir.join(DB_FILE), &options).await
+    }
+}
+
+/// Why [`run`] stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The store could not be opened.
+    #[error(transparent)]
+    Store(#[from] LedgerError),
+    /// The server failed.
+    #[error(transparent)]
+    Serve(#[from] agentloop_server::ServeError),
+}
+
+/// Serves the ledger on `listener` (the configured `listen` address is the binary's
+/// business, so tests can pass a port-0 listener) until `shutdown` resolves, then
+/// drains in-flight RPCs and closes the database.
+pub async fn run(
+    listener: TcpListener,
+    config: &LedgerConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), RunError> {
+    let store = config.open_store().await?;
+    let services = agentloop_server::ServiceSet::new().add(agentloop_proto::server::effect_ledger(
+        LedgerService::new(store.clone()),
+    ));
+    let served = agentloop_server::serve(listener, services, shutdown).await;
+    store.close().await;
+    Ok(served?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effect_key_is_stable_and_unambiguous() {
+        let key = effect_key("inv-1", "call-1");
+        assert_eq!(key.len(), 64);
+        assert!(
+            key.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+        assert_eq!(key, effect_key("inv-1", "call-1"));
+        // Golden value: the key is durable, so its derivation must never change.
+        assert_eq!(key, GOLDEN);
+        assert_ne!(effect_key("a:b", "c"), effect_key("a", "b:c"));
+        assert_ne!(effect_key("ab", "c"), effect_key("a", "bc"));
+        assert_ne!(effect_key("inv-1", "call-2"), key);
+    }
+
+    /// Computed independently (Python hashlib) from the documented encoding.
+    const GOLDEN: &str = "1bbcdcb60b02482c1e331680d62b675b1ff18285107b27b743d4091ca75a2afe";
+}

@@ -1,0 +1,125 @@
+//! The gRPC face of the ledger: turns wire requests into store calls, rejecting
+//! malformed enum values before anything is read or written.
+
+use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::effect_ledger_service_server::EffectLedgerService;
+use tonic::{Request, Response, Status};
+
+use crate::error::LedgerError;
+use crate::state::{EffectState, Outcome};
+use crate::store::{LedgerStore, NewEffect};
+
+/// `agentloop.v1.EffectLedgerService` over a [`LedgerStore`]. Serve it with
+/// `agentloop_proto::server::effect_ledger(LedgerService::new(store))`.
+#[derive(Debug, Clone)]
+pub struct LedgerService {
+    store: LedgerStore,
+}
+
+impl LedgerService {
+    /// Serves `store`.
+    pub fn new(store: LedgerStore) -> Self {
+        Self { store }
+    }
+}
+
+/// A required state field: a known, specified enum value. The guard is required even
+/// though the proto calls UNSPECIFIED "no expectation": the guard is what stops two
+/// workers from both moving an effect, so the ledger does not offer an unguarded move.
+fn state_field(field: &'static str, raw: i32) -> Result<EffectState, LedgerError> {
+    let wire = pb::EffectState::try_from(raw)
+        .map_err(|_| LedgerError::invalid(field, format!("unknown EffectState value {raw}")))?;
+    EffectState::from_proto(wire)
+        .ok_or_else(|| LedgerError::invalid(field, "must be set (not EFFECT_STATE_UNSPECIFIED)"))
+}
+
+#[tonic::async_trait]
+impl EffectLedgerService for LedgerService {
+    async fn prepare(
+        &self,
+        request: Request<pb::PrepareRequest>,
+    ) -> Result<Response<pb::PrepareResponse>, Status> {
+        let request = request.into_inner();
+        let new = NewEffect {
+            invocation_id: request.invocation_id,
+            call_id: request.call_id,
+            effect_key: request.effect_key,
+            tool: request.tool,
+        };
+        let (entry, created) = self.store.prepare(&new).await?;
+        Ok(Response::new(pb::PrepareResponse {
+            entry: Some(entry.to_proto()),
+            created,
+        }))
+    }
+
+    async fn mark_dispatched(
+        &self,
+        request: Request<pb::MarkDispatchedRequest>,
+    ) -> Result<Response<pb::MarkDispatchedResponse>, Status> {
+        let request = request.into_inner();
+        let expected = state_field("expected_state", request.expected_state)?;
+        let entry = self
+            .store
+            .mark_dispatched(&request.effect_key, expected)
+            .await?;
+        Ok(Response::new(pb::MarkDispatchedResponse {
+            entry: Some(entry.to_proto()),
+        }))
+    }
+
+    async fn record(
+        &self,
+        request: Request<pb::RecordRequest>,
+    ) -> Result<Response<pb::RecordResponse>, Status> {
+        let request = request.into_inner();
+        let expected = state_field("expected_state", request.expected_state)?;
+        let state = state_field("state", request.state)?;
+        let outcome = Outcome::from_state(state).ok_or_else(|| {
+            LedgerError::invalid(
+                "state",
+                format!("{state} is not an outcome (COMMITTED, REJECTED or OUTCOME_UNKNOWN)"),
+            )
+        })?;
+        let entry = self
+            .store
+            .record(
+                &request.effect_key,
+                expected,
+                outcome,
+                &request.receipt,
+                &request.detail,
+            )
+            .await?;
+        Ok(Response::new(pb::RecordResponse {
+            entry: Some(entry.to_proto()),
+        }))
+    }
+
+    async fn get(
+        &self,
+        request: Request<pb::GetRequest>,
+    ) -> Result<Response<pb::GetResponse>, Status> {
+        let entry = self.store.get(&request.into_inner().effect_key).await?;
+        Ok(Response::new(pb::GetResponse {
+            entry: Some(entry.to_proto()),
+        }))
+    }
+
+    async fn list_unresolved(
+        &self,
+        request: Request<pb::ListUnresolvedRequest>,
+    ) -> Result<Response<pb::ListUnresolvedResponse>, Status> {
+        let request = request.into_inner();
+        let invocation = Some(request.invocation_id.as_str()).filter(|id| !id.is_empty());
+        let token = Some(request.page_token.as_str()).filter(|t| !t.is_empty());
+        let page = self
+            .store
+            .list_unresolved(invocation, request.page_size, token)
+            .await?;
+        Ok(Response::new(pb::ListUnresolvedResponse {
+            entries: page.entries.iter().map(|e| e.to_proto()).collect(),
+            next_page_token: page.next_page_token.unwrap_or_default(),
+        }))
+    }
+}

@@ -1,0 +1,511 @@
+//! The durable ledger: SQLite in WAL mode with `synchronous=FULL`, so an entry that a
+//! call returned survives a power loss (the whole point of the ledger), while readers
+//! do not block the writer.
+//!
+//! Every write is a single statement guarded by the state it expects (compare-and-set),
+//! so two workers — or two ledger processes on the same file — cannot both move the
+//! same effect, and a failed request leaves nothing behind.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use crate::error::LedgerError;
+use crate::state::{self, Action, EffectState, Outcome};
+
+/// Longest invocation ID, call ID, effect key, tool name or receipt, in bytes. IDs
+/// are UUIDs or short names in practice; the bound keeps a buggy or hostile caller from
+/// filling the database through them.
+pub const MAX_ID_BYTES: usize = 1024;
+/// Longest `detail`, in bytes: room for an error text, not for a tool's output.
+pub const MAX_DETAIL_BYTES: usize = 64 * 1024;
+/// Page size used when a ListUnresolved request asks for 0.
+pub const DEFAULT_PAGE_SIZE: u32 = 100;
+/// Largest page ListUnresolved returns, whatever the request asks.
+pub const MAX_PAGE_SIZE: u32 = 1000;
+
+/// How the SQLite file is opened.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// How long a writer waits for another writer's lock before failing with a
+    /// (retryable) busy error.
+    pub busy_timeout: Duration,
+    /// Pool size (SQLite serialises writers anyway; more only helps readers).
+    pub max_connections: u32,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            busy_timeout: Duration::from_secs(5),
+            max_connections: 4,
+        }
+    }
+}
+
+/// One effect as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The invocation whose call caused the effect.
+    pub invocation_id: String,
+    /// The call ID of the tool call that carries the effect.
+    pub call_id: String,
+    /// Stable identity of the change.
+    pub effect_key: String,
+    /// How many times the effect has been dispatched; 0 while only prepared.
+    pub attempt: u32,
+    /// The tool that applies it.
+    pub tool: String,
+    /// Where it is in its life.
+    pub state: EffectState,
+    /// The executor's identifier of the applied change (COMMITTED only).
+    pub receipt: String,
+    /// Human-readable detail of the last transition.
+    pub detail: String,
+    /// When it was prepared.
+    pub created_at: SystemTime,
+    /// When it last changed state.
+    pub updated_at: SystemTime,
+}
+
+impl Entry {
+    /// The wire form.
+    pub fn to_proto(&self) -> agentloop_proto::v1::EffectEntry {
+        agentloop_proto::v1::EffectEntry {
+            invocation_id: self.invocation_id.clone(),
+            call_id: self.call_id.clone(),
+            effect_key: self.effect_key.clone(),
+            attempt: self.attempt,
+            tool: self.tool.clone(),
+            state: self.state.to_proto() as i32,
+            receipt: self.receipt.clone(),
+            created_at: Some(prost_types::Timestamp::from(self.created_at)),
+            updated_at: Some(prost_types::Timestamp::from(self.updated_at)),
+            detail: self.detail.clone(),
+        }
+    }
+}
+
+/// What Prepare records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEffect {
+    /// The invocation whose call carries the effect.
+    pub invocation_id: String,
+    /// The call ID.
+    pub call_id: String,
+    /// The effect key (see [`crate::effect_key`] for the default derivation).
+    pub effect_key: String,
+    /// The tool that applies it.
+    pub tool: String,
+}
+
+/// One page of ListUnresolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    /// Unresolved entries, oldest first.
+    pub entries: Vec<Entry>,
+    /// Pass back to get the next page; `None` on the last page.
+    pub next_page_token: Option<String>,
+}
+
+/// The effect ledger on one SQLite file. Cheap to clone (a pool handle).
+#[derive(Debug, Clone)]
+pub struct LedgerStore {
+    pool: SqlitePool,
+}
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    seq: i64,
+    effect_key: String,
+    invocation_id: String,
+    call_id: String,
+    tool: String,
+    state: String,
+    attempt: i64,
+    receipt: String,
+    detail: String,
+    created_at_ms: i64,
+    updated_at_ms: i64,
+}
+
+impl LedgerStore {
+    /// Opens (creating if missing) the ledger file and applies pending migrations
+    /// from `services/ledger/migrations`.
+    pub async fn open(path: &Path, options: &StoreOptions) -> Result<Self, LedgerError> {
+        let connect = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(options.busy_timeout)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(options.max_connections.max(1))
+            .connect_with(connect)
+            .await?;
+        sqlx::migrate!("./migrations").run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    /// Waits for open connections to finish and closes them (for a clean shutdown).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Records an effect as PREPARED. Idempotent: the same key for the same
+    /// invocation, call and tool returns the existing entry (`false` = not created);
+    /// the same key for anything else is [`LedgerError::AlreadyExists`].
+    pub async fn prepare(&self, new: &NewEffect) -> Result<(Entry, bool), LedgerError> {
+        validate_id("invocation_id", &new.invocation_id)?;
+        validate_id("call_id", &new.call_id)?;
+        validate_id("effect_key", &new.effect_key)?;
+        validate_id("tool", &new.tool)?;
+
+        let now = now_ms();
+        let inserted = sqlx::query(
+            "INSERT INTO effects \
+               (effect_key, invocation_id, call_id, tool, state, attempt, created_at_ms, updated_at_ms) \
+             VALUES (?1, ?2, ?3, ?4, 'PREPARED', 0, ?5, ?5) \
+             ON CONFLICT (effect_key) DO NOTHING",
+        )
+        .bind(&new.effect_key)
+        .bind(&new.invocation_id)
+        .bind(&new.call_id)
+        .bind(&new.tool)
+        .bind(now)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            == 1;
+
+        let entry = self.get(&new.effect_key).await?;
+        if !inserted
+            && (entry.invocation_id != new.invocation_id
+                || entry.call_id != new.call_id
+                || entry.tool != new.tool)
+        {
+            return Err(LedgerError::AlreadyExists {
+                effect_key: entry.effect_key,
+                invocation_id: entry.invocation_id,
+                call_id: entry.call_id,
+                tool: entry.tool,
+            });
+        }
+        Ok((entry, inserted))
+    }
+
+    /// Records that the effect is about to be dispatched (attempt + 1). `expected` is
+    /// PREPARED, or OUTCOME_UNKNOWN after reconcile found the change not applied.
+    pub async fn mark_dispatched(
+        &self,
+        effect_key: &str,
+        expected: EffectState,
+    ) -> Result<Entry, LedgerError> {
+        validate_id("effect_key", effect_key)?;
+        self.apply(effect_key, expected, Action::Dispatch, "", "")
+            .await
+    }
+
+    /// Records an outcome. `expected` is DISPATCHED, or OUTCOME_UNKNOWN when
+    /// reconciliation settles the effect (see [`crate::state`]). A receipt may only
+    /// accompany COMMITTED.
+    pub async fn record(
+        &self,
+        effect_key: &str,
+        expected: EffectState,
+        outcome: Outcome,
+        receipt: &str,
+        detail: &str,
+    ) -> Result<Entry, LedgerError> {
+        validate_id("effect_key", effect_key)?;
+        if receipt.len() > MAX_ID_BYTES {
+            return Err(LedgerError::invalid(
+                "receipt",
+                format!("longer than {MAX_ID_BYTES} bytes"),
+            ));
+        }
+        if !receipt.is_empty() && outcome != Outcome::Committed {
+            return Err(LedgerError::invalid(
+                "receipt",
+                format!("only recorded with COMMITTED, not {}", outcome.state()),
+            ));
+        }
+        if detail.len() > MAX_DETAIL_BYTES {
+            return Err(LedgerError::invalid(
+                "detail",
+                format!("longer than {MAX_DETAIL_BYTES} bytes"),
+            ));
+        }
+        self.apply(
+            effect_key,
+            expected,
+            Action::Record(outcome),
+            receipt,
+            detail,
+        )
+        .await
+    }
+
+    /// Returns one entry.
+    pub async fn get(&self, effect_key: &str) -> Result<Entry, LedgerError> {
+        validate_id("effect_key", effect_key)?;
+        self.find(effect_key)
+            .await?
+            .ok_or_else(|| LedgerError::NotFound {
+                effect_key: effect_key.to_owned(),
+            })?
+            .into_entry()
+    }
+
+    /// Lists unresolved entries (PREPARED, DISPATCHED, OUTCOME_UNKNOWN), oldest first,
+    /// optionally of one invocation. `page_size` 0 means [`DEFAULT_PAGE_SIZE`]; larger
+    /// than [`MAX_PAGE_SIZE`] is capped. `page_token` is the previous page's
+    /// `next_page_token`; it is a cursor, so entries resolved between pages do not
+    /// shift later pages.
+    pub async fn list_unresolved(
+        &self,
+        invocation_id: Option<&str>,
+        page_size: u32,
+        page_token: Option<&str>,
+    ) -> Result<Page, LedgerError> {
+        if let Some(invocation_id) = invocation_id {
+            validate_id("invocation_id", invocation_id)?;
+        }
+        let after = match page_token {
+            None => 0,
+            Some(token) => decode_page_token(token)?,
+        };
+        let size = match page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n => n.min(MAX_PAGE_SIZE),
+        };
+        // One extra row tells whether another page follows.
+        let limit = i64::from(size) + 1;
+        let mut rows: Vec<Row> = match invocation_id {
+            Some(invocation_id) => {
+                sqlx::query_as(
+                    "SELECT seq, effect_key, invocation_id, call_id, tool, state, attempt, \
+                            receipt, detail, created_at_ms, updated_at_ms \
+                     FROM effects \
+                     WHERE invocation_id = ?1 \
+                       AND state IN ('PREPARED', 'DISPATCHED', 'OUTCOME_UNKNOWN') \
+                       AND seq > ?2 \
+                     ORDER BY seq LIMIT ?3",
+                )
+                .bind(invocation_id)
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?
+            }
+            None => {
+                sqlx::query_as(
+                    "SELECT seq, effect_key, invocation_id, call_id, tool, state, attempt, \
+                            receipt, detail, created_at_ms, updated_at_ms \
+                     FROM effects \
+                     WHERE state IN ('PREPARED', 'DISPATCHED', 'OUTCOME_UNKNOWN') \
+                       AND seq > ?1 \
+                     ORDER BY seq LIMIT ?2",
+                )
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?
+            }
+        };
+        let more = rows.len() > size as usize;
+        rows.truncate(size as usize);
+        let next_page_token = match (more, rows.last()) {
+            (true, Some(last)) => Some(encode_page_token(last.seq)),
+            (true, None) | (false, _) => None,
+        };
+        let entries = rows
+            .into_iter()
+            .map(Row::into_entry)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Page {
+            entries,
+            next_page_token,
+        })
+    }
+
+    async fn find(&self, effect_key: &str) -> Result<Option<Row>, LedgerError> {
+        Ok(sqlx::query_as(
+            "SELECT seq, effect_key, invocation_id, call_id, tool, state, attempt, \
+                    receipt, detail, created_at_ms, updated_at_ms \
+             FROM effects WHERE effect_key = ?1",
+        )
+        .bind(effect_key)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Decides with the pure state machine, then writes with a compare-and-set on the
+    /// state and attempt that were read, so a concurrent change makes this one fail
+    /// instead of overwriting it.
+    async fn apply(
+        &self,
+        effect_key: &str,
+        expected: EffectState,
+        action: Action,
+        receipt: &str,
+        detail: &str,
+    ) -> Result<Entry, LedgerError> {
+        let current = self.get(effect_key).await?;
+        let step = state::transition(current.state, expected, action).map_err(|source| {
+            LedgerError::Transition {
+                effect_key: effect_key.to_owned(),
+                source,
+            }
+        })?;
+        let updated: Option<Row> = sqlx::query_as(
+            "UPDATE effects \
+             SET state = ?1, attempt = attempt + ?2, receipt = ?3, detail = ?4, updated_at_ms = ?5 \
+             WHERE effect_key = ?6 AND state = ?7 AND attempt = ?8 \
+             RETURNING seq, effect_key, invocation_id, call_id, tool, state, attempt, \
+                       receipt, detail, created_at_ms, updated_at_ms",
+        )
+        .bind(step.next.as_str())
+        .bind(i64::from(step.increments_attempt))
+        .bind(receipt)
+        .bind(detail)
+        .bind(now_ms().max(system_time_ms(current.updated_at)))
+        .bind(effect_key)
+        .bind(current.state.as_str())
+        .bind(i64::from(current.attempt))
+        .fetch_optional(&self.pool)
+        .await?;
+        match updated {
+            Some(row) => row.into_entry(),
+            None => {
+                // Lost a race: report what is there now.
+                let found = self.get(effect_key).await?;
+                Err(LedgerError::Transition {
+                    effect_key: effect_key.to_owned(),
+                    source: state::TransitionError::NotInExpectedState {
+                        expected,
+                        found: found.state,
+                    },
+                })
+            }
+        }
+    }
+}
+
+impl Row {
+    fn into_entry(self) -> Result<Entry, LedgerError> {
+        let corrupt = |reason: String| LedgerError::Corrupt {
+            effect_key: self.effect_key.clone(),
+            reason,
+        };
+        let state = EffectState::parse(&self.state)
+            .ok_or_else(|| corrupt(format!("unknown state {:?}", self.state)))?;
+        let attempt = u32::try_from(self.attempt)
+            .map_err(|_| corrupt(format!("attempt {} out of range", self.attempt)))?;
+        let created_at = ms_system_time(self.created_at_ms)
+            .ok_or_else(|| corrupt(format!("created_at_ms {}", self.created_at_ms)))?;
+        let updated_at = ms_system_time(self.updated_at_ms)
+            .ok_or_else(|| corrupt(format!("updated_at_ms {}", self.updated_at_ms)))?;
+        Ok(Entry {
+            invocation_id: self.invocation_id,
+            call_id: self.call_id,
+            effect_key: self.effect_key,
+            attempt,
+            tool: self.tool,
+            state,
+            receipt: self.receipt,
+            detail: self.detail,
+            created_at,
+            updated_at,
+        })
+    }
+}
+
+/// Non-empty, bounded, and free of control characters (which only hide mistakes in
+/// logs and keys).
+fn validate_id(field: &'static str, value: &str) -> Result<(), LedgerError> {
+    if value.is_empty() {
+        return Err(LedgerError::invalid(field, "must not be empty"));
+    }
+    if value.len() > MAX_ID_BYTES {
+        return Err(LedgerError::invalid(
+            field,
+            format!("longer than {MAX_ID_BYTES} bytes"),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(LedgerError::invalid(field, "contains control characters"));
+    }
+    Ok(())
+}
+
+/// Page tokens are `u` + the hex cursor; opaque to callers, who must only pass them
+/// back. Anything else is INVALID_ARGUMENT.
+fn encode_page_token(seq: i64) -> String {
+    format!("u{seq:x}")
+}
+
+fn decode_page_token(token: &str) -> Result<i64, LedgerError> {
+    token
+        .strip_prefix('u')
+        .filter(|hex| !hex.is_empty() && hex.len() <= 16)
+        .and_then(|hex| i64::from_str_radix(hex, 16).ok())
+        .filter(|seq| *seq > 0)
+        .ok_or_else(|| LedgerError::invalid("page_token", "not a token this server issued"))
+}
+
+fn now_ms() -> i64 {
+    system_time_ms(SystemTime::now())
+}
+
+fn system_time_ms(time: SystemTime) -> i64 {
+    time.duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn ms_system_time(ms: i64) -> Option<SystemTime> {
+    let ms = u64::try_from(ms).ok()?;
+    UNIX_EPOCH.checked_add(Duration::from_millis(ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_tokens_round_trip_and_garbage_is_refused() {
+        for seq in [1, 15, 4096, i64::MAX] {
+            assert_eq!(decode_page_token(&encode_page_token(seq)).unwrap(), seq);
+        }
+        for bad in ["", "u", "x10", "u-1", "u0", "uzz", "u10000000000000000"] {
+            assert!(
+                matches!(
+                    decode_page_token(bad),
+                    Err(LedgerError::InvalidArgument {
+                        field: "page_token",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn ids_are_bounded_and_non_empty() {
+        assert!(validate_id("call_id", "c-1").is_ok());
+        assert!(validate_id("call_id", &"x".repeat(MAX_ID_BYTES)).is_ok());
+        for bad in [
+            String::new(),
+            "x".repeat(MAX_ID_BYTES + 1),
+            "a\nb".to_owned(),
+        ] {
+            assert!(validate_id("call_id", &bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Orchestrator configuration: defaults, then a TOML file, then `AGENTLOOP_*`
+//! environment variables, then command-line flags (see `agentloop_server::config`).
+
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+
+use agentloop_engine::{DecisionBounds, Limits, UnixMillis};
+use serde::{Deserialize, Serialize};
+
+/// Everything the orchestrator can be told.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OrchestratorConfig {
+    /// Address to serve gRPC on.
+    pub listen: String,
+    /// Where the embedded event store keeps its files.
+    pub data_dir: PathBuf,
+    /// The decision service.
+    pub decision_endpoint: String,
+    /// The policy service.
+    pub policy_endpoint: String,
+    /// The tool gateway.
+    pub tools_endpoint: String,
+    /// The default profile's budgets.
+    pub limits: LimitsConfig,
+    /// Bounds on requests.
+    pub bounds: RequestBounds,
+}
+
+impl Default for OrchestratorConfig {
+    fn default() -> Self {
+        OrchestratorConfig {
+            listen: "127.0.0.1:50051".into(),
+            data_dir: PathBuf::from(".agentloop"),
+            decision_endpoint: "http://127.0.0.1:50052".into(),
+            policy_endpoint: "http://127.0.0.1:50053".into(),
+            tools_endpoint: "http://127.0.0.1:50054".into(),
+            limits: LimitsConfig::default(),
+            bounds: RequestBounds::default(),
+        }
+    }
+}
+
+/// Budgets of the default profile; `StartInvocation` may override them per invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Most turns.
+    pub max_steps: u32,
+    /// Most tool calls.
+    pub max_tool_calls: u32,
+    /// Most tokens; unset for none.
+    pub max_tokens: Option<u64>,
+    /// Times in a row the same plan may run; 0 turns the repeat check off.
+    pub max_repeated_plan: u32,
+    /// Wall-clock budget in milliseconds; unset for none.
+    pub deadline_ms: Option<u64>,
+    /// Invalid decisions fed back to the model before `invalid_decision`.
+    pub decision_repairs: u32,
+    /// Rejected answers fed back to the model before `verification_failed`.
+    pub verification_repairs: u32,
+    /// Timeout of one tool call when its descriptor names none, in milliseconds.
+    pub tool_timeout_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        let engine = Limits::default();
+        LimitsConfig {
+            max_steps: engine.max_steps,
+            max_tool_calls: engine.max_tool_calls,
+            max_tokens: engine.max_tokens,
+            max_repeated_plan: engine.max_repeated_plan.map_or(0, NonZeroU32::get),
+            deadline_ms: None,
+            decision_repairs: engine.decision_repairs,
+            verification_repairs: engine.verification_repairs,
+            tool_timeout_ms: 30_000,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// The engine limits of an invocation started at `started`.
+    pub fn limits(&self, started: UnixMillis) -> Limits {
+        Limits {
+            max_steps: self.max_steps,
+            max_tool_calls: self.max_tool_calls,
+            max_tokens: self.max_tokens,
+            max_repeated_plan: NonZeroU32::new(self.max_repeated_plan),
+            deadline: self.deadline_ms.map(|ms| started.saturating_add(ms)),
+            decision_repairs: self.decision_repairs,
+            verification_repairs: self.verification_repairs,
+            bounds: DecisionBounds::default(),
+        }
+    }
+}
+
+/// Bounds on what callers may send; over a bound is INVALID_ARGUMENT, nothing stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RequestBounds {
+    /// Largest goal, in bytes.
+    pub max_goal_bytes: usize,
+    /// Largest scripted-model file, in bytes.
+    pub max_script_bytes: usize,
+    /// Largest idempotency key, actor, tenant or reason, in bytes.
+    pub max_key_bytes: usize,
+    /// Invocations this orchestrator runs at once.
+    pub max_running: usize,
+    /// Highest `max_steps` a caller may ask for.
+    pub max_steps_cap: u32,
+    /// Highest `max_tool_calls` a caller may ask for.
+    pub max_tool_calls_cap: u32,
+    /// Longest deadline a caller may ask for, in milliseconds.
+    pub max_deadline_ms: u64,
+}
+
+impl Default for RequestBounds {
+    fn default() -> Self {
+        RequestBounds {
+            max_goal_bytes: 64 * 1024,
+            max_script_bytes: 1024 * 1024,
+            max_key_bytes: 256,
+            max_running: 10_000,
+            max_steps_cap: 10_000,
+            max_tool_calls_cap: 100_000,
+            max_deadline_ms: 7 * 24 * 3600 * 1000,
+        }
+    }
+}
+
+impl OrchestratorConfig {
+    /// Checks what serde cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.limits.max_steps == 0 {
+            return Err("limits.max_steps must be at least 1".into());
+        }
+        if self.limits.max_steps > self.bounds.max_steps_cap {
+            return Err("limits.max_steps is above bounds.max_steps_cap".into());
+        }
+        if self.limits.tool_timeout_ms == 0 {
+            return Err("limits.tool_timeout_ms must be at least 1".into());
+        }
+        if self.bounds.max_running == 0 {
+            return Err("bounds.max_running must be at least 1".into());
+        }
+        for (name, endpoint) in [
+            ("decision_endpoint", &self.decision_endpoint),
+            ("policy_endpoint", &self.policy_endpoint),
+            ("tools_endpoint", &self.tools_endpoint),
+        ] {
+            if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+                return Err(format!(
+                    "{name} must be an http:// or https:// URL, not {endpoint:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}

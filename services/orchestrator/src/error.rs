@@ -1,0 +1,129 @@
+//! The orchestrator's errors and their one mapping to gRPC status codes.
+
+use agentloop_store::StoreError;
+use tonic::{Code, Status};
+
+/// Why an orchestrator request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OrchestratorError {
+    /// The request is malformed or out of bounds; nothing was stored.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The named invocation does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The idempotency key belongs to a different request.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// The invocation is not in a state that allows this.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The orchestrator runs as many invocations as it is allowed to.
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// A service the orchestrator needs is unreachable, or it is shutting down.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The operation exists in the contract but not in this version.
+    #[error("{0}")]
+    Unimplemented(String),
+    /// The event store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<OrchestratorError> for Status {
+    fn from(error: OrchestratorError) -> Status {
+        let code = match &error {
+            OrchestratorError::InvalidArgument(_) => Code::InvalidArgument,
+            OrchestratorError::NotFound(_) => Code::NotFound,
+            OrchestratorError::AlreadyExists(_) => Code::AlreadyExists,
+            OrchestratorError::FailedPrecondition(_) => Code::FailedPrecondition,
+            OrchestratorError::ResourceExhausted(_) => Code::ResourceExhausted,
+            OrchestratorError::Unavailable(_) => Code::Unavailable,
+            OrchestratorError::Unimplemented(_) => Code::Unimplemented,
+            OrchestratorError::Store(store) => match store {
+                StoreError::NotFound(_) => Code::NotFound,
+                StoreError::IdempotencyConflict { .. } => Code::AlreadyExists,
+                StoreError::VersionConflict { .. }
+                | StoreError::StaleEpoch { .. }
+                | StoreError::Ended(_) => Code::Aborted,
+                StoreError::MalformedAppend(_)
+                | StoreError::Corrupt(_)
+                | StoreError::Database(_)
+                | StoreError::Migrate(_) => Code::Internal,
+            },
+        };
+        Status::new(code, error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uuid::Uuid;
+
+    #[test]
+    fn each_error_maps_to_its_code_and_keeps_the_message() {
+        let id = Uuid::nil();
+        let cases = [
+            (
+                OrchestratorError::InvalidArgument("goal is empty".into()),
+                Code::InvalidArgument,
+            ),
+            (
+                OrchestratorError::NotFound("no invocation x".into()),
+                Code::NotFound,
+            ),
+            (
+                OrchestratorError::AlreadyExists("key".into()),
+                Code::AlreadyExists,
+            ),
+            (
+                OrchestratorError::FailedPrecondition("ended".into()),
+                Code::FailedPrecondition,
+            ),
+            (
+                OrchestratorError::ResourceExhausted("full".into()),
+                Code::ResourceExhausted,
+            ),
+            (
+                OrchestratorError::Unavailable("down".into()),
+                Code::Unavailable,
+            ),
+            (
+                OrchestratorError::Unimplemented("later".into()),
+                Code::Unimplemented,
+            ),
+            (
+                OrchestratorError::Store(StoreError::NotFound(id)),
+                Code::NotFound,
+            ),
+            (
+                OrchestratorError::Store(StoreError::IdempotencyConflict {
+                    key: "k".into(),
+                    existing: id,
+                }),
+                Code::AlreadyExists,
+            ),
+            (
+                OrchestratorError::Store(StoreError::StaleEpoch {
+                    invocation_id: id,
+                    presented: 1,
+                    current: 2,
+                }),
+                Code::Aborted,
+            ),
+            (
+                OrchestratorError::Store(StoreError::Corrupt("row".into())),
+                Code::Internal,
+            ),
+        ];
+        for (error, code) in cases {
+            let message = error.to_string();
+            let status = Status::from(error);
+            assert_eq!(status.code(), code, "{message}");
+            assert_eq!(status.message(), message);
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! `agentloop-orchestrator`: serves `OrchestratorService` over the embedded SQLite event
+//! store, reaching the decision, policy and tool services over gRPC.
+//!
+//! Configuration layers: defaults -> `--config` TOML file -> `AGENTLOOP_ORCHESTRATOR_*`
+//! environment -> flags. A bad configuration exits with `EXIT_BAD_CONFIG` (78).
+//! SIGTERM/SIGINT: new invocations are refused, in-flight turns commit, running
+//! invocations park (they resume on the next start), then the process exits.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Ports};
+use agentloop_proto::client::{ClientConfig, connect};
+use agentloop_store::SqliteStore;
+use clap::Parser;
+use serde::Serialize;
+
+/// Command-line flags; each one given overrides the configuration file and environment.
+#[derive(Debug, Parser, Serialize)]
+#[command(
+    name = "agentloop-orchestrator",
+    version,
+    about = "The agentloop orchestrator"
+)]
+struct Flags {
+    /// TOML configuration file.
+    #[arg(long, env = "AGENTLOOP_ORCHESTRATOR_CONFIG")]
+    #[serde(skip)]
+    config: Option<PathBuf>,
+    /// Address to listen on (e.g. 127.0.0.1:50051).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    listen: Option<String>,
+    /// Directory of the event store.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data_dir: Option<PathBuf>,
+    /// The decision service, e.g. http://127.0.0.1:50052.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decision_endpoint: Option<String>,
+    /// The policy service, e.g. http://127.0.0.1:50053.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy_endpoint: Option<String>,
+    /// The tool gateway, e.g. http://127.0.0.1:50054.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools_endpoint: Option<String>,
+}
+
+fn bad_config(error: &dyn std::fmt::Display) -> ! {
+    tracing::error!(%error, "bad configuration");
+    eprintln!("agentloop-orchestrator: bad configuration: {error}");
+    std::process::exit(agentloop_server::EXIT_BAD_CONFIG)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    agentloop_server::init_tracing("agentloop-orchestrator");
+    agentloop_server::install_crypto_provider();
+    let flags = Flags::parse();
+    let config: OrchestratorConfig =
+        agentloop_server::config::load(flags.config.as_deref(), "AGENTLOOP_ORCHESTRATOR_", &flags)
+            .unwrap_or_else(|error| bad_config(&error));
+    config.validate().unwrap_or_else(|error| bad_config(&error));
+
+    // Lazy channels: the other services may start after this one.
+    let lazy = ClientConfig::default()
+        .with_lazy(true)
+        .with_request_timeout(None);
+    let channel = |endpoint: String| {
+        let lazy = lazy.clone();
+        async move { connect(&endpoint, lazy).await }
+    };
+    let ports = Ports::grpc(
+        channel(config.decision_endpoint.clone())
+            .await
+            .unwrap_or_else(|e| bad_config(&e)),
+        channel(config.policy_endpoint.clone())
+            .await
+            .unwrap_or_else(|e| bad_config(&e)),
+        channel(config.tools_endpoint.clone())
+            .await
+            .unwrap_or_else(|e| bad_config(&e)),
+    );
+    let store = SqliteStore::open_in(&config.data_dir).await?;
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .unwrap_or_else(|error| {
+            bad_config(&format!("cannot listen on {}: {error}", config.listen))
+        });
+
+    let orchestrator = Orchestrator::new(config.clone(), Arc::new(store), ports);
+    orchestrator.resume().await?;
+    tracing::info!(address = %config.listen, "serving OrchestratorService");
+    agentloop_orchestrator::run(listener, orchestrator, agentloop_server::shutdown_signal())
+        .await?;
+    Ok(())
+}

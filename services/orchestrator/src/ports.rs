@@ -1,0 +1,211 @@
+//! The orchestrator's view of the other four services: narrow traits ("ports"), each with
+//! a gRPC adapter (a generated client) and an in-process adapter (the service's own
+//! implementation, called without a network). Both speak the wire messages, so the
+//! service code that validates and answers a request is the same either way.
+
+use std::sync::Arc;
+
+use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::decision_service_client::DecisionServiceClient;
+use agentloop_proto::v1::decision_service_server::DecisionService;
+use agentloop_proto::v1::policy_service_client::PolicyServiceClient;
+use agentloop_proto::v1::policy_service_server::PolicyService;
+use agentloop_proto::v1::tool_gateway_service_client::ToolGatewayServiceClient;
+use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
+use async_trait::async_trait;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+/// The model, behind the decision service.
+#[async_trait]
+pub trait DecisionPort: Send + Sync + 'static {
+    /// One decision.
+    async fn decide(&self, request: pb::DecideRequest) -> Result<pb::DecideResponse, Status>;
+}
+
+/// Policy: argument schemas, authorization, approval gates, final-answer validators.
+#[async_trait]
+pub trait PolicyPort: Send + Sync + 'static {
+    /// Judges a batch.
+    async fn evaluate(&self, request: pb::EvaluateRequest) -> Result<pb::EvaluateResponse, Status>;
+    /// Judges a final answer.
+    async fn validate_final(
+        &self,
+        request: pb::ValidateFinalRequest,
+    ) -> Result<pb::ValidateFinalResponse, Status>;
+}
+
+/// The tool gateway.
+#[async_trait]
+pub trait ToolsPort: Send + Sync + 'static {
+    /// The registered tools.
+    async fn list_tools(
+        &self,
+        request: pb::ListToolsRequest,
+    ) -> Result<pb::ListToolsResponse, Status>;
+    /// Runs one call. Dropping the future cancels the call at the executor.
+    async fn execute(
+        &self,
+        request: pb::ToolGatewayServiceExecuteRequest,
+    ) -> Result<pb::ToolGatewayServiceExecuteResponse, Status>;
+    /// Asks the owning executor what became of an effect.
+    async fn reconcile(
+        &self,
+        request: pb::ToolGatewayServiceReconcileRequest,
+    ) -> Result<pb::ToolGatewayServiceReconcileResponse, Status>;
+}
+
+/// The ports one orchestrator uses.
+#[derive(Clone)]
+pub struct Ports {
+    /// The decision service.
+    pub decision: Arc<dyn DecisionPort>,
+    /// The policy service.
+    pub policy: Arc<dyn PolicyPort>,
+    /// The tool gateway.
+    pub tools: Arc<dyn ToolsPort>,
+}
+
+impl std::fmt::Debug for Ports {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ports").finish_non_exhaustive()
+    }
+}
+
+impl Ports {
+    /// Ports over gRPC channels (the distributed deployment).
+    pub fn grpc(decision: Channel, policy: Channel, tools: Channel) -> Ports {
+        Ports {
+            decision: Arc::new(agentloop_proto::client::decision(decision)),
+            policy: Arc::new(agentloop_proto::client::policy(policy)),
+            tools: Arc::new(agentloop_proto::client::tool_gateway(tools)),
+        }
+    }
+}
+
+// The generated clients' own methods take `&mut self` and would lose to the port
+// methods in method resolution, hence the fully qualified calls on a cheap clone.
+
+/// A service implementation used as a port, in the same process.
+#[derive(Debug)]
+pub struct InProcess<S>(pub Arc<S>);
+
+#[async_trait]
+impl DecisionPort for DecisionServiceClient<Channel> {
+    async fn decide(&self, request: pb::DecideRequest) -> Result<pb::DecideResponse, Status> {
+        DecisionServiceClient::decide(&mut self.clone(), request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+}
+
+#[async_trait]
+impl<S: DecisionService> DecisionPort for InProcess<S> {
+    async fn decide(&self, request: pb::DecideRequest) -> Result<pb::DecideResponse, Status> {
+        self.0
+            .decide(Request::new(request))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+}
+
+#[async_trait]
+impl PolicyPort for PolicyServiceClient<Channel> {
+    async fn evaluate(&self, request: pb::EvaluateRequest) -> Result<pb::EvaluateResponse, Status> {
+        PolicyServiceClient::evaluate(&mut self.clone(), request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn validate_final(
+        &self,
+        request: pb::ValidateFinalRequest,
+    ) -> Result<pb::ValidateFinalResponse, Status> {
+        PolicyServiceClient::validate_final(&mut self.clone(), request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+}
+
+#[async_trait]
+impl<S: PolicyService> PolicyPort for InProcess<S> {
+    async fn evaluate(&self, request: pb::EvaluateRequest) -> Result<pb::EvaluateResponse, Status> {
+        self.0
+            .evaluate(Request::new(request))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn validate_final(
+        &self,
+        request: pb::ValidateFinalRequest,
+    ) -> Result<pb::ValidateFinalResponse, Status> {
+        self.0
+            .validate_final(Request::new(request))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+}
+
+#[async_trait]
+impl ToolsPort for ToolGatewayServiceClient<Channel> {
+    async fn list_tools(
+        &self,
+        request: pb::ListToolsRequest,
+    ) -> Result<pb::ListToolsResponse, Status> {
+        ToolGatewayServiceClient::list_tools(&mut self.clone(), request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn execute(
+        &self,
+        request: pb::ToolGatewayServiceExecuteRequest,
+    ) -> Result<pb::ToolGatewayServiceExecuteResponse, Status> {
+        ToolGatewayServiceClient::execute(&mut self.clone(), request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn reconcile(
+        &self,
+        request: pb::ToolGatewayServiceReconcileRequest,
+    ) -> Result<pb::ToolGatewayServiceReconcileResponse, Status> {
+        ToolGatewayServiceClient::reconcile(&mut self.clone(), request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+}
+
+#[async_trait]
+impl<S: ToolGatewayService> ToolsPort for InProcess<S> {
+    async fn list_tools(
+        &self,
+        request: pb::ListToolsRequest,
+    ) -> Result<pb::ListToolsResponse, Status> {
+        self.0
+            .list_tools(Request::new(request))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn execute(
+        &self,
+        request: pb::ToolGatewayServiceExecuteRequest,
+    ) -> Result<pb::ToolGatewayServiceExecuteResponse, Status> {
+        self.0
+            .execute(Request::new(request))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn reconcile(
+        &self,
+        request: pb::ToolGatewayServiceReconcileRequest,
+    ) -> Result<pb::ToolGatewayServiceReconcileResponse, Status> {
+        self.0
+            .reconcile(Request::new(request))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+}

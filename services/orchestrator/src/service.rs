@@ -1,0 +1,513 @@
+//! The public gRPC API: request validation, idempotent start, watch, cancel.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use agentloop_engine::TerminalReason;
+use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
+use agentloop_store::{
+    Created, InvocationRecord, InvocationState, ListRequest, MAX_PAGE_SIZE, NewInvocation,
+};
+use futures::Stream;
+use prost::Message;
+use sha2::{Digest, Sha256};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use uuid::Uuid;
+
+use crate::spec::{InvocationSpec, ToolEntry};
+use crate::{Orchestrator, OrchestratorError, Shared, wire};
+
+/// Default page size of `ListInvocations`.
+const DEFAULT_PAGE: u32 = 50;
+/// Events read from the store per page while a watcher catches up.
+const WATCH_PAGE: u32 = 256;
+/// Responses buffered per watcher before the stream applies backpressure.
+const WATCH_BUFFER: usize = 64;
+/// Largest cancellation reason, in bytes.
+const MAX_REASON_BYTES: usize = 1024;
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchInvocationResponse, Status>> + Send>>;
+
+fn invalid(message: impl Into<String>) -> OrchestratorError {
+    OrchestratorError::InvalidArgument(message.into())
+}
+
+fn parse_id(text: &str) -> Result<Uuid, OrchestratorError> {
+    if text.is_empty() {
+        return Err(invalid("invocation_id is required"));
+    }
+    Uuid::parse_str(text).map_err(|_| invalid(format!("invocation_id {text:?} is not a UUID")))
+}
+
+fn bounded(field: &str, text: &str, limit: usize) -> Result<(), OrchestratorError> {
+    if text.len() > limit {
+        return Err(invalid(format!(
+            "{field} is {} bytes; at most {limit} are allowed",
+            text.len()
+        )));
+    }
+    Ok(())
+}
+
+fn millis(duration: &prost_types::Duration, field: &str) -> Result<u64, OrchestratorError> {
+    if duration.seconds < 0 || duration.nanos < 0 || duration.nanos >= 1_000_000_000 {
+        return Err(invalid(format!("{field} must be a non-negative duration")));
+    }
+    let seconds =
+        u64::try_from(duration.seconds).map_err(|_| invalid(format!("{field} is out of range")))?;
+    let nanos =
+        u64::try_from(duration.nanos).map_err(|_| invalid(format!("{field} is out of range")))?;
+    Ok(seconds
+        .saturating_mul(1000)
+        .saturating_add(nanos / 1_000_000))
+}
+
+impl Orchestrator {
+    async fn start(
+        &self,
+        request: pb::StartInvocationRequest,
+    ) -> Result<pb::StartInvocationResponse, OrchestratorError> {
+        let shared = &self.shared;
+        if shared.drain.is_cancelled() {
+            return Err(OrchestratorError::Unavailable(
+                "the orchestrator is shutting down".into(),
+            ));
+        }
+        let bounds = shared.config.bounds;
+        if request.goal.trim().is_empty() {
+            return Err(invalid("goal is required"));
+        }
+        bounded("goal", &request.goal, bounds.max_goal_bytes)?;
+        bounded(
+            "idempotency_key",
+            &request.idempotency_key,
+            bounds.max_key_bytes,
+        )?;
+        bounded("actor", &request.actor, bounds.max_key_bytes)?;
+        bounded("tenant", &request.tenant, bounds.max_key_bytes)?;
+        bounded(
+            "scripted_model_json",
+            &request.scripted_model_json,
+            bounds.max_script_bytes,
+        )?;
+        let profile = match request.profile.as_str() {
+            "" | "default" => "default".to_owned(),
+            other => {
+                return Err(invalid(format!(
+                    "unknown profile {other:?}; this orchestrator has \"default\""
+                )));
+            }
+        };
+        let script = if request.scripted_model_json.is_empty() {
+            None
+        } else {
+            agentloop_decision::ScriptedModel::parse(&request.scripted_model_json)
+                .map_err(|e| invalid(format!("scripted_model_json: {e}")))?;
+            Some(request.scripted_model_json.clone())
+        };
+
+        let now = shared.clock.now();
+        let mut limits = shared.config.limits.limits(now);
+        if let Some(overrides) = &request.budget_overrides {
+            if let Some(max_steps) = overrides.max_steps {
+                if max_steps == 0 || max_steps > bounds.max_steps_cap {
+                    return Err(invalid(format!(
+                        "max_steps must be within 1..={}",
+                        bounds.max_steps_cap
+                    )));
+                }
+                limits.max_steps = max_steps;
+            }
+            if let Some(max_tool_calls) = overrides.max_tool_calls {
+                if max_tool_calls > bounds.max_tool_calls_cap {
+                    return Err(invalid(format!(
+                        "max_tool_calls must be at most {}",
+                        bounds.max_tool_calls_cap
+                    )));
+                }
+                limits.max_tool_calls = max_tool_calls;
+            }
+            if let Some(max_tokens) = overrides.max_tokens {
+                limits.max_tokens = Some(max_tokens);
+            }
+            if let Some(repeats) = overrides.max_repeated_plan {
+                limits.max_repeated_plan = std::num::NonZeroU32::new(repeats);
+            }
+            if let Some(deadline) = &overrides.deadline {
+                let ms = millis(deadline, "deadline")?;
+                if ms == 0 || ms > bounds.max_deadline_ms {
+                    return Err(invalid(format!(
+                        "deadline must be within 1 ms..={} ms",
+                        bounds.max_deadline_ms
+                    )));
+                }
+                limits.deadline = Some(now.saturating_add(ms));
+            }
+        }
+
+        let descriptors = shared.descriptors().await?;
+        for name in &request.allowed_tools {
+            if !descriptors.iter().any(|d| &d.name == name) {
+                return Err(invalid(format!(
+                    "allowed_tools names unknown tool {name:?}"
+                )));
+            }
+        }
+        let tools = descriptors
+            .iter()
+            .filter(|d| request.allowed_tools.is_empty() || request.allowed_tools.contains(&d.name))
+            .map(|d| ToolEntry {
+                name: d.name.clone(),
+                side_effect: wire::side_effect(d.side_effect()),
+                commutative: d.commutative,
+                timeout_ms: d
+                    .timeout
+                    .as_ref()
+                    .and_then(|t| millis(t, "timeout").ok())
+                    .filter(|ms| *ms > 0)
+                    .unwrap_or(shared.config.limits.tool_timeout_ms),
+            })
+            .collect();
+
+        if shared.running_count() >= bounds.max_running {
+            return Err(OrchestratorError::ResourceExhausted(format!(
+                "{} invocations are running, the most this orchestrator runs at once",
+                bounds.max_running
+            )));
+        }
+        let spec = InvocationSpec {
+            goal: request.goal.clone(),
+            profile,
+            actor: request.actor.clone(),
+            tenant: request.tenant.clone(),
+            limits,
+            tools,
+            script,
+        };
+        let spec_json = serde_json::to_string(&spec)
+            .map_err(|e| invalid(format!("cannot encode the invocation: {e}")))?;
+        let digest: String = Sha256::digest(request.encode_to_vec())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let new = NewInvocation {
+            invocation_id: Uuid::now_v7(),
+            idempotency_key: Some(request.idempotency_key.clone()).filter(|key| !key.is_empty()),
+            request_digest: digest,
+            spec: spec_json,
+            created_at: now,
+        };
+        let (record, created) = match shared.store.create(new).await? {
+            Created::New(record) => {
+                self.launch(&record).await?;
+                (record, true)
+            }
+            Created::Existing(record) => (record, false),
+        };
+        Ok(pb::StartInvocationResponse {
+            invocation: Some(invocation(&record)?),
+            created,
+        })
+    }
+
+    async fn record(&self, invocation_id: &str) -> Result<InvocationRecord, OrchestratorError> {
+        let id = parse_id(invocation_id)?;
+        Ok(self.shared.store.get(id).await?)
+    }
+}
+
+/// A stored invocation -> its wire form.
+fn invocation(record: &InvocationRecord) -> Result<pb::Invocation, OrchestratorError> {
+    let id = record.invocation_id;
+    let spec: InvocationSpec = serde_json::from_str(&record.spec)
+        .map_err(|e| agentloop_store::StoreError::Corrupt(format!("invocation {id}: spec: {e}")))?;
+    let end = record.end.as_ref();
+    let reason = end.map(|end| end.reason);
+    Ok(pb::Invocation {
+        invocation_id: id.to_string(),
+        idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
+        goal: spec.goal.clone(),
+        profile: spec.profile.clone(),
+        actor: spec.actor.clone(),
+        tenant: spec.tenant.clone(),
+        state: match record.state {
+            InvocationState::Running => pb::InvocationState::Running,
+            InvocationState::Ended => pb::InvocationState::Ended,
+        }
+        .into(),
+        terminal_reason: reason
+            .map_or(pb::TerminalReason::Unspecified, wire::terminal_reason)
+            .into(),
+        terminal_detail: end.map(|end| end.detail.clone()).unwrap_or_default(),
+        answer: end.and_then(|end| end.answer.clone()),
+        budget: Some(wire::budget(&spec.limits, record.created_at)),
+        usage: Some(wire::budget_usage(&record.totals)),
+        pending_approval: end
+            .filter(|end| end.reason == TerminalReason::ApprovalRequired)
+            .map(|end| pb::PendingApproval {
+                proposal_digest: end.proposal.map(|p| p.to_string()).unwrap_or_default(),
+                summary: end.detail.clone(),
+                calls: Vec::new(),
+            }),
+        pending_question: end
+            .filter(|end| end.reason == TerminalReason::ClarificationRequired)
+            .map(|end| end.detail.clone()),
+        created_at: Some(wire::timestamp(record.created_at)),
+        updated_at: Some(wire::timestamp(record.updated_at)),
+        last_seq: record.version,
+    })
+}
+
+#[tonic::async_trait]
+impl OrchestratorService for Orchestrator {
+    async fn start_invocation(
+        &self,
+        request: Request<pb::StartInvocationRequest>,
+    ) -> Result<Response<pb::StartInvocationResponse>, Status> {
+        Ok(Response::new(self.start(request.into_inner()).await?))
+    }
+
+    async fn get_invocation(
+        &self,
+        request: Request<pb::GetInvocationRequest>,
+    ) -> Result<Response<pb::GetInvocationResponse>, Status> {
+        let record = self.record(&request.into_inner().invocation_id).await?;
+        Ok(Response::new(pb::GetInvocationResponse {
+            invocation: Some(invocation(&record)?),
+        }))
+    }
+
+    async fn list_invocations(
+        &self,
+        request: Request<pb::ListInvocationsRequest>,
+    ) -> Result<Response<pb::ListInvocationsResponse>, Status> {
+        let request = request.into_inner();
+        let limit = match request.page_size {
+            0 => DEFAULT_PAGE,
+            n => n.min(MAX_PAGE_SIZE),
+        };
+        let before = match request.page_token.as_str() {
+            "" => None,
+            token => Some(
+                Uuid::parse_str(token)
+                    .map_err(|_| invalid("page_token is malformed"))
+                    .map_err(Status::from)?,
+            ),
+        };
+        let state = match pb::InvocationState::try_from(request.state) {
+            Ok(pb::InvocationState::Unspecified) => None,
+            Ok(pb::InvocationState::Running) => Some(InvocationState::Running),
+            Ok(pb::InvocationState::Ended) => Some(InvocationState::Ended),
+            // Invocations start running as they are accepted: none is ever pending here.
+            Ok(pb::InvocationState::Pending) => {
+                return Ok(Response::new(pb::ListInvocationsResponse::default()));
+            }
+            Err(_) => {
+                return Err(
+                    invalid(format!("state {} is not an InvocationState", request.state)).into(),
+                );
+            }
+        };
+        let records = self
+            .shared
+            .store
+            .list(ListRequest {
+                limit,
+                before,
+                state,
+            })
+            .await
+            .map_err(OrchestratorError::from)?;
+        let next_page_token = match records.last() {
+            Some(last) if records.len() == limit as usize => last.invocation_id.to_string(),
+            Some(_) | None => String::new(),
+        };
+        let invocations = records
+            .iter()
+            .map(invocation)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Response::new(pb::ListInvocationsResponse {
+            invocations,
+            next_page_token,
+        }))
+    }
+
+    type WatchInvocationStream = WatchStream;
+
+    async fn watch_invocation(
+        &self,
+        request: Request<pb::WatchInvocationRequest>,
+    ) -> Result<Response<Self::WatchInvocationStream>, Status> {
+        let request = request.into_inner();
+        let record = self.record(&request.invocation_id).await?;
+        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
+        let shared = self.shared.clone();
+        // Ends by itself: after the `Ended` event, or when the watcher goes away.
+        tokio::spawn(watch(
+            shared,
+            record.invocation_id,
+            request.from_seq.max(1),
+            tx,
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn cancel_invocation(
+        &self,
+        request: Request<pb::CancelInvocationRequest>,
+    ) -> Result<Response<pb::CancelInvocationResponse>, Status> {
+        let request = request.into_inner();
+        bounded("reason", &request.reason, MAX_REASON_BYTES)?;
+        let record = self.record(&request.invocation_id).await?;
+        if record.state == InvocationState::Running {
+            match self.shared.cancel_token(record.invocation_id) {
+                Some(token) => {
+                    tracing::info!(invocation = %record.invocation_id, reason = %request.reason, "cancel requested");
+                    token.cancel();
+                }
+                None => {
+                    return Err(OrchestratorError::FailedPrecondition(format!(
+                        "invocation {} is not running in this orchestrator",
+                        record.invocation_id
+                    ))
+                    .into());
+                }
+            }
+        }
+        // Cancelling an ended invocation changes nothing and is not an error.
+        Ok(Response::new(pb::CancelInvocationResponse {
+            invocation: Some(invocation(&record)?),
+        }))
+    }
+
+    async fn resolve_approval(
+        &self,
+        request: Request<pb::ResolveApprovalRequest>,
+    ) -> Result<Response<pb::ResolveApprovalResponse>, Status> {
+        self.record(&request.into_inner().invocation_id).await?;
+        Err(
+            OrchestratorError::Unimplemented("resolving approvals is not implemented yet".into())
+                .into(),
+        )
+    }
+
+    async fn answer_clarification(
+        &self,
+        request: Request<pb::AnswerClarificationRequest>,
+    ) -> Result<Response<pb::AnswerClarificationResponse>, Status> {
+        self.record(&request.into_inner().invocation_id).await?;
+        Err(OrchestratorError::Unimplemented(
+            "answering clarifications is not implemented yet".into(),
+        )
+        .into())
+    }
+}
+
+type WatchSender = mpsc::Sender<Result<pb::WatchInvocationResponse, Status>>;
+
+/// Where a catch-up from the store left the watcher.
+enum Caught {
+    /// Everything committed so far was sent.
+    Up,
+    /// The `Ended` event was sent (or the watcher left): the stream is over.
+    Over,
+}
+
+/// Streams committed events from `next` on: subscribe first (so nothing committed
+/// meanwhile is missed), replay the store, then follow live events.
+async fn watch(shared: Arc<Shared>, id: Uuid, mut next: u64, tx: WatchSender) {
+    let live = shared.hub.subscribe(id);
+    if let Caught::Over = catch_up(&shared, id, &mut next, &tx).await {
+        return;
+    }
+    let Some(mut live) = live else {
+        // Not running here when we subscribed, and not ended in the log: it ended
+        // between the two reads, or it is parked. One more read settles the first case.
+        let _ = catch_up(&shared, id, &mut next, &tx).await;
+        return;
+    };
+    loop {
+        let caught = match live.recv().await {
+            Ok(event) if event.seq < next => Caught::Up,
+            Ok(event) if event.seq == next => {
+                next += 1;
+                let over = matches!(event.body, Some(pb::event::Body::Ended(_)));
+                let response = pb::WatchInvocationResponse {
+                    event: Some(event.as_ref().clone()),
+                };
+                if tx.send(Ok(response)).await.is_err() || over {
+                    Caught::Over
+                } else {
+                    Caught::Up
+                }
+            }
+            // A gap (this watcher lagged): the store has what it missed.
+            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                catch_up(&shared, id, &mut next, &tx).await
+            }
+            Err(broadcast::error::RecvError::Closed) => {
+                let _ = catch_up(&shared, id, &mut next, &tx).await;
+                Caught::Over
+            }
+        };
+        if let Caught::Over = caught {
+            return;
+        }
+    }
+}
+
+async fn catch_up(shared: &Shared, id: Uuid, next: &mut u64, tx: &WatchSender) -> Caught {
+    let id_text = id.to_string();
+    loop {
+        let page = match shared.store.events(id, *next, WATCH_PAGE).await {
+            Ok(page) => page,
+            Err(error) => {
+                let _ = tx
+                    .send(Err(Status::from(OrchestratorError::from(error))))
+                    .await;
+                return Caught::Over;
+            }
+        };
+        let full = page.len() == WATCH_PAGE as usize;
+        for stored in page {
+            *next = stored.event.seq + 1;
+            let over = matches!(stored.event.body, agentloop_engine::EventBody::Ended(_));
+            let event = wire::event(&id_text, stored.committed_at, &stored.event);
+            let response = pb::WatchInvocationResponse { event: Some(event) };
+            if tx.send(Ok(response)).await.is_err() || over {
+                return Caught::Over;
+            }
+        }
+        if !full {
+            return Caught::Up;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_convert_and_negative_ones_are_refused() {
+        let d = |seconds, nanos| prost_types::Duration { seconds, nanos };
+        assert_eq!(millis(&d(2, 500_000_000), "x").unwrap(), 2_500);
+        assert!(millis(&d(-1, 0), "x").is_err());
+        assert!(millis(&d(0, -5), "x").is_err());
+        assert!(millis(&d(0, 1_000_000_000), "x").is_err());
+    }
+
+    #[test]
+    fn ids_are_checked() {
+        assert!(
+            matches!(parse_id(""), Err(OrchestratorError::InvalidArgument(m)) if m.contains("required"))
+        );
+        assert!(
+            matches!(parse_id("nope"), Err(OrchestratorError::InvalidArgument(m)) if m.contains("not a UUID"))
+        );
+        assert!(parse_id(&Uuid::now_v7().to_string()).is_ok());
+    }
+}

@@ -1,0 +1,527 @@
+//! Conversions between the engine's types and the wire types of `agentloop.v1`.
+//!
+//! Provider and wire formats stay at the edges: the engine never sees a proto type, and
+//! this module is the one place that knows both vocabularies. Every match is exhaustive,
+//! so a new engine variant fails to compile here until it has a wire form.
+
+use agentloop_engine::{
+    CallOutcome, EndRecord, ErrorType, Event, EventBody, Limits, NextAction, ProposedCall,
+    ProposedDecision, Rejection, RejectionKind, SideEffect, TerminalReason, ToolCall, ToolError,
+    Totals, TurnRecord, UnixMillis, Usage, Verdict, Verification,
+};
+use agentloop_proto::v1 as pb;
+
+/// Engine terminal reason -> wire enum.
+pub fn terminal_reason(reason: TerminalReason) -> pb::TerminalReason {
+    match reason {
+        TerminalReason::Completed => pb::TerminalReason::Completed,
+        TerminalReason::ApprovalRequired => pb::TerminalReason::ApprovalRequired,
+        TerminalReason::ClarificationRequired => pb::TerminalReason::ClarificationRequired,
+        TerminalReason::Cancelled => pb::TerminalReason::Cancelled,
+        TerminalReason::DeadlineExceeded => pb::TerminalReason::DeadlineExceeded,
+        TerminalReason::MaxSteps => pb::TerminalReason::MaxSteps,
+        TerminalReason::ToolBudgetExhausted => pb::TerminalReason::ToolBudgetExhausted,
+        TerminalReason::TokenBudgetExhausted => pb::TerminalReason::TokenBudgetExhausted,
+        TerminalReason::NoProgress => pb::TerminalReason::NoProgress,
+        TerminalReason::InvalidDecision => pb::TerminalReason::InvalidDecision,
+        TerminalReason::ModelError => pb::TerminalReason::ModelError,
+        TerminalReason::CheckpointFailed => pb::TerminalReason::CheckpointFailed,
+        TerminalReason::CannotContinue => pb::TerminalReason::CannotContinue,
+        TerminalReason::VerificationFailed => pb::TerminalReason::VerificationFailed,
+        TerminalReason::ReconciliationRequired => pb::TerminalReason::ReconciliationRequired,
+    }
+}
+
+/// Wire enum -> engine terminal reason; `None` for UNSPECIFIED.
+pub fn terminal_reason_from(reason: pb::TerminalReason) -> Option<TerminalReason> {
+    TerminalReason::ALL
+        .into_iter()
+        .find(|candidate| terminal_reason(*candidate) == reason)
+}
+
+/// Wire side effect -> engine; UNSPECIFIED is the most dangerous kind, a write.
+pub fn side_effect(side_effect: pb::SideEffect) -> SideEffect {
+    match side_effect {
+        pb::SideEffect::ReadOnly => SideEffect::ReadOnly,
+        pb::SideEffect::IdempotentWrite => SideEffect::IdempotentWrite,
+        pb::SideEffect::Write | pb::SideEffect::Unspecified => SideEffect::Write,
+    }
+}
+
+/// A validated engine call -> wire call.
+pub fn tool_call(call: &ToolCall) -> pb::ToolCall {
+    pb::ToolCall {
+        call_id: call.call_id.as_str().to_owned(),
+        tool: call.tool.clone(),
+        arguments_json: call.arguments_json.clone(),
+    }
+}
+
+fn proposed_call(call: &ProposedCall) -> pb::ToolCall {
+    pb::ToolCall {
+        call_id: call.call_id.clone(),
+        tool: call.tool.clone(),
+        arguments_json: call.arguments_json.clone(),
+    }
+}
+
+fn proposed_call_from(call: pb::ToolCall) -> ProposedCall {
+    ProposedCall {
+        call_id: call.call_id,
+        tool: call.tool,
+        arguments_json: call.arguments_json,
+    }
+}
+
+/// Engine proposal -> wire decision. Unparseable output has no decision kind on the
+/// wire: the turn's rejection carries the explanation.
+pub fn decision(decision: &ProposedDecision) -> Option<pb::Decision> {
+    use pb::decision::Kind;
+    let kind = match decision {
+        ProposedDecision::Final { answer } => Kind::Final(pb::decision::Final {
+            answer: answer.clone(),
+        }),
+        ProposedDecision::ToolCalls { calls } => Kind::ToolCalls(pb::decision::ToolCalls {
+            calls: calls.iter().map(proposed_call).collect(),
+        }),
+        ProposedDecision::RequestApproval { summary, calls } => {
+            Kind::RequestApproval(pb::decision::RequestApproval {
+                summary: summary.clone(),
+                calls: calls.iter().map(proposed_call).collect(),
+            })
+        }
+        ProposedDecision::Clarification { question } => {
+            Kind::Clarification(pb::decision::Clarification {
+                question: question.clone(),
+            })
+        }
+        ProposedDecision::CannotContinue { reason } => {
+            Kind::CannotContinue(pb::decision::CannotContinue {
+                reason: reason.clone(),
+            })
+        }
+        ProposedDecision::Unparseable { .. } => return None,
+    };
+    Some(pb::Decision { kind: Some(kind) })
+}
+
+/// A decision service's answer -> the engine's input. A response with no decision kind
+/// is the model breaking the protocol, which the engine turns into `invalid_decision`.
+pub fn decided(response: pb::DecideResponse) -> agentloop_engine::Input {
+    use pb::decide_response::Outcome;
+    use pb::decision::Kind;
+    let usage = response.usage.map(usage_from).unwrap_or_default();
+    let decision = match response.outcome {
+        Some(Outcome::Decision(pb::Decision { kind: Some(kind) })) => match kind {
+            Kind::Final(f) => ProposedDecision::Final { answer: f.answer },
+            Kind::ToolCalls(t) => ProposedDecision::ToolCalls {
+                calls: t.calls.into_iter().map(proposed_call_from).collect(),
+            },
+            Kind::RequestApproval(r) => ProposedDecision::RequestApproval {
+                summary: r.summary,
+                calls: r.calls.into_iter().map(proposed_call_from).collect(),
+            },
+            Kind::Clarification(c) => ProposedDecision::Clarification {
+                question: c.question,
+            },
+            Kind::CannotContinue(c) => ProposedDecision::CannotContinue { reason: c.reason },
+        },
+        Some(Outcome::Decision(pb::Decision { kind: None })) => ProposedDecision::Unparseable {
+            text: "a decision with no kind".into(),
+        },
+        Some(Outcome::Invalid(invalid)) => ProposedDecision::Unparseable {
+            text: if invalid.raw.is_empty() {
+                invalid.reason
+            } else {
+                invalid.raw
+            },
+        },
+        None => ProposedDecision::Unparseable {
+            text: "an empty response".into(),
+        },
+    };
+    agentloop_engine::Input::Decided { decision, usage }
+}
+
+fn usage_from(usage: pb::Usage) -> Usage {
+    Usage {
+        input_tokens: usage.input_tokens,
+        output_tokens: usage.output_tokens,
+    }
+}
+
+fn usage(usage: Usage) -> pb::Usage {
+    pb::Usage {
+        input_tokens: usage.input_tokens,
+        output_tokens: usage.output_tokens,
+    }
+}
+
+/// Policy's answer -> the engine's verdict. Anything but an explicit ALLOW denies.
+pub fn verdict(response: pb::EvaluateResponse) -> Verdict {
+    let reasons = || {
+        let listed: Vec<String> = response
+            .violations
+            .iter()
+            .map(|v| format!("call {}: {}", v.call_id, v.message))
+            .collect();
+        if listed.is_empty() {
+            "no reason given".to_owned()
+        } else {
+            listed.join("; ")
+        }
+    };
+    match response.verdict() {
+        pb::Verdict::Allow => Verdict::Allow,
+        pb::Verdict::RequireApproval => Verdict::RequireApproval { reason: reasons() },
+        pb::Verdict::Deny | pb::Verdict::Unspecified => Verdict::Deny { reason: reasons() },
+    }
+}
+
+/// The validators' answer -> the engine's verification.
+pub fn verification(response: pb::ValidateFinalResponse) -> Verification {
+    if response.accepted {
+        Verification::Accepted
+    } else if response.reasons.is_empty() {
+        Verification::Rejected {
+            reason: "rejected by the validators".into(),
+        }
+    } else {
+        Verification::Rejected {
+            reason: response.reasons.join("; "),
+        }
+    }
+}
+
+fn error_type(error_type: ErrorType) -> pb::ErrorType {
+    match error_type {
+        ErrorType::InvalidArguments => pb::ErrorType::InvalidArguments,
+        ErrorType::NotFound => pb::ErrorType::NotFound,
+        ErrorType::PermissionDenied => pb::ErrorType::PermissionDenied,
+        ErrorType::Timeout => pb::ErrorType::Timeout,
+        ErrorType::Unavailable => pb::ErrorType::Unavailable,
+        ErrorType::Conflict => pb::ErrorType::Conflict,
+        ErrorType::Rejected => pb::ErrorType::Rejected,
+        ErrorType::Internal => pb::ErrorType::Internal,
+    }
+}
+
+fn error_type_from(error_type: pb::ErrorType) -> ErrorType {
+    match error_type {
+        pb::ErrorType::InvalidArguments => ErrorType::InvalidArguments,
+        pb::ErrorType::NotFound => ErrorType::NotFound,
+        pb::ErrorType::PermissionDenied => ErrorType::PermissionDenied,
+        pb::ErrorType::Timeout => ErrorType::Timeout,
+        pb::ErrorType::Unavailable => ErrorType::Unavailable,
+        pb::ErrorType::Conflict => ErrorType::Conflict,
+        pb::ErrorType::Rejected => ErrorType::Rejected,
+        pb::ErrorType::Internal | pb::ErrorType::Unspecified => ErrorType::Internal,
+    }
+}
+
+fn next_action(action: NextAction) -> pb::NextAction {
+    match action {
+        NextAction::None => pb::NextAction::None,
+        NextAction::Retry => pb::NextAction::Retry,
+        NextAction::FixArguments => pb::NextAction::FixArguments,
+        NextAction::RequestApproval => pb::NextAction::RequestApproval,
+        NextAction::AskUser => pb::NextAction::AskUser,
+        NextAction::Stop => pb::NextAction::Stop,
+    }
+}
+
+fn next_action_from(action: pb::NextAction) -> NextAction {
+    match action {
+        pb::NextAction::Retry => NextAction::Retry,
+        pb::NextAction::FixArguments => NextAction::FixArguments,
+        pb::NextAction::RequestApproval => NextAction::RequestApproval,
+        pb::NextAction::AskUser => NextAction::AskUser,
+        pb::NextAction::Stop => NextAction::Stop,
+        pb::NextAction::None | pb::NextAction::Unspecified => NextAction::None,
+    }
+}
+
+/// A wire tool result -> the engine's outcome. A result with no outcome is a broken
+/// executor: for a write that means nobody knows what happened.
+pub fn call_outcome(result: pb::ToolResult, writes: bool) -> CallOutcome {
+    use pb::tool_result::Outcome;
+    match result.outcome {
+        Some(Outcome::Output(output)) => CallOutcome::Output {
+            output_json: output.output_json,
+        },
+        Some(Outcome::Error(error)) => CallOutcome::Error(ToolError {
+            error_type: error_type_from(error.error_type()),
+            next_allowed_action: next_action_from(error.next_allowed_action()),
+            message: error.message,
+            retryable: error.retryable,
+        }),
+        Some(Outcome::Cancelled(_)) => CallOutcome::Cancelled,
+        Some(Outcome::NotStarted(_)) => CallOutcome::NotStarted,
+        Some(Outcome::Unknown(unknown)) => CallOutcome::Unknown {
+            detail: unknown.detail,
+        },
+        None => unanswered(writes, "the tool result carried no outcome".into()),
+    }
+}
+
+/// The outcome of a call whose answer never arrived (the gateway failed, the transport
+/// broke). A write may have been applied, so its outcome is unknown; a read is a
+/// retryable unavailability.
+pub fn unanswered(writes: bool, detail: String) -> CallOutcome {
+    if writes {
+        CallOutcome::Unknown { detail }
+    } else {
+        CallOutcome::Error(ToolError {
+            error_type: ErrorType::Unavailable,
+            message: detail,
+            retryable: true,
+            next_allowed_action: NextAction::Retry,
+        })
+    }
+}
+
+fn tool_result(call_id: &str, outcome: &CallOutcome) -> pb::ToolResult {
+    use pb::tool_result::Outcome;
+    let outcome = match outcome {
+        CallOutcome::Output { output_json } => Outcome::Output(pb::ToolOutput {
+            output_json: output_json.clone(),
+            receipt: String::new(),
+        }),
+        CallOutcome::Error(error) => Outcome::Error(pb::ToolError {
+            error_type: error_type(error.error_type).into(),
+            message: error.message.clone(),
+            retryable: error.retryable,
+            next_allowed_action: next_action(error.next_allowed_action).into(),
+        }),
+        CallOutcome::Cancelled => Outcome::Cancelled(pb::tool_result::Cancelled {
+            reason: String::new(),
+        }),
+        CallOutcome::NotStarted => Outcome::NotStarted(pb::tool_result::NotStarted {
+            reason: String::new(),
+        }),
+        CallOutcome::Unknown { detail } => Outcome::Unknown(pb::tool_result::OutcomeUnknown {
+            detail: detail.clone(),
+        }),
+    };
+    pb::ToolResult {
+        call_id: call_id.to_owned(),
+        outcome: Some(outcome),
+    }
+}
+
+fn rejection(rejection: &Rejection) -> pb::Rejection {
+    let kind = match rejection.kind {
+        RejectionKind::InvalidDecision => pb::RejectionKind::InvalidDecision,
+        RejectionKind::VerificationFailed => pb::RejectionKind::VerificationFailed,
+        RejectionKind::Stopped => pb::RejectionKind::Stopped,
+    };
+    pb::Rejection {
+        kind: kind.into(),
+        message: rejection.message.clone(),
+    }
+}
+
+fn turn(record: &TurnRecord) -> pb::TurnCommitted {
+    pb::TurnCommitted {
+        turn: record.turn,
+        decision: decision(&record.decision),
+        results: record
+            .results
+            .iter()
+            .map(|r| tool_result(r.call_id.as_str(), &r.outcome))
+            .collect(),
+        usage: Some(usage(record.usage)),
+        rejection: record.rejection.as_ref().map(rejection),
+        plan_digest: record.plan.map(|p| p.to_string()).unwrap_or_default(),
+    }
+}
+
+/// The wire form of an end.
+pub fn ended(end: &EndRecord) -> pb::InvocationEnded {
+    pb::InvocationEnded {
+        reason: terminal_reason(end.reason).into(),
+        detail: end.detail.clone(),
+        answer: end.answer.clone(),
+        proposal_digest: end.proposal.map(|p| p.to_string()).unwrap_or_default(),
+    }
+}
+
+/// A committed event -> its wire form.
+pub fn event(invocation_id: &str, committed_at: UnixMillis, event: &Event) -> pb::Event {
+    use pb::event::Body;
+    let body = match &event.body {
+        EventBody::Turn(record) => Body::Turn(turn(record)),
+        EventBody::Ended(end) => Body::Ended(ended(end)),
+    };
+    pb::Event {
+        invocation_id: invocation_id.to_owned(),
+        seq: event.seq,
+        committed_at: Some(timestamp(committed_at)),
+        body: Some(body),
+    }
+}
+
+/// Milliseconds since the epoch -> a protobuf timestamp.
+pub fn timestamp(at: UnixMillis) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: i64::try_from(at.0 / 1000).unwrap_or(i64::MAX),
+        nanos: i32::try_from((at.0 % 1000) * 1_000_000).unwrap_or(0),
+    }
+}
+
+/// Engine totals -> wire usage.
+pub fn budget_usage(totals: &Totals) -> pb::BudgetUsage {
+    pb::BudgetUsage {
+        steps: totals.steps,
+        tool_calls: totals.tool_calls,
+        input_tokens: totals.input_tokens,
+        output_tokens: totals.output_tokens,
+    }
+}
+
+/// Engine limits -> the wire budget, with the deadline relative to `started`.
+pub fn budget(limits: &Limits, started: UnixMillis) -> pb::Budget {
+    pb::Budget {
+        max_steps: limits.max_steps,
+        max_tool_calls: limits.max_tool_calls,
+        max_tokens: limits.max_tokens,
+        max_repeated_plan: limits.max_repeated_plan.map_or(0, |n| n.get()),
+        deadline: limits.deadline.map(|deadline| {
+            let millis = deadline.0.saturating_sub(started.0);
+            prost_types::Duration {
+                seconds: i64::try_from(millis / 1000).unwrap_or(i64::MAX),
+                nanos: i32::try_from((millis % 1000) * 1_000_000).unwrap_or(0),
+            }
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_reasons_round_trip_and_none_is_unspecified() {
+        for reason in TerminalReason::ALL {
+            assert_eq!(terminal_reason_from(terminal_reason(reason)), Some(reason));
+        }
+        assert_eq!(terminal_reason_from(pb::TerminalReason::Unspecified), None);
+    }
+
+    #[test]
+    fn every_outcome_survives_the_wire() {
+        let outcomes = [
+            CallOutcome::Output {
+                output_json: r#"{"n":12345678901234567890}"#.into(),
+            },
+            CallOutcome::Error(ToolError {
+                error_type: ErrorType::Conflict,
+                message: "m".into(),
+                retryable: true,
+                next_allowed_action: NextAction::AskUser,
+            }),
+            CallOutcome::Cancelled,
+            CallOutcome::NotStarted,
+            CallOutcome::Unknown { detail: "d".into() },
+        ];
+        for outcome in outcomes {
+            let wire = tool_result("c", &outcome);
+            assert_eq!(call_outcome(wire, true), outcome);
+        }
+    }
+
+    #[test]
+    fn a_missing_outcome_is_unknown_for_writes_and_retryable_for_reads() {
+        let empty = pb::ToolResult {
+            call_id: "c".into(),
+            outcome: None,
+        };
+        assert!(matches!(
+            call_outcome(empty.clone(), true),
+            CallOutcome::Unknown { .. }
+        ));
+        assert!(matches!(
+            call_outcome(empty, false),
+            CallOutcome::Error(ToolError {
+                retryable: true,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn decisions_survive_the_wire_and_garbage_is_unparseable() {
+        let proposals = [
+            ProposedDecision::Final { answer: "a".into() },
+            ProposedDecision::ToolCalls {
+                calls: vec![ProposedCall {
+                    call_id: "c".into(),
+                    tool: "t".into(),
+                    arguments_json: "{}".into(),
+                }],
+            },
+            ProposedDecision::RequestApproval {
+                summary: "s".into(),
+                calls: vec![],
+            },
+            ProposedDecision::Clarification {
+                question: "q".into(),
+            },
+            ProposedDecision::CannotContinue { reason: "r".into() },
+        ];
+        for proposal in proposals {
+            let response = pb::DecideResponse {
+                outcome: decision(&proposal).map(pb::decide_response::Outcome::Decision),
+                usage: Some(pb::Usage {
+                    input_tokens: 3,
+                    output_tokens: 4,
+                }),
+                ..Default::default()
+            };
+            let agentloop_engine::Input::Decided { decision, usage } = decided(response) else {
+                panic!("expected a decision");
+            };
+            assert_eq!(decision, proposal);
+            assert_eq!(usage.total(), 7);
+        }
+        let invalid = pb::DecideResponse {
+            outcome: Some(pb::decide_response::Outcome::Invalid(pb::InvalidOutput {
+                reason: "not JSON".into(),
+                raw: "call lookup pls".into(),
+            })),
+            ..Default::default()
+        };
+        assert_eq!(
+            decided(invalid),
+            agentloop_engine::Input::Decided {
+                decision: ProposedDecision::Unparseable {
+                    text: "call lookup pls".into()
+                },
+                usage: Usage::default(),
+            }
+        );
+    }
+
+    #[test]
+    fn only_an_explicit_allow_allows() {
+        let response = |verdict: pb::Verdict| pb::EvaluateResponse {
+            verdict: verdict.into(),
+            violations: vec![pb::Violation {
+                call_id: "c1".into(),
+                message: "amount: must be > 0".into(),
+            }],
+            ..Default::default()
+        };
+        assert_eq!(verdict(response(pb::Verdict::Allow)), Verdict::Allow);
+        assert_eq!(
+            verdict(response(pb::Verdict::Unspecified)),
+            Verdict::Deny {
+                reason: "call c1: amount: must be > 0".into()
+            }
+        );
+        assert!(matches!(
+            verdict(response(pb::Verdict::RequireApproval)),
+            Verdict::RequireApproval { .. }
+        ));
+    }
+}

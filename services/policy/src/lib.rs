@@ -1,0 +1,254 @@
+//! The policy service of agentloop: the trusted judge of what the model proposes,
+//! served as `PolicyService` (`Evaluate`, `ValidateFinal`).
+//!
+//! `Evaluate` refuses a batch for an empty batch, a missing or duplicate call ID, an
+//! unknown tool, arguments that are not a JSON object, and JSON Schema violations (each
+//! with its JSON pointer); it asks for approval when a gated tool is called (the digest
+//! is the engine's [`agentloop_engine::Fingerprint`] of the calls' canonical arguments);
+//! otherwise it allows the batch with the engine's
+//! [`agentloop_engine::ExecutionPlan`] as stages. `ValidateFinal` runs the default
+//! profile's answer validators.
+//!
+//! It is *not* an executor and keeps no invocation state: every answer depends only on
+//! the request, the tool descriptors loaded at startup and the configuration. Budgets
+//! are the engine's job (checked before policy is asked); per-profile, per-actor and
+//! per-tenant authorization is not implemented yet (one default profile).
+
+#![warn(missing_docs)]
+
+mod error;
+mod final_answer;
+mod tools;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentloop_proto::v1::policy_service_server::PolicyService;
+use agentloop_proto::v1::{
+    EvaluateRequest, EvaluateResponse, ListToolsRequest, ToolDescriptor, ValidateFinalRequest,
+    ValidateFinalResponse,
+};
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+
+pub use error::PolicyError;
+pub use final_answer::{FinalValidators, MAX_EVIDENCE_REFS};
+pub use tools::{
+    MAX_ARGUMENTS_BYTES, MAX_CALLS, MAX_INVOCATION_ID_BYTES, MAX_SCHEMA_VIOLATIONS_PER_CALL,
+    ToolPolicy, side_effect_of,
+};
+
+/// Configuration of the policy service (layered by `agentloop_server::config`;
+/// environment prefix `AGENTLOOP_POLICY_`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Address to listen on.
+    pub listen: String,
+    /// The tool gateway (`http://host:port`) whose `ListTools` gives the descriptors.
+    pub tools_endpoint: Option<String>,
+    /// The tool gateway's registry file (`agentloop_tools::ToolsConfig` TOML), read
+    /// instead of asking the gateway; exactly one of this and `tools_endpoint`.
+    pub tools_file: Option<PathBuf>,
+    /// Attempts at `ListTools` during startup (the gateway may start after policy).
+    pub tools_attempts: u32,
+    /// Wait between those attempts, in milliseconds.
+    pub tools_backoff_ms: u64,
+    /// Tools whose calls need a human approval bound to the proposal digest.
+    pub require_approval_for: Vec<String>,
+    /// Final-answer validators of the default profile.
+    pub validators: FinalValidators,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            listen: "127.0.0.1:50053".into(),
+            tools_endpoint: None,
+            tools_file: None,
+            tools_attempts: 40,
+            tools_backoff_ms: 250,
+            require_approval_for: Vec::new(),
+            validators: FinalValidators::default(),
+        }
+    }
+}
+
+/// Most attempts [`fetch_tools`] makes, whatever the configuration says.
+pub const MAX_TOOLS_ATTEMPTS: u32 = 1000;
+
+/// Lists every tool at the gateway `endpoint`, retrying up to `attempts` times
+/// (capped at [`MAX_TOOLS_ATTEMPTS`], at least once) with `backoff` between attempts.
+///
+/// # Errors
+///
+/// [`PolicyError::ToolsUnavailable`] with the last failure when every attempt failed.
+pub async fn fetch_tools(
+    endpoint: &str,
+    attempts: u32,
+    backoff: Duration,
+) -> Result<Vec<ToolDescriptor>, PolicyError> {
+    let attempts = attempts.clamp(1, MAX_TOOLS_ATTEMPTS);
+    let client_config = agentloop_proto::client::ClientConfig::default()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_request_timeout(Some(Duration::from_secs(10)));
+    let mut last = String::new();
+    for attempt in 1..=attempts {
+        match agentloop_proto::client::connect(endpoint, client_config.clone()).await {
+            Ok(channel) => {
+                let mut client = agentloop_proto::client::tool_gateway(channel);
+                match client.list_tools(ListToolsRequest::default()).await {
+                    Ok(response) => return Ok(response.into_inner().tools),
+                    Err(status) => last = format!("ListTools failed: {status}"),
+                }
+            }
+            Err(error) => last = with_sources(&error),
+        }
+        tracing::warn!(endpoint, attempt, attempts, error = %last, "tool gateway not ready");
+        if attempt < attempts {
+            tokio::time::sleep(backoff).await;
+        }
+    }
+    Err(PolicyError::ToolsUnavailable {
+        endpoint: endpoint.to_owned(),
+        attempts,
+        detail: last,
+    })
+}
+
+/// `error` and its chain of causes, so a log line says *why* a connection failed.
+fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    // Bounded: error chains are short, but a cyclic one must not loop for ever.
+    for _ in 0..8 {
+        let Some(cause) = source else { break };
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The `PolicyService` implementation. Cheap to clone (shared, immutable state).
+#[derive(Debug, Clone)]
+pub struct PolicyServer {
+    tools: Arc<ToolPolicy>,
+    validators: Arc<FinalValidators>,
+}
+
+impl PolicyServer {
+    /// A server judging calls with `tools` and answers with `validators`.
+    pub fn new(tools: ToolPolicy, validators: FinalValidators) -> PolicyServer {
+        PolicyServer {
+            tools: Arc::new(tools),
+            validators: Arc::new(validators),
+        }
+    }
+
+    /// A server for `config` over the given descriptors (approval gates and validators
+    /// from `config`; `tools_endpoint` is not used).
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::InvalidSchema`] or [`PolicyError::DuplicateTool`] from
+    /// [`ToolPolicy::new`].
+    pub fn from_descriptors(
+        descriptors: &[ToolDescriptor],
+        config: &PolicyConfig,
+    ) -> Result<PolicyServer, PolicyError> {
+        let tools = ToolPolicy::new(descriptors)?
+            .with_approval_gates(config.require_approval_for.iter().cloned());
+        Ok(PolicyServer::new(tools, config.validators.clone()))
+    }
+
+    /// A server for `config`: reads the tools from `tools_file`, or lists them at
+    /// `tools_endpoint` (with the configured bounded retry), then compiles them.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::NoToolSource`] / [`PolicyError::ConflictingToolSources`] unless
+    /// exactly one source is set, [`PolicyError::ToolsFile`], then the errors of
+    /// [`fetch_tools`] and [`PolicyServer::from_descriptors`].
+    pub async fn from_config(config: &PolicyConfig) -> Result<PolicyServer, PolicyError> {
+        let descriptors = match (&config.tools_file, &config.tools_endpoint) {
+            (None, None) => return Err(PolicyError::NoToolSource),
+            (Some(_), Some(_)) => return Err(PolicyError::ConflictingToolSources),
+            (Some(path), None) => agentloop_tools::ToolsConfig::load(path)
+                .map_err(|e| PolicyError::ToolsFile {
+                    path: path.display().to_string(),
+                    detail: e.to_string(),
+                })?
+                .descriptors(),
+            (None, Some(endpoint)) => {
+                fetch_tools(
+                    endpoint,
+                    config.tools_attempts,
+                    Duration::from_millis(config.tools_backoff_ms),
+                )
+                .await?
+            }
+        };
+        tracing::info!(tools = descriptors.len(), "tool descriptors loaded");
+        PolicyServer::from_descriptors(&descriptors, config)
+    }
+
+    /// `Evaluate` without the gRPC wrapping; see [`ToolPolicy::evaluate`].
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::InvalidRequest`] for a malformed request.
+    pub fn evaluate(&self, request: &EvaluateRequest) -> Result<EvaluateResponse, PolicyError> {
+        self.tools.evaluate(request)
+    }
+
+    /// `ValidateFinal` without the gRPC wrapping; see [`FinalValidators::validate`].
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::InvalidRequest`] for a malformed request.
+    pub fn validate_final(
+        &self,
+        request: &ValidateFinalRequest,
+    ) -> Result<ValidateFinalResponse, PolicyError> {
+        self.validators.validate(request)
+    }
+}
+
+#[tonic::async_trait]
+impl PolicyService for PolicyServer {
+    async fn evaluate(
+        &self,
+        request: tonic::Request<EvaluateRequest>,
+    ) -> Result<tonic::Response<EvaluateResponse>, tonic::Status> {
+        PolicyServer::evaluate(self, request.get_ref())
+            .map(tonic::Response::new)
+            .map_err(tonic::Status::from)
+    }
+
+    async fn validate_final(
+        &self,
+        request: tonic::Request<ValidateFinalRequest>,
+    ) -> Result<tonic::Response<ValidateFinalResponse>, tonic::Status> {
+        PolicyServer::validate_final(self, request.get_ref())
+            .map(tonic::Response::new)
+            .map_err(tonic::Status::from)
+    }
+}
+
+/// Serves `server` on `listener` with the shared server setup (health, reflection,
+/// tracing) until `shutdown` resolves, then drains in-flight requests.
+///
+/// # Errors
+///
+/// [`agentloop_server::ServeError`] when the server fails.
+pub async fn run(
+    listener: TcpListener,
+    server: PolicyServer,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), agentloop_server::ServeError> {
+    let services = agentloop_server::ServiceSet::new().add(agentloop_proto::server::policy(server));
+    agentloop_server::serve(listener, services, shutdown).await
+}

@@ -1,0 +1,311 @@
+//! Judging a batch of tool calls: structure, tool names, argument schemas, approval
+//! gates, and the concurrency plan (the engine's, not a second one).
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt;
+
+use agentloop_engine::{
+    CallId, ExecutionPlan, Fingerprint, SideEffect, ToolCatalog, ToolSpec, canonical_json,
+};
+use agentloop_proto::v1;
+use agentloop_proto::v1::{EvaluateRequest, EvaluateResponse, Stage, Verdict, Violation};
+use serde_json::Value;
+
+use crate::error::PolicyError;
+
+/// Most calls one `Evaluate` request may carry; more is INVALID_ARGUMENT.
+pub const MAX_CALLS: usize = 64;
+/// Largest `arguments_json` of one call, in bytes; more is INVALID_ARGUMENT.
+pub const MAX_ARGUMENTS_BYTES: usize = 1024 * 1024;
+/// Most schema violations reported per call; the model needs the first few to repair,
+/// not an unbounded list.
+pub const MAX_SCHEMA_VIOLATIONS_PER_CALL: usize = 20;
+/// Longest `invocation_id` accepted, in bytes.
+pub const MAX_INVOCATION_ID_BYTES: usize = 256;
+
+struct CompiledTool {
+    validator: jsonschema::Validator,
+}
+
+impl fmt::Debug for CompiledTool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompiledTool").finish_non_exhaustive()
+    }
+}
+
+/// The tool side of policy: every known tool with its compiled input schema, the
+/// engine catalog built from the same descriptors, and the approval gates.
+///
+/// Schemas are compiled once, here; an invalid schema fails construction (naming the
+/// tool) rather than every call to that tool later.
+#[derive(Debug)]
+pub struct ToolPolicy {
+    tools: BTreeMap<String, CompiledTool>,
+    catalog: ToolCatalog,
+    require_approval_for: BTreeSet<String>,
+}
+
+/// The engine's side-effect class of a descriptor. Unspecified and unknown values are
+/// treated as [`SideEffect::Write`], the most dangerous kind (common.proto).
+pub fn side_effect_of(descriptor: &v1::ToolDescriptor) -> SideEffect {
+    match v1::SideEffect::try_from(descriptor.side_effect) {
+        Ok(v1::SideEffect::ReadOnly) => SideEffect::ReadOnly,
+        Ok(v1::SideEffect::IdempotentWrite) => SideEffect::IdempotentWrite,
+        Ok(v1::SideEffect::Write | v1::SideEffect::Unspecified) | Err(_) => SideEffect::Write,
+    }
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+impl ToolPolicy {
+    /// Compiles the descriptors' input schemas. An empty `input_schema_json` means "any
+    /// JSON object".
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::DuplicateTool`] for a name given twice, [`PolicyError::InvalidSchema`]
+    /// for a schema that is not JSON or not a valid JSON Schema (including one that
+    /// needs a remote `$ref`: no network or file access is compiled in).
+    pub fn new(descriptors: &[v1::ToolDescriptor]) -> Result<ToolPolicy, PolicyError> {
+        let mut tools = BTreeMap::new();
+        let mut catalog = ToolCatalog::new();
+        for descriptor in descriptors {
+            if tools.contains_key(&descriptor.name) {
+                return Err(PolicyError::DuplicateTool {
+                    tool: descriptor.name.clone(),
+                });
+            }
+            let schema: Value = if descriptor.input_schema_json.trim().is_empty() {
+                Value::Object(serde_json::Map::new())
+            } else {
+                serde_json::from_str(&descriptor.input_schema_json).map_err(|e| {
+                    PolicyError::InvalidSchema {
+                        tool: descriptor.name.clone(),
+                        detail: format!("not JSON: {e}"),
+                    }
+                })?
+            };
+            let validator =
+                jsonschema::validator_for(&schema).map_err(|e| PolicyError::InvalidSchema {
+                    tool: descriptor.name.clone(),
+                    detail: e.to_string(),
+                })?;
+            catalog = catalog.with(
+                descriptor.name.clone(),
+                ToolSpec {
+                    side_effect: side_effect_of(descriptor),
+                    commutative: descriptor.commutative,
+                },
+            );
+            tools.insert(descriptor.name.clone(), CompiledTool { validator });
+        }
+        Ok(ToolPolicy {
+            tools,
+            catalog,
+            require_approval_for: BTreeSet::new(),
+        })
+    }
+
+    /// Adds approval gates: a batch with a call to any of these tools needs a human
+    /// approval bound to its digest. Names that are not (yet) known tools are kept.
+    #[must_use]
+    pub fn with_approval_gates(mut self, tools: impl IntoIterator<Item = String>) -> ToolPolicy {
+        self.require_approval_for.extend(tools);
+        self
+    }
+
+    /// The engine catalog built from the descriptors (side effect, commutative).
+    pub fn catalog(&self) -> &ToolCatalog {
+        &self.catalog
+    }
+
+    /// Judges a batch of calls.
+    ///
+    /// Every problem is collected (not just the first), so the model can fix them all
+    /// in one repair turn. Budgets are not checked here: the engine checks the token
+    /// and tool-call budgets before it asks policy, and stops with its own terminal
+    /// reasons. `profile`, `actor` and `tenant` are not used yet (one default profile).
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::InvalidRequest`] for a missing `invocation_id`, more than
+    /// [`MAX_CALLS`] calls, or arguments over [`MAX_ARGUMENTS_BYTES`].
+    pub fn evaluate(&self, request: &EvaluateRequest) -> Result<EvaluateResponse, PolicyError> {
+        check_invocation_id(&request.invocation_id)?;
+        if request.calls.len() > MAX_CALLS {
+            return Err(PolicyError::InvalidRequest(format!(
+                "the batch has {} calls; at most {MAX_CALLS} are allowed",
+                request.calls.len()
+            )));
+        }
+        if let Some(call) = request
+            .calls
+            .iter()
+            .find(|call| call.arguments_json.len() > MAX_ARGUMENTS_BYTES)
+        {
+            return Err(PolicyError::InvalidRequest(format!(
+                "the arguments of call {:?} are {} bytes; at most {MAX_ARGUMENTS_BYTES} are allowed",
+                call.call_id,
+                call.arguments_json.len()
+            )));
+        }
+
+        let mut violations = Vec::new();
+        if request.calls.is_empty() {
+            violations.push(batch_violation("the tool-call batch is empty".into()));
+        }
+        let mut seen = HashSet::new();
+        let mut canonical = Vec::with_capacity(request.calls.len());
+        for (index, call) in request.calls.iter().enumerate() {
+            if call.call_id.is_empty() {
+                violations.push(batch_violation(format!(
+                    "call {index} (tool {:?}) has no call ID",
+                    call.tool
+                )));
+            } else if !seen.insert(call.call_id.as_str()) {
+                violations.push(batch_violation(format!(
+                    "call ID {:?} is used more than once",
+                    call.call_id
+                )));
+            }
+            canonical.push(self.check_call(call, &mut violations));
+        }
+        if !violations.is_empty() {
+            return Ok(EvaluateResponse {
+                verdict: Verdict::Deny.into(),
+                violations,
+                stages: Vec::new(),
+                proposal_digest: String::new(),
+            });
+        }
+
+        // Every call parsed, so `canonical` has one entry per call.
+        let canonical: Vec<String> = canonical.into_iter().flatten().collect();
+        let gated = request
+            .calls
+            .iter()
+            .any(|call| self.require_approval_for.contains(&call.tool));
+        if gated {
+            let digest = Fingerprint::of_calls(
+                request
+                    .calls
+                    .iter()
+                    .zip(&canonical)
+                    .map(|(call, args)| (call.tool.as_str(), args.as_str())),
+            )
+            .to_string();
+            if request.approved_proposal_digest != digest {
+                return Ok(EvaluateResponse {
+                    verdict: Verdict::RequireApproval.into(),
+                    violations: Vec::new(),
+                    stages: Vec::new(),
+                    proposal_digest: digest,
+                });
+            }
+        }
+        Ok(EvaluateResponse {
+            verdict: Verdict::Allow.into(),
+            violations: Vec::new(),
+            stages: self.stages(&request.calls),
+            proposal_digest: String::new(),
+        })
+    }
+
+    /// Checks one call's tool and arguments, pushing violations; returns the canonical
+    /// arguments when they parse as an object.
+    fn check_call(&self, call: &v1::ToolCall, violations: &mut Vec<Violation>) -> Option<String> {
+        let violation = |message: String| Violation {
+            call_id: call.call_id.clone(),
+            message,
+        };
+        let tool = self.tools.get(&call.tool);
+        if tool.is_none() {
+            violations.push(violation(format!("unknown tool {:?}", call.tool)));
+        }
+        let value: Value = match serde_json::from_str(&call.arguments_json) {
+            Ok(value) => value,
+            Err(e) => {
+                violations.push(violation(format!("arguments are not valid JSON: {e}")));
+                return None;
+            }
+        };
+        if !value.is_object() {
+            violations.push(violation(format!(
+                "arguments must be a JSON object, not {}",
+                json_kind(&value)
+            )));
+            return None;
+        }
+        if let Some(tool) = tool {
+            let mut errors = tool.validator.iter_errors(&value);
+            for error in errors.by_ref().take(MAX_SCHEMA_VIOLATIONS_PER_CALL) {
+                let path = error.instance_path().as_str().to_owned();
+                let at = if path.is_empty() {
+                    "/".to_owned()
+                } else {
+                    path
+                };
+                violations.push(violation(format!("arguments at {at}: {error}")));
+            }
+            if errors.next().is_some() {
+                violations.push(violation(format!(
+                    "more schema violations not shown (at most {MAX_SCHEMA_VIOLATIONS_PER_CALL} per call)"
+                )));
+            }
+        }
+        Some(canonical_json(&value))
+    }
+
+    /// The execution plan of `agentloop_engine::ExecutionPlan::for_calls`, as call IDs.
+    fn stages(&self, calls: &[v1::ToolCall]) -> Vec<Stage> {
+        let engine_calls: Vec<agentloop_engine::ToolCall> = calls
+            .iter()
+            .map(|call| agentloop_engine::ToolCall {
+                call_id: CallId::new(call.call_id.clone()),
+                tool: call.tool.clone(),
+                arguments_json: call.arguments_json.clone(),
+            })
+            .collect();
+        ExecutionPlan::for_calls(&engine_calls, &self.catalog)
+            .stages
+            .into_iter()
+            .map(|stage| Stage {
+                call_ids: stage
+                    .into_iter()
+                    .filter_map(|index| calls.get(index).map(|call| call.call_id.clone()))
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+fn batch_violation(message: String) -> Violation {
+    Violation {
+        call_id: String::new(),
+        message,
+    }
+}
+
+pub(crate) fn check_invocation_id(id: &str) -> Result<(), PolicyError> {
+    if id.is_empty() {
+        return Err(PolicyError::InvalidRequest(
+            "invocation_id is required".into(),
+        ));
+    }
+    if id.len() > MAX_INVOCATION_ID_BYTES {
+        return Err(PolicyError::InvalidRequest(format!(
+            "invocation_id is {} bytes; at most {MAX_INVOCATION_ID_BYTES} are allowed",
+            id.len()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,558 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::wildcard_enum_match_arm
+)]
+//! ToolPolicy and FinalValidators as a library: violations, plans, approvals, answers.
+
+use agentloop_engine::{
+    CallId, ExecutionPlan, Fingerprint, SideEffect, ToolCatalog, ToolSpec, canonical_json,
+};
+use agentloop_policy::{
+    FinalValidators, MAX_CALLS, MAX_SCHEMA_VIOLATIONS_PER_CALL, PolicyConfig, PolicyError,
+    PolicyServer, ToolPolicy,
+};
+use agentloop_proto::v1::{
+    self, EvaluateRequest, EvaluateResponse, ToolCall, ToolDescriptor, ValidateFinalRequest,
+    Verdict,
+};
+
+const LOOKUP_SCHEMA: &str = r#"{
+    "type": "object",
+    "properties": {
+        "key": {"type": "string"},
+        "limit": {"type": "integer", "minimum": 1},
+        "tags": {"type": "array", "items": {"type": "string"}}
+    },
+    "required": ["key"],
+    "additionalProperties": false
+}"#;
+
+fn tool(
+    name: &str,
+    side_effect: v1::SideEffect,
+    commutative: bool,
+    schema: &str,
+) -> ToolDescriptor {
+    ToolDescriptor {
+        name: name.into(),
+        description: format!("the {name} tool"),
+        input_schema_json: schema.into(),
+        side_effect: side_effect.into(),
+        commutative,
+        timeout: None,
+    }
+}
+
+fn descriptors() -> Vec<ToolDescriptor> {
+    vec![
+        tool("lookup", v1::SideEffect::ReadOnly, false, LOOKUP_SCHEMA),
+        tool(
+            "write",
+            v1::SideEffect::Write,
+            false,
+            r#"{"type": "object"}"#,
+        ),
+        tool("tag", v1::SideEffect::IdempotentWrite, true, ""),
+        tool("legacy", v1::SideEffect::Unspecified, true, ""),
+        tool(
+            "pay",
+            v1::SideEffect::Write,
+            false,
+            r#"{"type":"object","required":["amount"]}"#,
+        ),
+    ]
+}
+
+fn policy() -> ToolPolicy {
+    ToolPolicy::new(&descriptors())
+        .unwrap()
+        .with_approval_gates(["pay".to_owned()])
+}
+
+fn call(id: &str, tool: &str, args: &str) -> ToolCall {
+    ToolCall {
+        call_id: id.into(),
+        tool: tool.into(),
+        arguments_json: args.into(),
+    }
+}
+
+fn request(calls: Vec<ToolCall>) -> EvaluateRequest {
+    EvaluateRequest {
+        invocation_id: "inv-1".into(),
+        turn: 1,
+        calls,
+        ..EvaluateRequest::default()
+    }
+}
+
+fn evaluate(calls: Vec<ToolCall>) -> EvaluateResponse {
+    policy().evaluate(&request(calls)).unwrap()
+}
+
+fn denied(calls: Vec<ToolCall>) -> Vec<(String, String)> {
+    let response = evaluate(calls);
+    assert_eq!(response.verdict(), Verdict::Deny, "{response:?}");
+    assert!(response.stages.is_empty());
+    response
+        .violations
+        .into_iter()
+        .map(|v| (v.call_id, v.message))
+        .collect()
+}
+
+#[test]
+fn schema_violations_name_the_json_pointer() {
+    let violations = denied(vec![
+        call("ok", "lookup", r#"{"key": "a"}"#),
+        call(
+            "bad",
+            "lookup",
+            r#"{"key": 5, "limit": 0, "tags": ["x", 7], "extra": true}"#,
+        ),
+    ]);
+    assert!(
+        violations.iter().all(|(id, _)| id == "bad"),
+        "{violations:?}"
+    );
+    let messages: Vec<&str> = violations.iter().map(|(_, m)| m.as_str()).collect();
+    let has = |prefix: &str, word: &str| {
+        messages
+            .iter()
+            .any(|m| m.starts_with(prefix) && m.contains(word))
+    };
+    assert!(has("arguments at /key: ", "string"), "{messages:?}");
+    assert!(has("arguments at /limit: ", "1"), "{messages:?}");
+    assert!(has("arguments at /tags/1: ", "string"), "{messages:?}");
+    assert!(has("arguments at /: ", "extra"), "{messages:?}");
+    assert_eq!(messages.len(), 4, "{messages:?}");
+
+    let missing = denied(vec![call("m", "lookup", "{}")]);
+    assert_eq!(missing.len(), 1);
+    assert!(
+        missing[0].1.starts_with("arguments at /: ") && missing[0].1.contains("key"),
+        "{missing:?}"
+    );
+}
+
+#[test]
+fn schema_violations_are_bounded_per_call() {
+    let properties: Vec<String> = (0..30).map(|i| format!("\"p{i}\"")).collect();
+    let schema = format!(
+        r#"{{"type":"object","required":[{}]}}"#,
+        properties.join(",")
+    );
+    let policy =
+        ToolPolicy::new(&[tool("wide", v1::SideEffect::ReadOnly, false, &schema)]).unwrap();
+    let response = policy
+        .evaluate(&request(vec![call("w", "wide", "{}")]))
+        .unwrap();
+    assert_eq!(response.verdict(), Verdict::Deny);
+    assert_eq!(
+        response.violations.len(),
+        MAX_SCHEMA_VIOLATIONS_PER_CALL + 1
+    );
+    assert!(
+        response
+            .violations
+            .last()
+            .unwrap()
+            .message
+            .contains("more schema violations not shown")
+    );
+}
+
+#[test]
+fn unknown_tools_and_bad_arguments_are_refused() {
+    let violations = denied(vec![
+        call("a", "nope", "{}"),
+        call("b", "lookup", r#"["key"]"#),
+        call("c", "lookup", r#""key""#),
+        call("d", "lookup", r#"{"key": "#),
+        call("e", "write", "null"),
+        call("f", "tag", "{}"),
+    ]);
+    let find = |id: &str| -> Vec<&str> {
+        violations
+            .iter()
+            .filter(|(c, _)| c == id)
+            .map(|(_, m)| m.as_str())
+            .collect()
+    };
+    assert_eq!(find("a"), vec![r#"unknown tool "nope""#]);
+    assert_eq!(
+        find("b"),
+        vec!["arguments must be a JSON object, not an array"]
+    );
+    assert_eq!(
+        find("c"),
+        vec!["arguments must be a JSON object, not a string"]
+    );
+    assert_eq!(find("d").len(), 1);
+    assert!(
+        find("d")[0].starts_with("arguments are not valid JSON: "),
+        "{:?}",
+        find("d")
+    );
+    assert_eq!(find("e"), vec!["arguments must be a JSON object, not null"]);
+    assert!(
+        find("f").is_empty(),
+        "a good call in a bad batch has no violation"
+    );
+}
+
+#[test]
+fn batch_structure_is_checked() {
+    assert_eq!(
+        denied(vec![]),
+        vec![(String::new(), "the tool-call batch is empty".to_owned())]
+    );
+    let violations = denied(vec![
+        call("x", "lookup", r#"{"key":"a"}"#),
+        call("x", "lookup", r#"{"key":"b"}"#),
+        call("", "lookup", r#"{"key":"c"}"#),
+    ]);
+    assert_eq!(
+        violations,
+        vec![
+            (
+                String::new(),
+                r#"call ID "x" is used more than once"#.to_owned()
+            ),
+            (
+                String::new(),
+                r#"call 2 (tool "lookup") has no call ID"#.to_owned()
+            ),
+        ]
+    );
+}
+
+fn engine_stages(calls: &[ToolCall]) -> Vec<Vec<String>> {
+    // The catalog written by hand from the descriptors, to check the mapping too.
+    let catalog = ToolCatalog::new()
+        .with("lookup", ToolSpec::read_only())
+        .with("write", ToolSpec::new(SideEffect::Write))
+        .with(
+            "tag",
+            ToolSpec {
+                side_effect: SideEffect::IdempotentWrite,
+                commutative: true,
+            },
+        )
+        .with(
+            "legacy",
+            ToolSpec {
+                side_effect: SideEffect::Write,
+                commutative: true,
+            },
+        )
+        .with("pay", ToolSpec::new(SideEffect::Write));
+    let engine_calls: Vec<agentloop_engine::ToolCall> = calls
+        .iter()
+        .map(|c| agentloop_engine::ToolCall {
+            call_id: CallId::new(c.call_id.clone()),
+            tool: c.tool.clone(),
+            arguments_json: c.arguments_json.clone(),
+        })
+        .collect();
+    ExecutionPlan::for_calls(&engine_calls, &catalog)
+        .stages
+        .into_iter()
+        .map(|stage| {
+            stage
+                .into_iter()
+                .map(|i| calls[i].call_id.clone())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn allowed_batches_carry_the_engines_plan() {
+    let read = |id: &str| call(id, "lookup", r#"{"key":"k"}"#);
+    let write = |id: &str| call(id, "write", "{}");
+    let tag = |id: &str| call(id, "tag", r#"{"t":1}"#);
+    let legacy = |id: &str| call(id, "legacy", "{}");
+    let cases: Vec<(Vec<ToolCall>, Vec<Vec<&str>>)> = vec![
+        (
+            vec![read("r1"), read("r2"), read("r3")],
+            vec![vec!["r1", "r2", "r3"]],
+        ),
+        (
+            vec![read("r1"), read("r2"), write("w1"), write("w2"), read("r3")],
+            vec![vec!["r1", "r2"], vec!["w1"], vec!["w2"], vec!["r3"]],
+        ),
+        (
+            vec![tag("t1"), tag("t2"), read("r1"), tag("t3")],
+            vec![vec!["t1", "t2"], vec!["r1"], vec!["t3"]],
+        ),
+        (
+            vec![write("w1"), tag("t1"), tag("t2")],
+            vec![vec!["w1"], vec!["t1", "t2"]],
+        ),
+        // Unspecified side effect counts as a write; commutative still groups it.
+        (
+            vec![legacy("l1"), legacy("l2"), read("r1")],
+            vec![vec!["l1", "l2"], vec!["r1"]],
+        ),
+    ];
+    for (calls, expected) in cases {
+        let response = evaluate(calls.clone());
+        assert_eq!(response.verdict(), Verdict::Allow, "{response:?}");
+        assert!(response.violations.is_empty());
+        assert!(response.proposal_digest.is_empty());
+        let stages: Vec<Vec<String>> = response.stages.into_iter().map(|s| s.call_ids).collect();
+        assert_eq!(stages, engine_stages(&calls));
+        assert_eq!(stages, expected);
+    }
+}
+
+#[test]
+fn approval_gates_bind_the_engines_digest() {
+    let first = vec![
+        call("p1", "pay", r#"{"amount": 5, "to": {"b": 1, "a": 2}}"#),
+        call("r1", "lookup", r#"{"key":"k"}"#),
+    ];
+    let response = evaluate(first.clone());
+    assert_eq!(response.verdict(), Verdict::RequireApproval, "{response:?}");
+    assert!(response.stages.is_empty());
+    let expected = Fingerprint::of_calls([
+        (
+            "pay",
+            canonical_json(&serde_json::from_str(r#"{"amount":5,"to":{"a":2,"b":1}}"#).unwrap())
+                .as_str(),
+        ),
+        ("lookup", r#"{"key":"k"}"#),
+    ])
+    .to_string();
+    assert_eq!(response.proposal_digest, expected);
+    assert_eq!(response.proposal_digest.len(), 64);
+    assert!(
+        response
+            .proposal_digest
+            .chars()
+            .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+    );
+
+    // Same calls, other IDs, other order, reordered keys and white space: same digest.
+    let reordered = vec![
+        call("x", "lookup", r#"{ "key" : "k" }"#),
+        call("y", "pay", r#"{"to": {"a": 2, "b": 1}, "amount": 5}"#),
+    ];
+    assert_eq!(evaluate(reordered.clone()).proposal_digest, expected);
+    // Different arguments: a different digest.
+    let other = vec![call("p1", "pay", r#"{"amount": 6}"#)];
+    assert_ne!(evaluate(other.clone()).proposal_digest, expected);
+
+    // Running under the approval of exactly this proposal: allowed, with a plan.
+    let mut approved = request(reordered);
+    approved.approved_proposal_digest = expected.clone();
+    let response = policy().evaluate(&approved).unwrap();
+    assert_eq!(response.verdict(), Verdict::Allow);
+    assert_eq!(response.stages.len(), 2);
+    // An approval of a different proposal does nothing.
+    let mut wrong = request(other);
+    wrong.approved_proposal_digest = expected;
+    assert_eq!(
+        policy().evaluate(&wrong).unwrap().verdict(),
+        Verdict::RequireApproval
+    );
+    // A denied batch is denied even if it calls a gated tool.
+    assert_eq!(
+        evaluate(vec![call("p", "pay", "{}")]).verdict(),
+        Verdict::Deny
+    );
+}
+
+#[test]
+fn malformed_requests_are_invalid_argument() {
+    let mut no_id = request(vec![call("a", "lookup", r#"{"key":"k"}"#)]);
+    no_id.invocation_id.clear();
+    let error = policy().evaluate(&no_id).unwrap_err();
+    assert_eq!(
+        error,
+        PolicyError::InvalidRequest("invocation_id is required".into())
+    );
+
+    let many: Vec<ToolCall> = (0..=MAX_CALLS)
+        .map(|i| call(&format!("c{i}"), "lookup", "{}"))
+        .collect();
+    let error = policy().evaluate(&request(many)).unwrap_err();
+    assert!(
+        error.to_string().contains("65 calls; at most 64"),
+        "{error}"
+    );
+
+    let big = format!(r#"{{"key":"{}"}}"#, "x".repeat(1024 * 1024));
+    let error = policy()
+        .evaluate(&request(vec![call("big", "lookup", &big)]))
+        .unwrap_err();
+    assert!(
+        matches!(error, PolicyError::InvalidRequest(ref m) if m.contains("\"big\"")),
+        "{error}"
+    );
+}
+
+#[test]
+fn bad_descriptors_fail_construction_naming_the_tool() {
+    let error = ToolPolicy::new(&[tool(
+        "broken",
+        v1::SideEffect::ReadOnly,
+        false,
+        r#"{"type": "nonsense"}"#,
+    )])
+    .unwrap_err();
+    assert!(
+        matches!(error, PolicyError::InvalidSchema { ref tool, .. } if tool == "broken"),
+        "{error}"
+    );
+    let error =
+        ToolPolicy::new(&[tool("text", v1::SideEffect::ReadOnly, false, "{not json")]).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with(r#"tool "text" has an invalid input schema: not JSON"#),
+        "{error}"
+    );
+    let error = ToolPolicy::new(&[tool(
+        "remote",
+        v1::SideEffect::ReadOnly,
+        false,
+        r#"{"$ref": "https://example.invalid/schema.json"}"#,
+    )])
+    .unwrap_err();
+    assert!(
+        matches!(error, PolicyError::InvalidSchema { ref tool, .. } if tool == "remote"),
+        "{error}"
+    );
+    let twice = [
+        tool("a", v1::SideEffect::ReadOnly, false, ""),
+        tool("a", v1::SideEffect::Write, false, ""),
+    ];
+    assert_eq!(
+        ToolPolicy::new(&twice).unwrap_err(),
+        PolicyError::DuplicateTool { tool: "a".into() }
+    );
+}
+
+fn answer(text: &str, evidence: &[&str]) -> ValidateFinalRequest {
+    ValidateFinalRequest {
+        invocation_id: "inv-1".into(),
+        answer: text.into(),
+        evidence_refs: evidence.iter().map(|s| (*s).to_owned()).collect(),
+        ..ValidateFinalRequest::default()
+    }
+}
+
+#[test]
+fn final_answers_are_validated() {
+    let defaults = FinalValidators::default();
+    assert_eq!(defaults.max_answer_bytes, 64 * 1024);
+    assert!(!defaults.require_evidence);
+    let ok = defaults.validate(&answer("42", &[])).unwrap();
+    assert!(ok.accepted && ok.reasons.is_empty());
+
+    let empty = defaults.validate(&answer("  \n", &[])).unwrap();
+    assert!(!empty.accepted);
+    assert_eq!(empty.reasons, vec!["non_empty: the answer is empty"]);
+
+    let small = FinalValidators {
+        max_answer_bytes: 4,
+        require_evidence: true,
+    };
+    let refused = small.validate(&answer("12345", &[])).unwrap();
+    assert!(!refused.accepted);
+    assert_eq!(refused.reasons.len(), 2, "{:?}", refused.reasons);
+    assert!(refused.reasons[0].contains("5 bytes; at most 4"));
+    assert!(refused.reasons[1].contains("no evidence, no success"));
+    assert!(
+        small
+            .validate(&answer("1234", &["call:c1"]))
+            .unwrap()
+            .accepted
+    );
+
+    let mut no_id = answer("42", &[]);
+    no_id.invocation_id.clear();
+    assert!(matches!(
+        defaults.validate(&no_id),
+        Err(PolicyError::InvalidRequest(_))
+    ));
+}
+
+#[test]
+fn config_wires_gates_and_validators() {
+    let config = PolicyConfig {
+        require_approval_for: vec!["write".into()],
+        validators: FinalValidators {
+            max_answer_bytes: 10,
+            require_evidence: true,
+        },
+        ..PolicyConfig::default()
+    };
+    let server = PolicyServer::from_descriptors(&descriptors(), &config).unwrap();
+    let response = server
+        .evaluate(&request(vec![call("w", "write", "{}")]))
+        .unwrap();
+    assert_eq!(response.verdict(), Verdict::RequireApproval);
+    // `pay` is not gated by this config.
+    let response = server
+        .evaluate(&request(vec![call("p", "pay", r#"{"amount":1}"#)]))
+        .unwrap();
+    assert_eq!(response.verdict(), Verdict::Allow);
+    assert!(
+        !server
+            .validate_final(&answer("fine", &[]))
+            .unwrap()
+            .accepted
+    );
+}
+
+#[test]
+fn errors_map_to_statuses_in_one_place() {
+    let cases = [
+        (
+            PolicyError::InvalidRequest("x".into()),
+            tonic::Code::InvalidArgument,
+        ),
+        (
+            PolicyError::InvalidSchema {
+                tool: "t".into(),
+                detail: "d".into(),
+            },
+            tonic::Code::FailedPrecondition,
+        ),
+        (
+            PolicyError::DuplicateTool { tool: "t".into() },
+            tonic::Code::FailedPrecondition,
+        ),
+        (PolicyError::NoToolSource, tonic::Code::FailedPrecondition),
+        (
+            PolicyError::ConflictingToolSources,
+            tonic::Code::FailedPrecondition,
+        ),
+        (
+            PolicyError::ToolsFile {
+                path: "p".into(),
+                detail: "d".into(),
+            },
+            tonic::Code::FailedPrecondition,
+        ),
+        (
+            PolicyError::ToolsUnavailable {
+                endpoint: "e".into(),
+                attempts: 2,
+                detail: "d".into(),
+            },
+            tonic::Code::Unavailable,
+        ),
+    ];
+    for (error, code) in cases {
+        let message = error.to_string();
+        let status = tonic::Status::from(error);
+        assert_eq!(status.code(), code, "{message}");
+        assert_eq!(status.message(), message);
+    }
+}

@@ -1,0 +1,461 @@
+//! The tool registry as configuration: a TOML file of `[[tools]]`, or the `Describe`
+//! output of an executor. Public because the policy service and the CLI load the same
+//! file.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agentloop_engine::SideEffect;
+use agentloop_proto::v1::{self, ToolDescriptor};
+use serde::{Deserialize, Serialize};
+
+/// Most tools one registry holds.
+pub const MAX_TOOLS: usize = 1024;
+/// Longest tool name, in bytes (names match `[a-zA-Z0-9_.-]{1,64}`).
+pub const MAX_TOOL_NAME_BYTES: usize = 64;
+/// Longest tool description, in bytes (it goes into every prompt).
+pub const MAX_DESCRIPTION_BYTES: usize = 16 * 1024;
+/// Largest input schema, in bytes.
+pub const MAX_SCHEMA_BYTES: usize = 256 * 1024;
+/// Longest endpoint URL, in bytes.
+pub const MAX_ENDPOINT_BYTES: usize = 2048;
+/// Largest registry file, in bytes.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 16 * 1024 * 1024;
+/// Longest per-call timeout a tool may declare, in milliseconds (ten minutes).
+pub const MAX_TIMEOUT_MS: u64 = 600_000;
+
+/// Why a tool registry could not be loaded. Every variant names the tool or file, so
+/// an operator can fix it without reading code.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read tool registry {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is larger than [`MAX_CONFIG_FILE_BYTES`].
+    #[error("tool registry {} is larger than {MAX_CONFIG_FILE_BYTES} bytes", path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The text is not valid TOML or has the wrong shape (unknown key, wrong type).
+    #[error("invalid tool registry: {0}")]
+    Parse(#[from] toml::de::Error),
+    /// More than [`MAX_TOOLS`] tools.
+    #[error("too many tools: {count} (at most {MAX_TOOLS})")]
+    TooManyTools {
+        /// How many there were.
+        count: usize,
+    },
+    /// Two tools share a name.
+    #[error("tool {0:?} is registered twice")]
+    DuplicateName(String),
+    /// A name is empty, too long or has characters outside `[a-zA-Z0-9_.-]`.
+    #[error("invalid tool name {0:?}: expected 1 to 64 characters of [a-zA-Z0-9_.-]")]
+    InvalidName(String),
+    /// Some other field of a tool is invalid.
+    #[error("tool {tool:?}: {reason}")]
+    InvalidTool {
+        /// The tool's name.
+        tool: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// One registered tool, as written in the registry file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolEntry {
+    /// Unique name, as the model calls it.
+    pub name: String,
+    /// `http://host:port` or `https://...` of the executor that serves it.
+    pub endpoint: String,
+    /// What the tool does, written for the model.
+    pub description: String,
+    /// How it touches the world (`read_only`, `idempotent_write`, `write`).
+    pub side_effect: SideEffect,
+    /// Whether its writes may run in any order relative to each other.
+    #[serde(default)]
+    pub commutative: bool,
+    /// Longest one call may take, in milliseconds (1..=600000).
+    pub timeout_ms: u64,
+    /// JSON Schema of the arguments, as JSON text.
+    pub input_schema: String,
+}
+
+impl ToolEntry {
+    /// The per-call timeout.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    /// The descriptor the gateway lists and policy validates against.
+    pub fn descriptor(&self) -> ToolDescriptor {
+        let timeout = self.timeout();
+        ToolDescriptor {
+            name: self.name.clone(),
+            description: self.description.clone(),
+            input_schema_json: self.input_schema.clone(),
+            side_effect: side_effect_to_proto(self.side_effect) as i32,
+            commutative: self.commutative,
+            timeout: Some(prost_types::Duration {
+                seconds: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+                nanos: i32::try_from(timeout.subsec_nanos()).unwrap_or(0),
+            }),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.name.is_empty()
+            || self.name.len() > MAX_TOOL_NAME_BYTES
+            || !self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+        {
+            return Err(ConfigError::InvalidName(self.name.clone()));
+        }
+        let invalid = |reason: String| ConfigError::InvalidTool {
+            tool: self.name.clone(),
+            reason,
+        };
+        validate_endpoint(&self.endpoint).map_err(invalid)?;
+        if self.description.len() > MAX_DESCRIPTION_BYTES {
+            return Err(invalid(format!(
+                "description longer than {MAX_DESCRIPTION_BYTES} bytes"
+            )));
+        }
+        if !(1..=MAX_TIMEOUT_MS).contains(&self.timeout_ms) {
+            return Err(invalid(format!(
+                "timeout_ms must be 1..={MAX_TIMEOUT_MS}, got {}",
+                self.timeout_ms
+            )));
+        }
+        if self.input_schema.len() > MAX_SCHEMA_BYTES {
+            return Err(invalid(format!(
+                "input_schema larger than {MAX_SCHEMA_BYTES} bytes"
+            )));
+        }
+        let schema: serde_json::Value = serde_json::from_str(&self.input_schema)
+            .map_err(|e| invalid(format!("input_schema is not valid JSON: {e}")))?;
+        // A JSON Schema is an object or a boolean; anything else cannot be one.
+        if !(schema.is_object() || schema.is_boolean()) {
+            return Err(invalid(
+                "input_schema must be a JSON object (or boolean) schema".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `http(s)://authority[/...]`, without pulling in a URL crate: tonic's `Uri` parser is
+/// the one that will have to accept it later anyway.
+fn validate_endpoint(endpoint: &str) -> Result<(), String> {
+    if endpoint.len() > MAX_ENDPOINT_BYTES {
+        return Err(format!("endpoint longer than {MAX_ENDPOINT_BYTES} bytes"));
+    }
+    let uri: tonic::transport::Uri = endpoint
+        .parse()
+        .map_err(|e| format!("endpoint {endpoint:?} is not a URL: {e}"))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http" | "https"), Some(authority)) if !authority.host().is_empty() => Ok(()),
+        _ => Err(format!(
+            "endpoint {endpoint:?} must be an http:// or https:// URL with a host"
+        )),
+    }
+}
+
+/// The engine's side-effect class as the wire enum.
+pub fn side_effect_to_proto(side_effect: SideEffect) -> v1::SideEffect {
+    match side_effect {
+        SideEffect::ReadOnly => v1::SideEffect::ReadOnly,
+        SideEffect::IdempotentWrite => v1::SideEffect::IdempotentWrite,
+        SideEffect::Write => v1::SideEffect::Write,
+    }
+}
+
+/// The wire enum as the engine's class. Unspecified (and any value this build does
+/// not know) is treated as the most dangerous kind, a write, as the contract says.
+pub fn side_effect_from_proto(value: i32) -> SideEffect {
+    match v1::SideEffect::try_from(value) {
+        Ok(v1::SideEffect::ReadOnly) => SideEffect::ReadOnly,
+        Ok(v1::SideEffect::IdempotentWrite) => SideEffect::IdempotentWrite,
+        Ok(v1::SideEffect::Write | v1::SideEffect::Unspecified) | Err(_) => SideEffect::Write,
+    }
+}
+
+/// The tool registry: every tool, its executor and its limits.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsConfig {
+    /// The registered tools.
+    #[serde(default)]
+    pub tools: Vec<ToolEntry>,
+}
+
+impl ToolsConfig {
+    /// Loads and validates a registry file.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Read`] / [`ConfigError::TooLarge`] for the file, otherwise as
+    /// [`ToolsConfig::parse`].
+    pub fn load(path: &Path) -> Result<ToolsConfig, ConfigError> {
+        let read = |source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let size = std::fs::metadata(path).map_err(read)?.len();
+        if size > MAX_CONFIG_FILE_BYTES {
+            return Err(ConfigError::TooLarge {
+                path: path.to_owned(),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(read)?;
+        ToolsConfig::parse(&text)
+    }
+
+    /// Parses and validates registry TOML text.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Parse`] for bad TOML or shape, and the validation errors of
+    /// [`ToolsConfig::validate`].
+    pub fn parse(text: &str) -> Result<ToolsConfig, ConfigError> {
+        let config: ToolsConfig = toml::from_str(text)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Registers the tools an executor describes (its `Describe` output), all served
+    /// at `endpoint`. An unspecified side effect becomes `write`; a missing timeout is
+    /// an error (the contract requires one).
+    ///
+    /// # Errors
+    ///
+    /// The validation errors of [`ToolsConfig::validate`], and
+    /// [`ConfigError::InvalidTool`] for a missing or out-of-range timeout.
+    pub fn from_descriptors(
+        endpoint: &str,
+        descriptors: Vec<ToolDescriptor>,
+    ) -> Result<ToolsConfig, ConfigError> {
+        let tools = descriptors
+            .into_iter()
+            .map(|d| {
+                let invalid = |reason: &str| ConfigError::InvalidTool {
+                    tool: d.name.clone(),
+                    reason: reason.to_owned(),
+                };
+                let timeout = d
+                    .timeout
+                    .ok_or_else(|| invalid("the descriptor has no timeout"))?;
+                let timeout = Duration::try_from(timeout)
+                    .map_err(|_| invalid("the descriptor's timeout is negative"))?;
+                Ok(ToolEntry {
+                    endpoint: endpoint.to_owned(),
+                    side_effect: side_effect_from_proto(d.side_effect),
+                    commutative: d.commutative,
+                    timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                    input_schema: d.input_schema_json,
+                    description: d.description,
+                    name: d.name,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        let config = ToolsConfig { tools };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Adds the tools of `other` (e.g. a second executor's `Describe`).
+    ///
+    /// # Errors
+    ///
+    /// The validation errors of [`ToolsConfig::validate`], notably a duplicate name.
+    pub fn merge(mut self, other: ToolsConfig) -> Result<ToolsConfig, ConfigError> {
+        self.tools.extend(other.tools);
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Checks every rule: at most [`MAX_TOOLS`], unique names of `[a-zA-Z0-9_.-]{1,64}`,
+    /// http(s) endpoints, schemas that are JSON, timeouts in 1..=600000 ms.
+    ///
+    /// # Errors
+    ///
+    /// The first rule broken.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.tools.len() > MAX_TOOLS {
+            return Err(ConfigError::TooManyTools {
+                count: self.tools.len(),
+            });
+        }
+        let mut names = BTreeSet::new();
+        for tool in &self.tools {
+            tool.validate()?;
+            if !names.insert(tool.name.as_str()) {
+                return Err(ConfigError::DuplicateName(tool.name.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The descriptors of every tool, sorted by name.
+    pub fn descriptors(&self) -> Vec<ToolDescriptor> {
+        let mut descriptors: Vec<_> = self.tools.iter().map(ToolEntry::descriptor).collect();
+        descriptors.sort_by(|a, b| a.name.cmp(&b.name));
+        descriptors
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    const GOOD: &str = r#"
+[[tools]]
+name = "lookup"
+endpoint = "http://127.0.0.1:50061"
+description = "Looks things up."
+side_effect = "read_only"
+timeout_ms = 5000
+input_schema = '''{ "type": "object" }'''
+
+[[tools]]
+name = "transfer"
+endpoint = "https://payments.example:443"
+description = "Moves money."
+side_effect = "write"
+commutative = true
+timeout_ms = 10000
+input_schema = '''{ "type": "object", "additionalProperties": false }'''
+"#;
+
+    fn with(field: &str, value: &str) -> String {
+        let mut text = String::from("[[tools]]\n");
+        let fields = [
+            ("name", "\"lookup\""),
+            ("endpoint", "\"http://127.0.0.1:1\""),
+            ("description", "\"d\""),
+            ("side_effect", "\"read_only\""),
+            ("timeout_ms", "5000"),
+            ("input_schema", "'{}'"),
+        ];
+        for (key, default) in fields {
+            let v = if key == field { value } else { default };
+            text.push_str(&format!("{key} = {v}\n"));
+        }
+        text
+    }
+
+    #[test]
+    fn a_good_registry_loads() {
+        let config = ToolsConfig::parse(GOOD).unwrap();
+        assert_eq!(config.tools.len(), 2);
+        let transfer = &config.tools[1];
+        assert_eq!(transfer.side_effect, SideEffect::Write);
+        assert!(transfer.commutative);
+        let descriptors = config.descriptors();
+        assert_eq!(descriptors[1].side_effect, v1::SideEffect::Write as i32);
+        assert_eq!(
+            descriptors[1].timeout,
+            Some(prost_types::Duration {
+                seconds: 10,
+                nanos: 0
+            })
+        );
+        assert!(!descriptors[0].commutative);
+    }
+
+    #[test]
+    fn load_reads_a_file_and_reports_a_missing_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tools.toml");
+        std::fs::write(&path, GOOD).unwrap();
+        assert_eq!(ToolsConfig::load(&path).unwrap().tools.len(), 2);
+        assert!(matches!(
+            ToolsConfig::load(&dir.path().join("missing.toml")),
+            Err(ConfigError::Read { .. })
+        ));
+    }
+
+    #[test]
+    fn every_rule_is_enforced() {
+        let invalid_tool = |text: &str| {
+            matches!(
+                ToolsConfig::parse(text),
+                Err(ConfigError::InvalidTool { .. })
+            )
+        };
+        let invalid_name =
+            |text: &str| matches!(ToolsConfig::parse(text), Err(ConfigError::InvalidName(_)));
+        let parse_error =
+            |text: &str| matches!(ToolsConfig::parse(text), Err(ConfigError::Parse(_)));
+
+        assert!(ToolsConfig::parse(&with("", "")).is_ok());
+        assert!(invalid_name(&with("name", "\"\"")));
+        assert!(invalid_name(&with("name", "\"has space\"")));
+        assert!(invalid_name(&with(
+            "name",
+            &format!("\"{}\"", "a".repeat(65))
+        )));
+        assert!(ToolsConfig::parse(&with("name", &format!("\"{}\"", "a".repeat(64)))).is_ok());
+        assert!(ToolsConfig::parse(&with("name", "\"ns.tool_v-2\"")).is_ok());
+        assert!(invalid_tool(&with("endpoint", "\"ftp://host\"")));
+        assert!(invalid_tool(&with("endpoint", "\"127.0.0.1:50061\"")));
+        assert!(invalid_tool(&with("endpoint", "\"not a url\"")));
+        assert!(invalid_tool(&with("input_schema", "'{not json'")));
+        assert!(invalid_tool(&with("input_schema", "'[1, 2]'")));
+        assert!(invalid_tool(&with("timeout_ms", "0")));
+        assert!(invalid_tool(&with("timeout_ms", "600001")));
+        assert!(ToolsConfig::parse(&with("timeout_ms", "600000")).is_ok());
+        assert!(parse_error(&with("side_effect", "\"sometimes\"")));
+        assert!(parse_error(&format!("{}color = \"red\"\n", with("", ""))));
+
+        let twice = format!("{}{}", with("", ""), with("", ""));
+        assert!(
+            matches!(ToolsConfig::parse(&twice), Err(ConfigError::DuplicateName(n)) if n == "lookup")
+        );
+    }
+
+    #[test]
+    fn descriptors_round_trip_and_unspecified_means_write() {
+        let config = ToolsConfig::parse(GOOD).unwrap();
+        let mut descriptors = config.descriptors();
+        let back =
+            ToolsConfig::from_descriptors("http://127.0.0.1:50061", descriptors.clone()).unwrap();
+        assert_eq!(back.tools[1].side_effect, SideEffect::Write);
+        assert_eq!(back.tools[1].timeout_ms, 10_000);
+        assert!(
+            back.tools
+                .iter()
+                .all(|t| t.endpoint == "http://127.0.0.1:50061")
+        );
+
+        descriptors[0].side_effect = v1::SideEffect::Unspecified as i32;
+        let unspecified = ToolsConfig::from_descriptors("http://h:1", descriptors.clone()).unwrap();
+        assert_eq!(unspecified.tools[0].side_effect, SideEffect::Write);
+
+        descriptors[0].timeout = None;
+        assert!(matches!(
+            ToolsConfig::from_descriptors("http://h:1", descriptors),
+            Err(ConfigError::InvalidTool { .. })
+        ));
+        let merged = back.clone().merge(ToolsConfig::default()).unwrap();
+        assert_eq!(merged, back);
+        assert!(matches!(
+            back.clone().merge(back),
+            Err(ConfigError::DuplicateName(_))
+        ));
+    }
+}

@@ -1,0 +1,89 @@
+//! The one error type of the gateway and its one mapping to `tonic::Status`.
+
+use crate::config::ConfigError;
+
+/// Why the gateway could not start or could not accept a request.
+///
+/// A call that was accepted never fails with this: its failures become the call's
+/// `ToolResult` (see [`crate::outcome`]). These errors are returned before anything
+/// is dispatched, so for them a gRPC error is safe even for writes.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatewayError {
+    /// The tool registry is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A gateway limit is out of range.
+    #[error("invalid gateway limits: {0}")]
+    InvalidLimits(String),
+    /// An executor endpoint could not be turned into a channel.
+    #[error(transparent)]
+    Connect(#[from] agentloop_proto::client::ConnectError),
+    /// The request is malformed or over a bound; nothing was dispatched.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The request names a tool that is not registered. NOT_FOUND rather than
+    /// INVALID_ARGUMENT: policy already checked the name against the catalog, so an
+    /// unknown name here means the registries disagree, which an operator must fix.
+    #[error("tool {0:?} is not registered")]
+    UnknownTool(String),
+    /// Reconcile was asked about a read-only tool, which has no effects.
+    #[error("tool {0:?} is read-only and has no effects to reconcile")]
+    NotReconcilable(String),
+    /// A Reconcile forward failed; the executor's (or transport's) status is passed on,
+    /// so a transient failure stays retryable for the caller.
+    #[error("executor failed: {}", .0.message())]
+    Executor(tonic::Status),
+}
+
+impl From<GatewayError> for tonic::Status {
+    fn from(error: GatewayError) -> Self {
+        let message = error.to_string();
+        match error {
+            GatewayError::InvalidRequest(_) | GatewayError::NotReconcilable(_) => {
+                tonic::Status::invalid_argument(message)
+            }
+            GatewayError::UnknownTool(_) => tonic::Status::not_found(message),
+            GatewayError::Executor(status) => tonic::Status::new(status.code(), message),
+            GatewayError::Config(_) | GatewayError::InvalidLimits(_) | GatewayError::Connect(_) => {
+                tonic::Status::internal(message)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn every_error_maps_to_its_status_code() {
+        let cases = [
+            (
+                GatewayError::InvalidRequest("x".into()),
+                Code::InvalidArgument,
+            ),
+            (
+                GatewayError::NotReconcilable("lookup".into()),
+                Code::InvalidArgument,
+            ),
+            (GatewayError::UnknownTool("nope".into()), Code::NotFound),
+            (
+                GatewayError::Executor(tonic::Status::unavailable("down")),
+                Code::Unavailable,
+            ),
+            (GatewayError::InvalidLimits("x".into()), Code::Internal),
+            (
+                GatewayError::Config(ConfigError::DuplicateName("a".into())),
+                Code::Internal,
+            ),
+        ];
+        for (error, code) in cases {
+            let text = error.to_string();
+            let status = tonic::Status::from(error);
+            assert_eq!(status.code(), code, "{text}");
+            assert_eq!(status.message(), text);
+        }
+    }
+}

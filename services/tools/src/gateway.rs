@@ -1,0 +1,390 @@
+//! The gateway service: routes each call to the executor that owns its tool.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentloop_engine::SideEffect;
+use agentloop_proto::client::{self, ClientConfig};
+use agentloop_proto::v1::tool_executor_service_client::ToolExecutorServiceClient;
+use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
+use agentloop_proto::v1::{
+    ListToolsRequest, ListToolsResponse, ToolDescriptor, ToolExecutorServiceExecuteRequest,
+    ToolExecutorServiceReconcileRequest, ToolGatewayServiceExecuteRequest,
+    ToolGatewayServiceExecuteResponse, ToolGatewayServiceReconcileRequest,
+    ToolGatewayServiceReconcileResponse, ToolResult,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use crate::config::{ToolEntry, ToolsConfig};
+use crate::error::GatewayError;
+use crate::outcome::{CallFailure, classify_status, failure_outcome};
+
+/// Longest invocation ID, call ID or effect key the gateway forwards, in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+/// Most names one `ListTools` request may filter by.
+pub const MAX_LIST_NAMES: usize = 1024;
+
+/// Limits of the gateway (file, `AGENTLOOP_TOOLS_*` env, flags).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayLimits {
+    /// Most calls in flight to one executor endpoint; further calls wait for a slot
+    /// until their deadline, then end `not_started`.
+    pub max_concurrent_calls_per_executor: usize,
+    /// Largest `arguments_json` forwarded, in bytes.
+    pub max_arguments_bytes: usize,
+    /// Longest time to establish a connection to an executor, in milliseconds.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for GatewayLimits {
+    fn default() -> Self {
+        GatewayLimits {
+            max_concurrent_calls_per_executor: 64,
+            max_arguments_bytes: 1024 * 1024,
+            connect_timeout_ms: 2_000,
+        }
+    }
+}
+
+/// One executor endpoint: a lazily connected channel (cheap to clone, multiplexed)
+/// and its concurrency slots.
+#[derive(Debug)]
+struct Executor {
+    client: ToolExecutorServiceClient<Channel>,
+    slots: Arc<Semaphore>,
+}
+
+#[derive(Debug)]
+struct Tool {
+    entry: ToolEntry,
+    descriptor: ToolDescriptor,
+    executor: Arc<Executor>,
+}
+
+/// The tool gateway. Cheap to clone; serve it with
+/// [`agentloop_proto::server::tool_gateway`] or [`crate::run`].
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    tools: BTreeMap<String, Tool>,
+    limits: GatewayLimits,
+}
+
+impl Gateway {
+    /// Builds the gateway over a validated registry: one channel per distinct endpoint,
+    /// created now but connected on first use, so the gateway can start before its
+    /// executors. Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`GatewayError::Config`] if the registry or limits are invalid,
+    /// [`GatewayError::Connect`] if an endpoint cannot be turned into a channel.
+    pub async fn new(tools: ToolsConfig, limits: GatewayLimits) -> Result<Gateway, GatewayError> {
+        tools.validate()?;
+        if limits.max_concurrent_calls_per_executor == 0
+            || limits.max_concurrent_calls_per_executor > Semaphore::MAX_PERMITS
+        {
+            return Err(GatewayError::InvalidLimits(
+                "max_concurrent_calls_per_executor must be at least 1".to_owned(),
+            ));
+        }
+        if limits.connect_timeout_ms == 0 {
+            return Err(GatewayError::InvalidLimits(
+                "connect_timeout_ms must be at least 1".to_owned(),
+            ));
+        }
+        let client_config = ClientConfig::default()
+            .with_lazy(true)
+            .with_connect_timeout(Duration::from_millis(limits.connect_timeout_ms))
+            // Each call carries its own deadline (the smaller of the tool's timeout and
+            // the request's), so the channel adds none.
+            .with_request_timeout(None);
+        let mut executors: HashMap<String, Arc<Executor>> = HashMap::new();
+        let mut registry = BTreeMap::new();
+        for entry in tools.tools {
+            let executor = match executors.get(&entry.endpoint) {
+                Some(executor) => Arc::clone(executor),
+                None => {
+                    let channel = client::connect(&entry.endpoint, client_config.clone()).await?;
+                    let executor = Arc::new(Executor {
+                        client: client::tool_executor(channel),
+                        slots: Arc::new(Semaphore::new(limits.max_concurrent_calls_per_executor)),
+                    });
+                    executors.insert(entry.endpoint.clone(), Arc::clone(&executor));
+                    executor
+                }
+            };
+            registry.insert(
+                entry.name.clone(),
+                Tool {
+                    descriptor: entry.descriptor(),
+                    entry,
+                    executor,
+                },
+            );
+        }
+        Ok(Gateway {
+            inner: Arc::new(Inner {
+                tools: registry,
+                limits,
+            }),
+        })
+    }
+
+    /// The descriptors of every registered tool, sorted by name.
+    pub fn descriptors(&self) -> Vec<ToolDescriptor> {
+        self.inner
+            .tools
+            .values()
+            .map(|t| t.descriptor.clone())
+            .collect()
+    }
+
+    fn tool(&self, name: &str) -> Result<&Tool, GatewayError> {
+        self.inner
+            .tools
+            .get(name)
+            .ok_or_else(|| GatewayError::UnknownTool(name.to_owned()))
+    }
+
+    /// Executes one call: checks it, forwards it under its deadline and turns any
+    /// failure into the call's one terminal result.
+    async fn execute_call(
+        &self,
+        request: ToolGatewayServiceExecuteRequest,
+    ) -> Result<ToolResult, GatewayError> {
+        let call = request
+            .call
+            .ok_or_else(|| GatewayError::InvalidRequest("call is required".to_owned()))?;
+        for (field, value) in [
+            ("invocation_id", &request.invocation_id),
+            ("call.call_id", &call.call_id),
+            ("effect_key", &request.effect_key),
+        ] {
+            if value.len() > MAX_ID_BYTES {
+                return Err(GatewayError::InvalidRequest(format!(
+                    "{field} longer than {MAX_ID_BYTES} bytes"
+                )));
+            }
+        }
+        if call.call_id.is_empty() {
+            return Err(GatewayError::InvalidRequest(
+                "call.call_id is required".to_owned(),
+            ));
+        }
+        let max_args = self.inner.limits.max_arguments_bytes;
+        if call.arguments_json.len() > max_args {
+            return Err(GatewayError::InvalidRequest(format!(
+                "arguments_json is {} bytes, more than {max_args}",
+                call.arguments_json.len()
+            )));
+        }
+        let tool = self.tool(&call.tool)?;
+        let side_effect = tool.entry.side_effect;
+        // Never dispatch a write the executor could not dedupe.
+        if side_effect.writes() && request.effect_key.is_empty() {
+            return Err(GatewayError::InvalidRequest(format!(
+                "tool {:?} writes, so the call needs an effect key",
+                call.tool
+            )));
+        }
+        let timeout = match request.timeout {
+            None => tool.entry.timeout(),
+            Some(requested) => {
+                let requested = Duration::try_from(requested).map_err(|_| {
+                    GatewayError::InvalidRequest("timeout must not be negative".to_owned())
+                })?;
+                requested.min(tool.entry.timeout())
+            }
+        };
+        let deadline = Instant::now() + timeout;
+        let call_id = call.call_id.clone();
+
+        let outcome = match self
+            .forward(
+                tool,
+                deadline,
+                timeout,
+                ToolExecutorServiceExecuteRequest {
+                    invocation_id: request.invocation_id,
+                    call: Some(call),
+                    effect_key: request.effect_key,
+                    attempt: request.attempt,
+                },
+            )
+            .await
+        {
+            Ok(reply) => match reply.result {
+                Some(ToolResult {
+                    call_id: reply_id,
+                    outcome: Some(outcome),
+                }) if reply_id == call_id || reply_id.is_empty() => {
+                    return Ok(ToolResult {
+                        call_id,
+                        outcome: Some(outcome),
+                    });
+                }
+                Some(ToolResult {
+                    call_id: reply_id,
+                    outcome: Some(_),
+                }) => failure_outcome(
+                    side_effect,
+                    &CallFailure::MalformedReply {
+                        detail: format!("result for call {reply_id:?}"),
+                    },
+                ),
+                Some(ToolResult { outcome: None, .. }) | None => failure_outcome(
+                    side_effect,
+                    &CallFailure::MalformedReply {
+                        detail: "no result".to_owned(),
+                    },
+                ),
+            },
+            Err(failure) => {
+                tracing::info!(tool = %tool.entry.name, ?failure, "executor call failed");
+                failure_outcome(side_effect, &failure)
+            }
+        };
+        Ok(ToolResult {
+            call_id,
+            outcome: Some(outcome),
+        })
+    }
+
+    /// Sends the request to the tool's executor, under `deadline`.
+    ///
+    /// Cancellation needs no code: this future is awaited inside the gRPC handler, so
+    /// when the gateway's caller goes away tonic drops the handler, which drops this
+    /// future, the in-flight client call and its HTTP/2 stream; the executor sees the
+    /// reset and drops its own handler.
+    async fn forward(
+        &self,
+        tool: &Tool,
+        deadline: Instant,
+        timeout: Duration,
+        request: ToolExecutorServiceExecuteRequest,
+    ) -> Result<agentloop_proto::v1::ToolExecutorServiceExecuteResponse, CallFailure> {
+        // Waiting for a slot sends nothing, so running out of time here is `not_started`.
+        let Ok(slot) =
+            tokio::time::timeout_at(deadline, Arc::clone(&tool.executor.slots).acquire_owned())
+                .await
+        else {
+            return Err(CallFailure::NotSent {
+                detail: format!(
+                    "the executor of {:?} was busy ({} calls in flight) until the deadline",
+                    tool.entry.name, self.inner.limits.max_concurrent_calls_per_executor
+                ),
+            });
+        };
+        let Ok(slot) = slot else {
+            // The semaphore is never closed; treat it like a busy executor anyway.
+            return Err(CallFailure::NotSent {
+                detail: "executor slots closed".to_owned(),
+            });
+        };
+        let mut client = tool.executor.client.clone();
+        let mut grpc_request = Request::new(request);
+        // Tell the executor the deadline too (grpc-timeout), so it can stop in time.
+        grpc_request.set_timeout(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .min(timeout),
+        );
+        let result = tokio::time::timeout_at(deadline, client.execute(grpc_request)).await;
+        drop(slot);
+        match result {
+            Err(_elapsed) => Err(CallFailure::DeadlineExceeded),
+            Ok(Err(status)) => Err(classify_status(&status)),
+            Ok(Ok(response)) => Ok(response.into_inner()),
+        }
+    }
+
+    async fn reconcile_effect(
+        &self,
+        request: ToolGatewayServiceReconcileRequest,
+    ) -> Result<ToolGatewayServiceReconcileResponse, GatewayError> {
+        if request.effect_key.is_empty() || request.effect_key.len() > MAX_ID_BYTES {
+            return Err(GatewayError::InvalidRequest(format!(
+                "effect_key must be 1 to {MAX_ID_BYTES} bytes"
+            )));
+        }
+        let tool = self.tool(&request.tool)?;
+        match tool.entry.side_effect {
+            SideEffect::ReadOnly => return Err(GatewayError::NotReconcilable(request.tool)),
+            SideEffect::IdempotentWrite | SideEffect::Write => {}
+        }
+        let mut client = tool.executor.client.clone();
+        let mut grpc_request = Request::new(ToolExecutorServiceReconcileRequest {
+            tool: request.tool,
+            effect_key: request.effect_key,
+        });
+        grpc_request.set_timeout(tool.entry.timeout());
+        let reply = tokio::time::timeout(tool.entry.timeout(), client.reconcile(grpc_request))
+            .await
+            .map_err(|_| GatewayError::Executor(Status::deadline_exceeded("reconcile timed out")))?
+            .map_err(GatewayError::Executor)?
+            .into_inner();
+        Ok(ToolGatewayServiceReconcileResponse {
+            status: reply.status,
+            receipt: reply.receipt,
+            output_json: reply.output_json,
+            detail: reply.detail,
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl ToolGatewayService for Gateway {
+    async fn list_tools(
+        &self,
+        request: Request<ListToolsRequest>,
+    ) -> Result<Response<ListToolsResponse>, Status> {
+        let names = request.into_inner().names;
+        if names.len() > MAX_LIST_NAMES {
+            return Err(
+                GatewayError::InvalidRequest(format!("more than {MAX_LIST_NAMES} names")).into(),
+            );
+        }
+        let tools = if names.is_empty() {
+            self.descriptors()
+        } else {
+            // BTreeMap order keeps the answer sorted by name, as the contract says.
+            self.inner
+                .tools
+                .values()
+                .filter(|t| names.contains(&t.entry.name))
+                .map(|t| t.descriptor.clone())
+                .collect()
+        };
+        Ok(Response::new(ListToolsResponse { tools }))
+    }
+
+    async fn execute(
+        &self,
+        request: Request<ToolGatewayServiceExecuteRequest>,
+    ) -> Result<Response<ToolGatewayServiceExecuteResponse>, Status> {
+        let result = self.execute_call(request.into_inner()).await?;
+        Ok(Response::new(ToolGatewayServiceExecuteResponse {
+            result: Some(result),
+        }))
+    }
+
+    async fn reconcile(
+        &self,
+        request: Request<ToolGatewayServiceReconcileRequest>,
+    ) -> Result<Response<ToolGatewayServiceReconcileResponse>, Status> {
+        Ok(Response::new(
+            self.reconcile_effect(request.into_inner()).await?,
+        ))
+    }
+}

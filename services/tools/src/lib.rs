@@ -1,0 +1,70 @@
+//! The agentloop tool gateway: the registry of tools and the one route from the
+//! orchestrator to the tool executors.
+//!
+//! - [`config`]: the registry, loaded from a TOML file ([`ToolsConfig::load`]) or from
+//!   an executor's `Describe` output ([`ToolsConfig::from_descriptors`]); the policy
+//!   service and the CLI load it the same way.
+//! - [`Gateway`]: the `ToolGatewayService`. It forwards each call to the executor that
+//!   owns the tool, under the smaller of the tool's and the request's timeout, with a
+//!   bounded number of calls in flight per executor, and cancels the forwarded call
+//!   when its own caller goes away.
+//! - [`outcome`]: how a failed forward becomes the call's one terminal result. A write
+//!   whose request may have reached the executor is `unknown`, never a plain error.
+//!
+//! It is *not* a policy engine (schemas and authorization are checked by the policy
+//! service before a call gets here), not an executor, and it keeps no state of its
+//! own beyond the registry: effect keys are enforced by the executors.
+
+#![warn(missing_docs)]
+
+pub mod config;
+mod error;
+mod gateway;
+pub mod outcome;
+
+use std::future::Future;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use config::{ConfigError, ToolEntry, ToolsConfig};
+pub use error::GatewayError;
+pub use gateway::{Gateway, GatewayLimits, MAX_ID_BYTES, MAX_LIST_NAMES};
+
+/// Configuration of the tools service (file, `AGENTLOOP_TOOLS_*` env, flags).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolsServiceConfig {
+    /// Address to serve on.
+    pub listen: std::net::SocketAddr,
+    /// The tool registry file (TOML, `[[tools]]`); required to start.
+    pub tools: Option<PathBuf>,
+    /// Gateway limits.
+    pub limits: GatewayLimits,
+}
+
+impl Default for ToolsServiceConfig {
+    fn default() -> Self {
+        ToolsServiceConfig {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 50054)),
+            tools: None,
+            limits: GatewayLimits::default(),
+        }
+    }
+}
+
+/// Serves `gateway` on `listener` (with health, reflection and tracing from
+/// `agentloop-server`) until `shutdown` resolves, then drains in-flight calls.
+///
+/// # Errors
+///
+/// When the server fails to start or to serve.
+pub async fn run(
+    listener: tokio::net::TcpListener,
+    gateway: Gateway,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), agentloop_server::ServeError> {
+    let services =
+        agentloop_server::ServiceSet::new().add(agentloop_proto::server::tool_gateway(gateway));
+    agentloop_server::serve(listener, services, shutdown).await
+}
