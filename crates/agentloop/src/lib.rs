@@ -3,7 +3,10 @@
 //! exit codes ([`exit`]). The binary is a thin `main.rs` over these, and the end-to-end
 //! tests and benchmarks start the same embedded stack.
 #![warn(missing_docs)]
-#![allow(clippy::print_stdout, reason = "a command line prints its results on stdout")]
+#![allow(
+    clippy::print_stdout,
+    reason = "a command line prints its results on stdout"
+)]
 
 pub mod client;
 pub mod embedded;

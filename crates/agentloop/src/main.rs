@@ -3,7 +3,10 @@
 //! Exit codes: 0 `completed`; one code per other terminal reason (see README); 1 for a
 //! failure outside any invocation; 2 for bad usage.
 
-#![allow(clippy::print_stdout, reason = "a command line prints its results on stdout")]
+#![allow(
+    clippy::print_stdout,
+    reason = "a command line prints its results on stdout"
+)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -32,6 +32,7 @@ use tonic::server::NamedService;
 use tonic::service::RoutesBuilder;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
+use tower_http::classify::{GrpcCode, GrpcErrorsAsFailures, SharedClassifier};
 use tower_http::trace::TraceLayer;
 
 /// Process exit code for a configuration that cannot be loaded or is invalid
@@ -166,6 +167,23 @@ impl ServiceSet {
     }
 }
 
+fn caller_errors_are_not_failures() -> GrpcErrorsAsFailures {
+    [
+        GrpcCode::Cancelled,
+        GrpcCode::InvalidArgument,
+        GrpcCode::NotFound,
+        GrpcCode::AlreadyExists,
+        GrpcCode::FailedPrecondition,
+        GrpcCode::OutOfRange,
+        GrpcCode::Unimplemented,
+    ]
+    .into_iter()
+    .fold(
+        GrpcErrorsAsFailures::new(),
+        GrpcErrorsAsFailures::with_success,
+    )
+}
+
 /// Serves `services` on `listener` until `shutdown` resolves, then drains.
 ///
 /// Adds, for every process alike: a tracing span per RPC, `grpc.health.v1.Health`
@@ -233,9 +251,13 @@ pub async fn serve(
     let local_addr = listener.local_addr().ok();
     tracing::info!(?local_addr, "gRPC server listening");
     Server::builder()
-        // One span per request, with gRPC-aware status classification (a non-OK
-        // grpc-status counts as a failure even though HTTP says 200).
-        .layer(TraceLayer::new_for_grpc())
+        // One span per request, with gRPC-aware status classification: a non-OK
+        // grpc-status is a failure even though HTTP says 200 — except the codes that
+        // report the caller's mistake or a normal outcome, which are not the server's
+        // failures and must not be logged as errors.
+        .layer(TraceLayer::new(SharedClassifier::new(
+            caller_errors_are_not_failures(),
+        )))
         .add_routes(routes.routes())
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), drain)
         .await?;

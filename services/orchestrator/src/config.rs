@@ -61,6 +61,9 @@ pub struct LimitsConfig {
     pub verification_repairs: u32,
     /// Timeout of one tool call when its descriptor names none, in milliseconds.
     pub tool_timeout_ms: u64,
+    /// On shutdown, how long running tool calls may go on before they are cancelled (their
+    /// turn is still committed, and the invocation resumes on the next start).
+    pub drain_timeout_ms: u64,
 }
 
 impl Default for LimitsConfig {
@@ -75,6 +78,7 @@ impl Default for LimitsConfig {
             decision_repairs: engine.decision_repairs,
             verification_repairs: engine.verification_repairs,
             tool_timeout_ms: 30_000,
+            drain_timeout_ms: 10_000,
         }
     }
 }

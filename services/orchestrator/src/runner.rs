@@ -78,8 +78,11 @@ impl Runner {
             .deadline
             .map(|at| instant_of(at, self.shared.clock.now()));
         let mut tick_armed = deadline.is_some();
-        // Tool calls may be running: a drain waits for them and the commit of their turn.
+        // Tool calls may be running: a drain waits for them and the commit of their turn,
+        // for at most the drain timeout; then it cancels them, so a shutdown is bounded.
         let mut executing = false;
+        let mut drain_cutoff: Option<tokio::time::Instant> = None;
+        let mut drain_cut = false;
         loop {
             let input = match queue.pop_front() {
                 Some(input) => input,
@@ -94,6 +97,20 @@ impl Runner {
                         Input::Tick
                     }
                     () = self.shared.drain.cancelled(), if !executing => return None,
+                    () = self.shared.drain.cancelled(), if executing && drain_cutoff.is_none() && !drain_cut => {
+                        let timeout = Duration::from_millis(self.shared.config.limits.drain_timeout_ms);
+                        drain_cutoff = Some(tokio::time::Instant::now() + timeout);
+                        continue;
+                    }
+                    () = sleep_until(drain_cutoff), if executing && drain_cutoff.is_some() => {
+                        warn!(invocation = %self.id, "drain timeout: cancelling the running calls");
+                        if let Some(token) = &batch {
+                            token.cancel();
+                        }
+                        drain_cutoff = None;
+                        drain_cut = true;
+                        continue;
+                    }
                     Some(input) = rx.recv() => input,
                 },
             };
