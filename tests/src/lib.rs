@@ -235,6 +235,19 @@ pub async fn events_until_end(
     events
 }
 
+/// The invocation as the orchestrator reports it now.
+pub async fn get(client: &mut OrchestratorServiceClient<Channel>, id: &str) -> pb::Invocation {
+    client
+        .get_invocation(pb::GetInvocationRequest {
+            invocation_id: id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .invocation
+        .unwrap()
+}
+
 /// Runs a script to its end; returns the ended invocation and its events.
 pub async fn run_to_end(
     client: &mut OrchestratorServiceClient<Channel>,
@@ -242,14 +255,7 @@ pub async fn run_to_end(
 ) -> (pb::Invocation, Vec<pb::Event>) {
     let id = start(client, request).await;
     let events = events_until_end(client, &id, 1).await;
-    let invocation = client
-        .get_invocation(pb::GetInvocationRequest { invocation_id: id })
-        .await
-        .unwrap()
-        .into_inner()
-        .invocation
-        .unwrap();
-    (invocation, events)
+    (get(client, &id).await, events)
 }
 
 /// The terminal reason of an invocation.

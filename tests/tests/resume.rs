@@ -8,7 +8,7 @@
 )]
 
 use agentloop::embedded::{Stack, StackOptions};
-use agentloop_e2e::{events_until_end, start, start_request, turns};
+use agentloop_e2e::{events_until_end, get, start, start_request, turns};
 use agentloop_orchestrator::OrchestratorConfig;
 use agentloop_proto::v1 as pb;
 
@@ -47,13 +47,7 @@ async fn a_restart_resumes_from_the_last_committed_turn() {
             .unwrap(),
     );
     let events = events_until_end(&mut client, &id, 1).await;
-    let invocation = client
-        .get_invocation(pb::GetInvocationRequest { invocation_id: id })
-        .await
-        .unwrap()
-        .into_inner()
-        .invocation
-        .unwrap();
+    let invocation = get(&mut client, &id).await;
     assert_eq!(invocation.terminal_reason(), pb::TerminalReason::Completed);
     assert_eq!(invocation.answer.as_deref(), Some("resumed"));
     let turns = turns(&events);

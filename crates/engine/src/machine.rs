@@ -752,21 +752,31 @@ impl Invocation {
     /// An invalid or denied decision: a repair turn if one is left, else `invalid_decision`.
     fn reject(&mut self, draft: Draft, message: String) -> Vec<Action> {
         let repair = self.protocol.decision_repairs_used < self.limits.decision_repairs;
+        let kind = (
+            RejectionKind::InvalidDecision,
+            TerminalReason::InvalidDecision,
+        );
+        self.repair_or_end(draft, kind, message, repair)
+    }
+
+    /// Commits a rejected decision: as a repair turn (the model hears why and decides
+    /// again) when `repair`, else together with the end `reason`.
+    fn repair_or_end(
+        &mut self,
+        draft: Draft,
+        (kind, reason): (RejectionKind, TerminalReason),
+        message: String,
+        repair: bool,
+    ) -> Vec<Action> {
         let rejection = Rejection {
-            kind: RejectionKind::InvalidDecision,
+            kind,
             message: message.clone(),
         };
         let turn = EventBody::Turn(draft.record(Some(rejection)));
         if repair {
             self.commit(vec![turn])
         } else {
-            self.end(
-                vec![turn],
-                TerminalReason::InvalidDecision,
-                message,
-                None,
-                None,
-            )
+            self.end(vec![turn], reason, message, None, None)
         }
     }
 
@@ -945,22 +955,11 @@ impl Invocation {
             Verification::Rejected { reason } => {
                 let repair =
                     self.protocol.verification_repairs_used < self.limits.verification_repairs;
-                let rejection = Rejection {
-                    kind: RejectionKind::VerificationFailed,
-                    message: reason.clone(),
-                };
-                let turn = EventBody::Turn(draft.record(Some(rejection)));
-                if repair {
-                    self.commit(vec![turn])
-                } else {
-                    self.end(
-                        vec![turn],
-                        TerminalReason::VerificationFailed,
-                        reason,
-                        None,
-                        None,
-                    )
-                }
+                let kind = (
+                    RejectionKind::VerificationFailed,
+                    TerminalReason::VerificationFailed,
+                );
+                self.repair_or_end(draft, kind, reason, repair)
             }
         }
     }

@@ -40,6 +40,14 @@ use tower_http::trace::TraceLayer;
 /// "fix the config" apart from a crash and stop restarting a binary that cannot start.
 pub const EXIT_BAD_CONFIG: i32 = 78;
 
+/// Reports a configuration that cannot be used and exits with [`EXIT_BAD_CONFIG`]: to the
+/// log and to stderr (the log may not be set up, or go somewhere nobody looks at start-up).
+pub fn exit_bad_config(service: &str, error: &dyn std::fmt::Display) -> ! {
+    tracing::error!(service, %error, "bad configuration");
+    eprintln!("{service}: bad configuration: {error}");
+    std::process::exit(EXIT_BAD_CONFIG)
+}
+
 /// Name of the environment variable that switches log output to JSON lines
 /// (`AGENTLOOP_LOG_FORMAT=json`); anything else keeps human-readable text.
 pub const LOG_FORMAT_ENV: &str = "AGENTLOOP_LOG_FORMAT";

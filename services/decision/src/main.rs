@@ -32,9 +32,7 @@ struct Flags {
 }
 
 fn bad_config(error: &dyn std::fmt::Display) -> ! {
-    tracing::error!(%error, "bad configuration");
-    eprintln!("agentloop-decision: bad configuration: {error}");
-    std::process::exit(agentloop_server::EXIT_BAD_CONFIG)
+    agentloop_server::exit_bad_config("agentloop-decision", error)
 }
 
 #[tokio::main]

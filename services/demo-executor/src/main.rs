@@ -89,6 +89,5 @@ async fn main() -> anyhow::Result<()> {
 }
 
 fn bad_config(error: &dyn std::fmt::Display) -> ! {
-    tracing::error!(%error, "bad configuration");
-    std::process::exit(agentloop_server::EXIT_BAD_CONFIG)
+    agentloop_server::exit_bad_config("agentloop-demo-executor", error)
 }

@@ -39,11 +39,7 @@ async fn main() -> anyhow::Result<()> {
     let config: LedgerConfig =
         match agentloop_server::config::load(flags.config.as_deref(), ENV_PREFIX, &flags) {
             Ok(config) => config,
-            Err(error) => {
-                tracing::error!(%error, "bad configuration");
-                eprintln!("agentloop-ledger: {error}");
-                std::process::exit(agentloop_server::EXIT_BAD_CONFIG);
-            }
+            Err(error) => agentloop_server::exit_bad_config("agentloop-ledger", &error),
         };
 
     let listener = tokio::net::TcpListener::bind(config.listen)

@@ -54,6 +54,5 @@ async fn main() -> anyhow::Result<()> {
 }
 
 fn bad_config(error: &dyn std::fmt::Display) -> ! {
-    tracing::error!(%error, "bad configuration");
-    std::process::exit(agentloop_server::EXIT_BAD_CONFIG)
+    agentloop_server::exit_bad_config("agentloop-tools", error)
 }
