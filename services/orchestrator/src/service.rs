@@ -345,8 +345,9 @@ impl OrchestratorService for Orchestrator {
         let record = self.record(&request.invocation_id).await?;
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         let shared = self.shared.clone();
-        // Ends by itself: after the `Ended` event, or when the watcher goes away.
-        tokio::spawn(watch(
+        // Ends by itself: after the `Ended` event, when the watcher goes away, or when the
+        // invocation parks on shutdown. Tracked, so shutdown waits for it.
+        self.shared.tracker.spawn(watch(
             shared,
             record.invocation_id,
             request.from_seq.max(1),
