@@ -6,5 +6,9 @@
 )]
 
 fn main() {
+    // One line per backend's directory (cargo scans a directory recursively, but naming
+    // each keeps a new backend's migrations from being forgotten here).
     println!("cargo:rerun-if-changed=migrations");
+    println!("cargo:rerun-if-changed=migrations/sqlite");
+    println!("cargo:rerun-if-changed=migrations/postgres");
 }

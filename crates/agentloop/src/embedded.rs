@@ -35,6 +35,9 @@ pub struct StackOptions {
     pub tools: Option<PathBuf>,
     /// The orchestrator's configuration (its `data_dir` and `listen` are ignored).
     pub orchestrator: OrchestratorConfig,
+    /// The model for invocations started without a script (`run --model`); `None`:
+    /// such invocations fail with model_error.
+    pub model: Option<Arc<dyn agentloop_decision::Model>>,
 }
 
 impl StackOptions {
@@ -45,6 +48,7 @@ impl StackOptions {
             data_dir,
             tools,
             orchestrator: OrchestratorConfig::default(),
+            model: None,
         }
     }
 }
@@ -87,7 +91,7 @@ impl Stack {
         let gateway = Gateway::new(tools.clone(), GatewayLimits::default()).await?;
         let policy =
             PolicyServer::from_descriptors(&tools.descriptors(), &PolicyConfig::default())?;
-        let decision = DecisionServer::new(None);
+        let decision = DecisionServer::new(options.model.clone());
         let ledger = LedgerService::new(
             LedgerConfig {
                 data_dir: data_dir.join("ledger"),

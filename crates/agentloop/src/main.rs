@@ -16,6 +16,8 @@ use agentloop::embedded::{Stack, StackOptions};
 use agentloop::exit;
 use clap::{Args, Parser, Subcommand};
 
+mod model;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "agentloop",
@@ -46,7 +48,7 @@ enum Command {
         #[arg(long)]
         tools: Option<PathBuf>,
     },
-    /// Starts an invocation with a scripted model and follows it to its end.
+    /// Starts an invocation with a scripted model or a real one and follows it to its end.
     Run(RunArgs),
     /// Shows an invocation's committed event log as a timeline.
     Show {
@@ -81,9 +83,14 @@ enum Command {
 #[derive(Debug, Args)]
 struct RunArgs {
     /// The scripted-model file (JSON).
-    #[arg(long)]
-    script: PathBuf,
-    /// The goal; defaults to one naming the script.
+    #[arg(long, required_unless_present = "model", conflicts_with = "model")]
+    script: Option<PathBuf>,
+    /// A real model instead of a script: `openai:MODEL` (any OpenAI-compatible server;
+    /// `OPENAI_BASE_URL`, `OPENAI_API_KEY`) or `anthropic:MODEL` (`ANTHROPIC_API_KEY`,
+    /// `ANTHROPIC_BASE_URL`). Embedded runs only.
+    #[arg(long, requires = "goal", conflicts_with = "server")]
+    model: Option<String>,
+    /// The goal; defaults to one naming the script (required with `--model`).
     #[arg(long)]
     goal: Option<String>,
     /// Tools config (TOML) for the embedded run; without it the demo executor's tools.
@@ -159,10 +166,22 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::Run(args) => {
-            let script = client::read_script(&args.script)?;
-            let goal = args
-                .goal
-                .unwrap_or_else(|| format!("Run the scripted scenario {}", args.script.display()));
+            let (script, model, goal) = match (&args.script, &args.model) {
+                (Some(path), None) => (
+                    client::read_script(path)?,
+                    None,
+                    args.goal
+                        .unwrap_or_else(|| format!("Run the scripted scenario {}", path.display())),
+                ),
+                (None, Some(spec)) => (
+                    String::new(),
+                    Some(model::from_spec(spec)?),
+                    args.goal.unwrap_or_default(),
+                ),
+                (Some(_), Some(_)) | (None, None) => {
+                    anyhow::bail!("give exactly one of --script and --model")
+                }
+            };
             let options = RunOptions {
                 goal,
                 script,
@@ -176,8 +195,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             match args.server {
                 Some(server) => client::run(&server, options).await,
                 None => {
-                    let stack =
-                        Stack::start(StackOptions::embedded(cli.data_dir, args.tools)).await?;
+                    let stack = Stack::start(StackOptions {
+                        model,
+                        ..StackOptions::embedded(cli.data_dir, args.tools)
+                    })
+                    .await?;
                     let result = client::run(&stack.endpoint(), options).await;
                     stack.stop().await?;
                     result

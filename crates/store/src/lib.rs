@@ -1,9 +1,11 @@
 //! The event store of agentloop: invocations and their append-only event logs.
 //!
-//! One trait, [`EventStore`], with SQLite ([`SqliteStore`]) as the embedded default;
-//! PostgreSQL implements the same trait later and runs the same conformance suite
-//! ([`conformance`]). The store persists what the engine commits — it does not interpret
-//! events beyond what it needs to index an invocation (its state and terminal reason).
+//! One trait, [`EventStore`], with two backends that run the same conformance suite
+//! ([`conformance`]): SQLite ([`SqliteStore`]), the embedded default, and PostgreSQL
+//! ([`PgStore`]), which several orchestrator processes on several machines share.
+//! [`testing`] makes throwaway PostgreSQL databases for tests here and in other crates.
+//! The store persists what the engine commits — it does not interpret events beyond what
+//! it needs to index an invocation (its state and terminal reason).
 //!
 //! Guarantees every backend gives:
 //! - an append is atomic: all of its events or none;
@@ -13,18 +15,22 @@
 //! - an append carries the writer's lease epoch; an epoch older than the newest one seen
 //!   for that invocation is refused ([`StoreError::StaleEpoch`]) — fencing;
 //! - once `append` returns `Ok`, the events survive a crash (SQLite: WAL with
-//!   `synchronous=FULL`);
+//!   `synchronous=FULL`; PostgreSQL: `synchronous_commit=on` for every session);
 //! - nothing is ever appended after an `Ended` event.
 #![warn(missing_docs)]
 
+mod codec;
 pub mod conformance;
+mod postgres;
 mod sqlite;
+pub mod testing;
 
 use agentloop_engine::{EndRecord, Event, Totals, UnixMillis};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+pub use postgres::{DEFAULT_MAX_CONNECTIONS, PgOptions, PgStore};
 pub use sqlite::{DATABASE_FILE, SqliteDurability, SqliteOptions, SqliteStore};
 
 /// Where an invocation is in its life, as stored.

@@ -5,23 +5,27 @@
 //! with another writer (no lost update, no lock-upgrade deadlock), and the busy timeout
 //! makes a second writer wait instead of failing.
 //!
-//! Unsigned counters and times are stored as SQLite INTEGER (i64). Versions, seqs and
-//! epochs beyond `i64::MAX` are refused as malformed; times beyond it are clamped (they
-//! are 292 million years away).
+//! Unsigned counters and times are stored as SQLite INTEGER (i64); see `codec` for the
+//! conversions both backends share.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentloop_engine::{EndRecord, Event, EventBody, Totals, UnixMillis};
+use agentloop_engine::Totals;
 use async_trait::async_trait;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{FromRow, Row, Sqlite, Transaction};
 use uuid::Uuid;
 
+use crate::codec::{
+    CREATE_ATTEMPTS, EventColumns, InvocationColumns, MAX_EVENTS_PAGE, counter_to_i64,
+    encode_events, ended_record, fresh_record, from_seq_to_i64, idempotent_answer,
+    is_unique_violation, parse_id, parse_state, state_text, stored_u64, time_to_i64, to_json,
+};
 use crate::{
     Append, Created, EventStore, InvocationRecord, InvocationState, ListRequest, MAX_PAGE_SIZE,
     NewInvocation, StoreError, StoredEvent,
@@ -30,17 +34,8 @@ use crate::{
 /// The schema, embedded at compile time so a binary carries its own migrations.
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 
-/// Most events one `events()` call returns, whatever the caller asks for.
-const MAX_EVENTS_PAGE: u32 = 10_000;
-
-/// Most events one append may carry (an engine commit has one or two).
-const MAX_EVENTS_PER_APPEND: usize = 1_024;
-
 /// How long a writer waits for SQLite's write lock before the operation fails.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How often `create` looks the idempotency key up again after losing an insert race.
-const CREATE_ATTEMPTS: u32 = 3;
 
 /// The name of the database file [`SqliteStore::open_in`] uses.
 pub const DATABASE_FILE: &str = "events.db";
@@ -185,19 +180,7 @@ impl EventStore for SqliteStore {
             match inserted {
                 Ok(_) => {
                     tx.commit().await?;
-                    return Ok(Created::New(InvocationRecord {
-                        invocation_id: new.invocation_id,
-                        idempotency_key: new.idempotency_key,
-                        request_digest: new.request_digest,
-                        spec: new.spec,
-                        state: InvocationState::Running,
-                        version: 0,
-                        lease_epoch: 0,
-                        totals: Totals::default(),
-                        end: None,
-                        created_at: UnixMillis(u64::try_from(created_at).unwrap_or(0)),
-                        updated_at: UnixMillis(u64::try_from(created_at).unwrap_or(0)),
-                    }));
+                    return Ok(Created::New(fresh_record(new)));
                 }
                 Err(error) if is_unique_violation(&error) && new.idempotency_key.is_some() => {
                     // Another writer stored the same key between our lookup and insert
@@ -339,8 +322,7 @@ impl EventStore for SqliteStore {
         limit: u32,
     ) -> Result<Vec<StoredEvent>, StoreError> {
         let id_text = invocation_id.hyphenated().to_string();
-        // A `from_seq` past i64::MAX is past every stored seq.
-        let from = i64::try_from(from_seq).unwrap_or(i64::MAX);
+        let from = from_seq_to_i64(from_seq);
         let limit = i64::from(limit.min(MAX_EVENTS_PAGE));
         let rows = sqlx::query(
             "SELECT seq, committed_at, body FROM events \
@@ -390,167 +372,10 @@ async fn find_by_key(
     row.as_ref().map(decode_invocation).transpose()
 }
 
-/// The answer to a create whose key is taken: the same request gets the same invocation.
-fn idempotent_answer(
-    new: &NewInvocation,
-    key: &str,
-    existing: InvocationRecord,
-) -> Result<Created, StoreError> {
-    if existing.request_digest == new.request_digest {
-        Ok(Created::Existing(existing))
-    } else {
-        Err(StoreError::IdempotencyConflict {
-            key: key.to_owned(),
-            existing: existing.invocation_id,
-        })
-    }
-}
-
-fn is_unique_violation(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .is_some_and(|db| db.is_unique_violation())
-}
-
-/// Checks the events continue the log from `expected_version` and encodes them as
-/// `(seq, body JSON)`.
-fn encode_events(append: &Append<'_>) -> Result<Vec<(i64, String)>, StoreError> {
-    if append.events.is_empty() {
-        return Err(StoreError::MalformedAppend(
-            "an append needs at least one event".into(),
-        ));
-    }
-    if append.events.len() > MAX_EVENTS_PER_APPEND {
-        return Err(StoreError::MalformedAppend(format!(
-            "{} events in one append; at most {MAX_EVENTS_PER_APPEND} are allowed",
-            append.events.len()
-        )));
-    }
-    let mut rows = Vec::with_capacity(append.events.len());
-    let mut expected = append.expected_version;
-    for event in append.events {
-        expected = expected
-            .checked_add(1)
-            .ok_or_else(|| StoreError::MalformedAppend("seq overflows".into()))?;
-        if event.seq != expected {
-            return Err(StoreError::MalformedAppend(format!(
-                "event seq {} where {expected} was expected (the append extends version {})",
-                event.seq, append.expected_version
-            )));
-        }
-        rows.push((counter_to_i64(event.seq, "seq")?, to_json(&event.body)?));
-    }
-    Ok(rows)
-}
-
-/// The end record among the events, which may only be the last one.
-fn ended_record(events: &[Event]) -> Result<Option<&EndRecord>, StoreError> {
-    let mut end = None;
-    for (index, event) in events.iter().enumerate() {
-        match &event.body {
-            EventBody::Ended(record) if index + 1 == events.len() => end = Some(record),
-            EventBody::Ended(_) => {
-                return Err(StoreError::MalformedAppend(format!(
-                    "event {} is Ended but not the last event of the append",
-                    event.seq
-                )));
-            }
-            EventBody::Turn(_) => {}
-        }
-    }
-    Ok(end)
-}
-
 fn decode_invocation(row: &SqliteRow) -> Result<InvocationRecord, StoreError> {
-    let id_text: String = row.try_get("invocation_id")?;
-    let invocation_id = parse_id(&id_text)?;
-    let corrupt = |what: &str, e: &dyn std::fmt::Display| {
-        StoreError::Corrupt(format!("invocation {invocation_id}: {what}: {e}"))
-    };
-    let totals_text: String = row.try_get("totals")?;
-    let totals: Totals = serde_json::from_str(&totals_text).map_err(|e| corrupt("totals", &e))?;
-    let end_text: Option<String> = row.try_get("end_record")?;
-    let end = end_text
-        .map(|text| serde_json::from_str::<EndRecord>(&text))
-        .transpose()
-        .map_err(|e| corrupt("end record", &e))?;
-    Ok(InvocationRecord {
-        invocation_id,
-        idempotency_key: row.try_get("idempotency_key")?,
-        request_digest: row.try_get("request_digest")?,
-        spec: row.try_get("spec")?,
-        state: parse_state(&row.try_get::<String, _>("state")?, invocation_id)?,
-        version: stored_u64(row.try_get("version")?, "version", invocation_id)?,
-        lease_epoch: stored_u64(row.try_get("lease_epoch")?, "lease_epoch", invocation_id)?,
-        totals,
-        end,
-        created_at: UnixMillis(stored_u64(
-            row.try_get("created_at")?,
-            "created_at",
-            invocation_id,
-        )?),
-        updated_at: UnixMillis(stored_u64(
-            row.try_get("updated_at")?,
-            "updated_at",
-            invocation_id,
-        )?),
-    })
+    InvocationColumns::from_row(row)?.into_record()
 }
 
 fn decode_event(row: &SqliteRow, invocation_id: Uuid) -> Result<StoredEvent, StoreError> {
-    let seq = stored_u64(row.try_get("seq")?, "seq", invocation_id)?;
-    let committed_at = stored_u64(row.try_get("committed_at")?, "committed_at", invocation_id)?;
-    let body_text: String = row.try_get("body")?;
-    let body: EventBody = serde_json::from_str(&body_text)
-        .map_err(|e| StoreError::Corrupt(format!("invocation {invocation_id} event {seq}: {e}")))?;
-    Ok(StoredEvent {
-        committed_at: UnixMillis(committed_at),
-        event: Event { seq, body },
-    })
-}
-
-fn parse_id(text: &str) -> Result<Uuid, StoreError> {
-    Uuid::parse_str(text)
-        .map_err(|e| StoreError::Corrupt(format!("invocation ID {text:?} is not a UUID: {e}")))
-}
-
-fn parse_state(text: &str, invocation_id: Uuid) -> Result<InvocationState, StoreError> {
-    match text {
-        "running" => Ok(InvocationState::Running),
-        "ended" => Ok(InvocationState::Ended),
-        other => Err(StoreError::Corrupt(format!(
-            "invocation {invocation_id}: unknown state {other:?}"
-        ))),
-    }
-}
-
-const fn state_text(state: InvocationState) -> &'static str {
-    match state {
-        InvocationState::Running => "running",
-        InvocationState::Ended => "ended",
-    }
-}
-
-fn stored_u64(value: i64, column: &str, invocation_id: Uuid) -> Result<u64, StoreError> {
-    u64::try_from(value).map_err(|_| {
-        StoreError::Corrupt(format!(
-            "invocation {invocation_id}: {column} is negative ({value})"
-        ))
-    })
-}
-
-fn counter_to_i64(value: u64, what: &str) -> Result<i64, StoreError> {
-    i64::try_from(value)
-        .map_err(|_| StoreError::MalformedAppend(format!("{what} {value} is out of range")))
-}
-
-/// Times past i64::MAX milliseconds are clamped rather than refused: see the module doc.
-fn time_to_i64(time: UnixMillis) -> i64 {
-    i64::try_from(time.0).unwrap_or(i64::MAX)
-}
-
-fn to_json<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {
-    // Serializing the engine's plain data types cannot fail; mapped rather than unwrapped.
-    serde_json::to_string(value)
-        .map_err(|e| StoreError::MalformedAppend(format!("cannot encode as JSON: {e}")))
+    EventColumns::from_row(row)?.into_event(invocation_id)
 }

@@ -5,8 +5,16 @@
 //! `InvalidOutput` when the model's output is not a decision, or a gRPC error status
 //! when the provider failed (which the orchestrator maps to `model_error`).
 //!
-//! Today the only adapter is the offline [`ScriptedModel`] (the stable format of
-//! DESIGN.md); [`Model`] is the seam where provider adapters plug in.
+//! Adapters behind the [`Model`] seam: the offline [`ScriptedModel`] (the stable format
+//! of DESIGN.md), [`OpenAiModel`] (Chat Completions: OpenAI, vLLM, Ollama, llama.cpp,
+//! LiteLLM) and [`AnthropicModel`] (Messages), configured per profile by a
+//! [`ModelConfig`]. Provider call IDs that are missing, repeated or already used are
+//! replaced by runtime IDs (`call-<turn>-<index>`); a refusal becomes `cannot_continue`;
+//! malformed tool-call arguments become `InvalidOutput`; 429, 5xx, timeouts, resets and
+//! truncated bodies are retried with bounded, jittered backoff (honouring
+//! `Retry-After`), then fail as UNAVAILABLE with the provider's status in the message.
+//! The prompt is built only from what the request carries (the goal, the summary, a
+//! bounded window of committed events), so its cost does not grow with the invocation.
 //!
 //! It is *not* the judge of decisions: it validates nothing about tool calls (unknown
 //! tools, non-object arguments and duplicate call IDs pass through untouched for the
@@ -19,15 +27,17 @@
 //! | missing `invocation_id`, `turn` 0, malformed `scripted_model_json` | INVALID_ARGUMENT |
 //! | no script in the request and no `script_file` configured | FAILED_PRECONDITION |
 //! | the script has no turn N and `repeat_last` is false | FAILED_PRECONDITION |
-//! | a scripted `model_error` (a provider failure) | UNAVAILABLE |
+//! | a scripted `model_error`, a provider failure after retries | UNAVAILABLE |
 //! | a scripted `raw` (output that is not a decision) | OK, `outcome.invalid` |
 
 #![warn(missing_docs)]
 
+mod adapter;
 mod cache;
 mod model;
 mod script;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,6 +47,14 @@ use agentloop_proto::v1::{DecideRequest, DecideResponse};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
+pub use adapter::MAX_CALLS_PER_RESPONSE;
+pub use adapter::anthropic::{ANTHROPIC_VERSION, AnthropicModel, DEFAULT_ANTHROPIC_MAX_TOKENS};
+pub use adapter::config::{
+    AdapterDeps, EnvSource, MapEnv, ModelConfig, ModelConfigError, ProcessEnv, Provider,
+};
+pub use adapter::context::MAX_HISTORY_EVENTS;
+pub use adapter::http::{RetryPolicy, Sleeper, TokioSleeper};
+pub use adapter::openai::OpenAiModel;
 pub use cache::{MAX_CACHED_BYTES, MAX_ENTRIES, ScriptCache};
 pub use model::{Model, ModelError, ModelReply, SCRIPTED_MODEL_NAME};
 pub use script::{
@@ -57,6 +75,11 @@ pub struct DecisionConfig {
     /// A scripted-model file used when a request carries no `scripted_model_json`.
     /// Without it, such requests fail with FAILED_PRECONDITION.
     pub script_file: Option<PathBuf>,
+    /// The model of profiles without their own `profiles.<name>.model`; unset (or
+    /// `provider = "scripted"`) means `script_file` decides.
+    pub model: Option<ModelConfig>,
+    /// Per-profile settings, by the profile name the orchestrator sends.
+    pub profiles: BTreeMap<String, ProfileConfig>,
 }
 
 impl Default for DecisionConfig {
@@ -64,8 +87,23 @@ impl Default for DecisionConfig {
         DecisionConfig {
             listen: "127.0.0.1:50052".into(),
             script_file: None,
+            model: None,
+            profiles: BTreeMap::new(),
         }
     }
+}
+
+/// One profile's decision settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProfileConfig {
+    /// The profile's model.
+    pub model: ModelConfig,
+}
+
+/// Installs the process-wide TLS provider once; reqwest needs it even for `http://`.
+pub(crate) fn install_crypto() {
+    agentloop_server::install_crypto_provider();
 }
 
 /// Why the service could not be set up from its configuration.
@@ -90,6 +128,15 @@ pub enum SetupError {
         #[source]
         source: ScriptError,
     },
+    /// A `model` section cannot be turned into an adapter.
+    #[error("invalid model configuration{}: {source}", profile.as_deref().map(|p| format!(" of profile {p}")).unwrap_or_default())]
+    Model {
+        /// The profile; `None` for the default `model`.
+        profile: Option<String>,
+        /// What is wrong.
+        #[source]
+        source: ModelConfigError,
+    },
 }
 
 /// The `DecisionService` implementation: per-request scripts (parsed once, cached) or
@@ -97,6 +144,7 @@ pub enum SetupError {
 #[derive(Debug, Clone)]
 pub struct DecisionServer {
     default_model: Option<Arc<dyn Model>>,
+    profiles: Arc<BTreeMap<String, Arc<dyn Model>>>,
     scripts: Arc<ScriptCache>,
 }
 
@@ -106,8 +154,16 @@ impl DecisionServer {
     pub fn new(default_model: Option<Arc<dyn Model>>) -> DecisionServer {
         DecisionServer {
             default_model,
+            profiles: Arc::new(BTreeMap::new()),
             scripts: Arc::new(ScriptCache::new()),
         }
+    }
+
+    /// The same server, with requests for `profile` (without a script) going to `model`.
+    #[must_use]
+    pub fn with_profile_model(mut self, profile: &str, model: Arc<dyn Model>) -> DecisionServer {
+        Arc::make_mut(&mut self.profiles).insert(profile.to_owned(), model);
+        self
     }
 
     /// A server configured from `config`: reads and parses `script_file`, if set.
@@ -116,6 +172,44 @@ impl DecisionServer {
     ///
     /// [`SetupError`] when the script file cannot be read or does not parse.
     pub fn from_config(config: &DecisionConfig) -> Result<DecisionServer, SetupError> {
+        DecisionServer::from_config_with(config, &ProcessEnv, &AdapterDeps::default())
+    }
+
+    /// [`DecisionServer::from_config`] with an injected environment and adapter
+    /// dependencies (tests).
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError`] when the script file or a model section is unusable.
+    pub fn from_config_with(
+        config: &DecisionConfig,
+        env: &dyn EnvSource,
+        deps: &AdapterDeps,
+    ) -> Result<DecisionServer, SetupError> {
+        let build = |profile: Option<&str>, model: &ModelConfig| {
+            model
+                .build_with(env, deps)
+                .map_err(|source| SetupError::Model {
+                    profile: profile.map(str::to_owned),
+                    source,
+                })
+        };
+        let mut server = match &config.model {
+            Some(model) if model.provider != Provider::Scripted => {
+                DecisionServer::new(Some(build(None, model)?))
+            }
+            Some(_) | None => DecisionServer::scripted_from(config)?,
+        };
+        for (name, profile) in &config.profiles {
+            if profile.model.provider != Provider::Scripted {
+                let model = build(Some(name), &profile.model)?;
+                server = server.with_profile_model(name, model);
+            }
+        }
+        Ok(server)
+    }
+
+    fn scripted_from(config: &DecisionConfig) -> Result<DecisionServer, SetupError> {
         let Some(path) = &config.script_file else {
             return Ok(DecisionServer::new(None));
         };
@@ -156,7 +250,11 @@ impl DecisionServer {
             let script = self.scripts.get_or_parse(&request.scripted_model_json)?;
             return script.decide(request).await;
         }
-        match &self.default_model {
+        match self
+            .profiles
+            .get(&request.profile)
+            .or(self.default_model.as_ref())
+        {
             Some(model) => model.decide(request).await,
             None => Err(ModelError::NoModel),
         }

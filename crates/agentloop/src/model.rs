@@ -1,0 +1,15 @@
+//! `--model provider:MODEL`: the real model an embedded run decides with.
+
+use std::sync::Arc;
+
+use agentloop_decision::{Model, ModelConfig};
+use anyhow::Context;
+
+/// Builds the adapter for `spec` (`openai:MODEL` or `anthropic:MODEL`), with the base
+/// URL and key from the ecosystem's usual environment variables. The key is never
+/// printed: the adapter's `Debug` redacts it.
+pub(crate) fn from_spec(spec: &str) -> anyhow::Result<Arc<dyn Model>> {
+    ModelConfig::from_spec(spec)
+        .and_then(|config| config.build())
+        .with_context(|| format!("--model {spec}"))
+}

@@ -1,0 +1,208 @@
+//! The conformance suite, a Redis restart and the revocation latency, against a real
+//! `redis-server` each test starts on a free loopback port.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout
+)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentloop_lease::testing::RedisServer;
+use agentloop_lease::{
+    Keeper, KeeperConfig, KeeperExit, LeaseBackend, LeaseError, RedisLeaseConfig, RedisLeases,
+    conformance,
+};
+use tokio_util::sync::CancellationToken;
+
+fn backend(server: &RedisServer) -> Arc<RedisLeases> {
+    Arc::new(RedisLeases::new(RedisLeaseConfig::new(server.url())).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_backend_conforms() {
+    let Some(server) = RedisServer::start_or_skip("redis_backend_conforms").await else {
+        return;
+    };
+    let url = server.url();
+    conformance::run_all(|| {
+        let url = url.clone();
+        async move {
+            let backend = RedisLeases::new(RedisLeaseConfig::new(url)).unwrap();
+            (Arc::new(backend) as Arc<dyn LeaseBackend>, ())
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_revocation_channel_is_the_documented_one() {
+    let Some(server) = RedisServer::start_or_skip("revocation_channel").await else {
+        return;
+    };
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut pubsub = client.get_async_pubsub().await.unwrap();
+    pubsub
+        .subscribe(agentloop_lease::REVOCATION_CHANNEL)
+        .await
+        .unwrap();
+    let leases = backend(&server);
+    leases.revoke("inv-1").await.unwrap();
+    let mut messages = pubsub.on_message();
+    let message = tokio::time::timeout(
+        Duration::from_secs(5),
+        futures::StreamExt::next(&mut messages),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(message.get_payload::<String>().unwrap(), "inv-1");
+}
+
+/// Kill Redis mid-run: calls fail with typed, retryable errors within their bound, a
+/// keeper whose lease cannot be confirmed fires its token by the TTL, and everything works
+/// again once Redis is back — with epochs still above the ones handed out before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_mid_run() {
+    let Some(mut server) = RedisServer::start_or_skip("redis_restart_mid_run").await else {
+        return;
+    };
+    let leases = backend(&server);
+    let shared: Arc<dyn LeaseBackend> = leases.clone();
+    let ttl = Duration::from_millis(600);
+    let before = leases
+        .acquire("inv", "worker-a", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let keeper = Keeper::start(
+        Arc::clone(&shared),
+        before.clone(),
+        KeeperConfig::for_ttl(ttl),
+        cancel.clone(),
+    )
+    .await
+    .unwrap();
+
+    server.kill();
+    let started = tokio::time::Instant::now();
+    let error = leases.acquire("other", "worker-b", ttl).await.unwrap_err();
+    assert!(
+        matches!(error, LeaseError::Unavailable(_) | LeaseError::Timeout(_)),
+        "{error:?}"
+    );
+    assert!(error.is_retryable());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "not bounded: {:?}",
+        started.elapsed()
+    );
+    for result in [
+        leases.renew(&before, ttl).await,
+        leases.release(&before).await,
+        leases.revoke("inv").await,
+    ] {
+        assert!(
+            matches!(
+                result,
+                Err(LeaseError::Unavailable(_) | LeaseError::Timeout(_))
+            ),
+            "{result:?}"
+        );
+    }
+    // The keeper cannot confirm its lease: it must give up by the TTL.
+    assert!(
+        tokio::time::timeout(ttl * 4, cancel.cancelled())
+            .await
+            .is_ok(),
+        "keeper kept running on an unconfirmable lease"
+    );
+    assert!(matches!(keeper.stop().await, KeeperExit::Expired(_)));
+
+    server.restart().await;
+    // The connection manager reconnects in the background; poll (bounded) until it has.
+    let started = tokio::time::Instant::now();
+    let after = loop {
+        match leases.acquire("inv", "worker-b", ttl).await {
+            Ok(Some(lease)) => break lease,
+            Ok(None) => panic!("a restarted Redis without persistence is empty"),
+            Err(error) => {
+                assert!(error.is_retryable(), "{error:?}");
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "never recovered: {error:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert!(
+        after.epoch > before.epoch,
+        "epoch went back after Redis lost its data: {} <= {}",
+        after.epoch,
+        before.epoch
+    );
+    // Revocations flow again once the listener re-subscribed.
+    let started = tokio::time::Instant::now();
+    let mut revocations = loop {
+        match leases.subscribe_revocations().await {
+            Ok(receiver) => break receiver,
+            Err(error) => {
+                assert!(started.elapsed() < Duration::from_secs(10), "{error:?}");
+            }
+        }
+    };
+    assert!(leases.revoke("inv").await.unwrap());
+    let revoked = tokio::time::timeout(Duration::from_secs(5), revocations.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(revoked, "inv");
+    leases.shutdown().await;
+}
+
+/// Revocation -> keeper token fired, over 200 trials; prints p50/p99 (no assertion on
+/// time: loopback timings vary with machine load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocation_to_cancellation_latency() {
+    let Some(server) = RedisServer::start_or_skip("revocation_latency").await else {
+        return;
+    };
+    let leases = backend(&server);
+    let shared: Arc<dyn LeaseBackend> = leases.clone();
+    let ttl = Duration::from_secs(30);
+    let trials = 200;
+    let mut latencies = Vec::with_capacity(trials);
+    for trial in 0..trials {
+        let key = format!("latency-{trial}");
+        let lease = leases.acquire(&key, "worker", ttl).await.unwrap().unwrap();
+        let cancel = CancellationToken::new();
+        let keeper = Keeper::start(
+            Arc::clone(&shared),
+            lease,
+            KeeperConfig::for_ttl(ttl),
+            cancel.clone(),
+        )
+        .await
+        .unwrap();
+        let started = tokio::time::Instant::now();
+        assert!(leases.revoke(&key).await.unwrap());
+        tokio::time::timeout(Duration::from_secs(5), cancel.cancelled())
+            .await
+            .unwrap();
+        latencies.push(started.elapsed());
+        assert_eq!(keeper.stop().await, KeeperExit::Revoked);
+    }
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() as f64 * q).ceil() as usize).saturating_sub(1)];
+    println!(
+        "revocation -> keeper token fired, Redis on loopback, {trials} trials: p50 {:?}, p99 {:?}, max {:?}",
+        at(0.50),
+        at(0.99),
+        latencies[latencies.len() - 1]
+    );
+    leases.shutdown().await;
+}

@@ -1,0 +1,232 @@
+//! What every SQL backend does the same way: checking an append before it touches the
+//! database, and turning stored columns back into records.
+//!
+//! Both backends keep counters and times in signed 64-bit columns and events, totals and
+//! end records as serde JSON text, so the conversions (and their error messages) live here
+//! once. Versions, seqs and epochs beyond `i64::MAX` are refused as malformed; times beyond
+//! it are clamped (they are 292 million years away).
+
+use agentloop_engine::{EndRecord, Event, EventBody, Totals, UnixMillis};
+use uuid::Uuid;
+
+use crate::{
+    Append, Created, InvocationRecord, InvocationState, NewInvocation, StoreError, StoredEvent,
+};
+
+/// Most events one `events()` call returns, whatever the caller asks for.
+pub(crate) const MAX_EVENTS_PAGE: u32 = 10_000;
+
+/// Most events one append may carry (an engine commit has one or two).
+pub(crate) const MAX_EVENTS_PER_APPEND: usize = 1_024;
+
+/// How often `create` looks the idempotency key up again after losing an insert race.
+pub(crate) const CREATE_ATTEMPTS: u32 = 3;
+
+/// The columns of an invocation row, as both backends store them.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct InvocationColumns {
+    pub(crate) invocation_id: String,
+    pub(crate) idempotency_key: Option<String>,
+    pub(crate) request_digest: String,
+    pub(crate) spec: String,
+    pub(crate) state: String,
+    pub(crate) version: i64,
+    pub(crate) lease_epoch: i64,
+    pub(crate) totals: String,
+    pub(crate) end_record: Option<String>,
+    pub(crate) created_at: i64,
+    pub(crate) updated_at: i64,
+}
+
+impl InvocationColumns {
+    /// The record these columns hold, or `Corrupt` naming the invocation and the column.
+    pub(crate) fn into_record(self) -> Result<InvocationRecord, StoreError> {
+        let invocation_id = parse_id(&self.invocation_id)?;
+        let corrupt = |what: &str, e: &dyn std::fmt::Display| {
+            StoreError::Corrupt(format!("invocation {invocation_id}: {what}: {e}"))
+        };
+        let totals: Totals =
+            serde_json::from_str(&self.totals).map_err(|e| corrupt("totals", &e))?;
+        let end = self
+            .end_record
+            .map(|text| serde_json::from_str::<EndRecord>(&text))
+            .transpose()
+            .map_err(|e| corrupt("end record", &e))?;
+        Ok(InvocationRecord {
+            invocation_id,
+            idempotency_key: self.idempotency_key,
+            request_digest: self.request_digest,
+            spec: self.spec,
+            state: parse_state(&self.state, invocation_id)?,
+            version: stored_u64(self.version, "version", invocation_id)?,
+            lease_epoch: stored_u64(self.lease_epoch, "lease_epoch", invocation_id)?,
+            totals,
+            end,
+            created_at: UnixMillis(stored_u64(self.created_at, "created_at", invocation_id)?),
+            updated_at: UnixMillis(stored_u64(self.updated_at, "updated_at", invocation_id)?),
+        })
+    }
+}
+
+/// The columns of an event row.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct EventColumns {
+    pub(crate) seq: i64,
+    pub(crate) committed_at: i64,
+    pub(crate) body: String,
+}
+
+impl EventColumns {
+    /// The stored event, or `Corrupt` naming the invocation and the seq.
+    pub(crate) fn into_event(self, invocation_id: Uuid) -> Result<StoredEvent, StoreError> {
+        let seq = stored_u64(self.seq, "seq", invocation_id)?;
+        let committed_at = stored_u64(self.committed_at, "committed_at", invocation_id)?;
+        let body: EventBody = serde_json::from_str(&self.body).map_err(|e| {
+            StoreError::Corrupt(format!("invocation {invocation_id} event {seq}: {e}"))
+        })?;
+        Ok(StoredEvent {
+            committed_at: UnixMillis(committed_at),
+            event: Event { seq, body },
+        })
+    }
+}
+
+/// The record a fresh `create` stored: running, version 0, no epoch yet.
+pub(crate) fn fresh_record(new: NewInvocation) -> InvocationRecord {
+    let created_at = UnixMillis(u64::try_from(time_to_i64(new.created_at)).unwrap_or(0));
+    InvocationRecord {
+        invocation_id: new.invocation_id,
+        idempotency_key: new.idempotency_key,
+        request_digest: new.request_digest,
+        spec: new.spec,
+        state: InvocationState::Running,
+        version: 0,
+        lease_epoch: 0,
+        totals: Totals::default(),
+        end: None,
+        created_at,
+        updated_at: created_at,
+    }
+}
+
+/// The answer to a create whose key is taken: the same request gets the same invocation.
+pub(crate) fn idempotent_answer(
+    new: &NewInvocation,
+    key: &str,
+    existing: InvocationRecord,
+) -> Result<Created, StoreError> {
+    if existing.request_digest == new.request_digest {
+        Ok(Created::Existing(existing))
+    } else {
+        Err(StoreError::IdempotencyConflict {
+            key: key.to_owned(),
+            existing: existing.invocation_id,
+        })
+    }
+}
+
+pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|db| db.is_unique_violation())
+}
+
+/// Checks the events continue the log from `expected_version` and encodes them as
+/// `(seq, body JSON)`.
+pub(crate) fn encode_events(append: &Append<'_>) -> Result<Vec<(i64, String)>, StoreError> {
+    if append.events.is_empty() {
+        return Err(StoreError::MalformedAppend(
+            "an append needs at least one event".into(),
+        ));
+    }
+    if append.events.len() > MAX_EVENTS_PER_APPEND {
+        return Err(StoreError::MalformedAppend(format!(
+            "{} events in one append; at most {MAX_EVENTS_PER_APPEND} are allowed",
+            append.events.len()
+        )));
+    }
+    let mut rows = Vec::with_capacity(append.events.len());
+    let mut expected = append.expected_version;
+    for event in append.events {
+        expected = expected
+            .checked_add(1)
+            .ok_or_else(|| StoreError::MalformedAppend("seq overflows".into()))?;
+        if event.seq != expected {
+            return Err(StoreError::MalformedAppend(format!(
+                "event seq {} where {expected} was expected (the append extends version {})",
+                event.seq, append.expected_version
+            )));
+        }
+        rows.push((counter_to_i64(event.seq, "seq")?, to_json(&event.body)?));
+    }
+    Ok(rows)
+}
+
+/// The end record among the events, which may only be the last one.
+pub(crate) fn ended_record(events: &[Event]) -> Result<Option<&EndRecord>, StoreError> {
+    let mut end = None;
+    for (index, event) in events.iter().enumerate() {
+        match &event.body {
+            EventBody::Ended(record) if index + 1 == events.len() => end = Some(record),
+            EventBody::Ended(_) => {
+                return Err(StoreError::MalformedAppend(format!(
+                    "event {} is Ended but not the last event of the append",
+                    event.seq
+                )));
+            }
+            EventBody::Turn(_) => {}
+        }
+    }
+    Ok(end)
+}
+
+pub(crate) fn parse_id(text: &str) -> Result<Uuid, StoreError> {
+    Uuid::parse_str(text)
+        .map_err(|e| StoreError::Corrupt(format!("invocation ID {text:?} is not a UUID: {e}")))
+}
+
+pub(crate) fn parse_state(text: &str, invocation_id: Uuid) -> Result<InvocationState, StoreError> {
+    match text {
+        "running" => Ok(InvocationState::Running),
+        "ended" => Ok(InvocationState::Ended),
+        other => Err(StoreError::Corrupt(format!(
+            "invocation {invocation_id}: unknown state {other:?}"
+        ))),
+    }
+}
+
+pub(crate) const fn state_text(state: InvocationState) -> &'static str {
+    match state {
+        InvocationState::Running => "running",
+        InvocationState::Ended => "ended",
+    }
+}
+
+pub(crate) fn stored_u64(value: i64, column: &str, invocation_id: Uuid) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| {
+        StoreError::Corrupt(format!(
+            "invocation {invocation_id}: {column} is negative ({value})"
+        ))
+    })
+}
+
+pub(crate) fn counter_to_i64(value: u64, what: &str) -> Result<i64, StoreError> {
+    i64::try_from(value)
+        .map_err(|_| StoreError::MalformedAppend(format!("{what} {value} is out of range")))
+}
+
+/// Times past i64::MAX milliseconds are clamped rather than refused: see the module doc.
+pub(crate) fn time_to_i64(time: UnixMillis) -> i64 {
+    i64::try_from(time.0).unwrap_or(i64::MAX)
+}
+
+/// A `from_seq` past i64::MAX is past every stored seq.
+pub(crate) fn from_seq_to_i64(from_seq: u64) -> i64 {
+    i64::try_from(from_seq).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {
+    // Serializing the engine's plain data types cannot fail; mapped rather than unwrapped.
+    serde_json::to_string(value)
+        .map_err(|e| StoreError::MalformedAppend(format!("cannot encode as JSON: {e}")))
+}

@@ -1,0 +1,346 @@
+//! The shared backend: PostgreSQL, for several orchestrator processes on several machines.
+//!
+//! Writers serialize per invocation, not per database: `append` locks the invocation's row
+//! with `SELECT ... FOR UPDATE` before it checks state, version and lease epoch, so the
+//! read-check-write cannot interleave with another writer of the same invocation (a second
+//! writer waits for the first to commit, then sees the version it left and is refused),
+//! while appends to different invocations run in parallel. `create` relies on the unique
+//! idempotency key instead: `INSERT ... ON CONFLICT (idempotency_key) DO NOTHING` waits for
+//! a concurrent insert of the same key to commit, then the existing row is selected.
+//!
+//! Every session runs with `synchronous_commit = on` whatever the server's default, so an
+//! `Ok` from `append` means the commit is flushed to the server's WAL; and with a
+//! `lock_timeout`, so a writer stuck behind a lock fails instead of waiting forever.
+//! Counters and times are BIGINT, JSON is TEXT (see the migration for why not JSONB).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use agentloop_engine::Totals;
+use async_trait::async_trait;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{FromRow, Row};
+use uuid::Uuid;
+
+use crate::codec::{
+    CREATE_ATTEMPTS, EventColumns, InvocationColumns, MAX_EVENTS_PAGE, counter_to_i64,
+    encode_events, ended_record, fresh_record, from_seq_to_i64, idempotent_answer, parse_id,
+    parse_state, state_text, stored_u64, time_to_i64, to_json,
+};
+use crate::{
+    Append, Created, EventStore, InvocationRecord, InvocationState, ListRequest, MAX_PAGE_SIZE,
+    NewInvocation, StoreError, StoredEvent,
+};
+
+/// The schema, embedded at compile time so a binary carries its own migrations. sqlx takes
+/// an advisory lock while migrating, so processes starting together do not race.
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// How long an operation waits for a connection from the pool (this also bounds the
+/// connect when the server is unreachable).
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a statement waits for a row lock before the operation fails: the same bound
+/// SQLite's busy timeout gives.
+const LOCK_TIMEOUT: &str = "5s";
+
+/// The connection pool size [`PgOptions::new`] picks.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
+
+/// How to connect a [`PgStore`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgOptions {
+    /// A libpq-style URL, `postgres://user[:password]@host[:port]/database[?sslmode=...]`.
+    /// The database must exist; its schema is brought up to date on connect.
+    pub url: String,
+    /// Size of the connection pool (appends to different invocations run in parallel).
+    pub max_connections: u32,
+}
+
+impl PgOptions {
+    /// The defaults for the database at `url`.
+    pub fn new(url: impl Into<String>) -> PgOptions {
+        PgOptions {
+            url: url.into(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// The PostgreSQL [`EventStore`]. Cheap to clone (a shared connection pool).
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl PgStore {
+    /// Connects to the database and brings its schema up to date.
+    pub async fn connect(options: PgOptions) -> Result<PgStore, StoreError> {
+        let mut connect = PgConnectOptions::from_str(&options.url)?
+            .options([("synchronous_commit", "on"), ("lock_timeout", LOCK_TIMEOUT)]);
+        if connect.get_application_name().is_none() {
+            connect = connect.application_name("agentloop-store");
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections.max(1))
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(connect)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        tracing::debug!(
+            database = pool.connect_options().get_database().unwrap_or_default(),
+            "event store connected"
+        );
+        Ok(PgStore { pool })
+    }
+
+    /// The `synchronous_commit` setting a connection of this store runs with (`on`), for a
+    /// startup log line and tests.
+    pub async fn synchronous_commit(&self) -> Result<String, StoreError> {
+        Ok(sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Closes every connection; waits for ones in use.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// The columns `InvocationColumns` reads, as a literal so queries stay `&'static str`.
+/// The ID is read as text so both backends decode the same columns.
+macro_rules! select_invocation {
+    () => {
+        "SELECT invocation_id::text AS invocation_id, idempotency_key, request_digest, spec, \
+         state, version, lease_epoch, totals, end_record, created_at, updated_at \
+         FROM invocations"
+    };
+}
+
+#[async_trait]
+impl EventStore for PgStore {
+    async fn create(&self, new: NewInvocation) -> Result<Created, StoreError> {
+        let id_text = new.invocation_id.hyphenated().to_string();
+        let totals = to_json(&Totals::default())?;
+        let created_at = time_to_i64(new.created_at);
+        for _ in 0..CREATE_ATTEMPTS {
+            // Without a key nothing can conflict but the ID itself, which is an error.
+            let inserted = sqlx::query(
+                "INSERT INTO invocations (invocation_id, idempotency_key, request_digest, spec, \
+                 state, version, lease_epoch, totals, end_record, created_at, updated_at) \
+                 VALUES ($1::uuid, $2, $3, $4, 'running', 0, 0, $5, NULL, $6, $6) \
+                 ON CONFLICT (idempotency_key) DO NOTHING",
+            )
+            .bind(&id_text)
+            .bind(new.idempotency_key.as_deref())
+            .bind(&new.request_digest)
+            .bind(&new.spec)
+            .bind(&totals)
+            .bind(created_at)
+            .execute(&self.pool)
+            .await?;
+            if inserted.rows_affected() == 1 {
+                return Ok(Created::New(fresh_record(new)));
+            }
+            let Some(key) = &new.idempotency_key else {
+                return Err(StoreError::Corrupt(format!(
+                    "invocation {}: insert without an idempotency key stored nothing",
+                    new.invocation_id
+                )));
+            };
+            // The key is taken by a committed row (the insert waited for a concurrent one
+            // to commit): this statement's fresh snapshot sees it, unless it was deleted
+            // in between, in which case the insert is tried again.
+            let existing =
+                sqlx::query(concat!(select_invocation!(), " WHERE idempotency_key = $1"))
+                    .bind(key)
+                    .fetch_optional(&self.pool)
+                    .await?;
+            if let Some(row) = existing {
+                return idempotent_answer(&new, key, decode_invocation(&row)?);
+            }
+        }
+        Err(StoreError::Corrupt(format!(
+            "idempotency key {:?} conflicted {CREATE_ATTEMPTS} times but no invocation holds it",
+            new.idempotency_key.unwrap_or_default()
+        )))
+    }
+
+    async fn get(&self, invocation_id: Uuid) -> Result<InvocationRecord, StoreError> {
+        let row = sqlx::query(concat!(
+            select_invocation!(),
+            " WHERE invocation_id = $1::uuid"
+        ))
+        .bind(invocation_id.hyphenated().to_string())
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(row) => decode_invocation(&row),
+            None => Err(StoreError::NotFound(invocation_id)),
+        }
+    }
+
+    async fn list(&self, request: ListRequest) -> Result<Vec<InvocationRecord>, StoreError> {
+        let limit = i64::from(request.limit.min(MAX_PAGE_SIZE));
+        let before = request.before.map(|id| id.hyphenated().to_string());
+        let state = request.state.map(state_text);
+        // Four static queries rather than `$1 IS NULL OR ...`, so each can use its index.
+        // Parameters are bound in order, the limit last.
+        let query = match (&before, &state) {
+            (None, None) => sqlx::query(concat!(
+                select_invocation!(),
+                " ORDER BY invocation_id DESC LIMIT $1"
+            )),
+            (Some(before), None) => sqlx::query(concat!(
+                select_invocation!(),
+                " WHERE invocation_id < $1::uuid ORDER BY invocation_id DESC LIMIT $2"
+            ))
+            .bind(before),
+            (None, Some(state)) => sqlx::query(concat!(
+                select_invocation!(),
+                " WHERE state = $1 ORDER BY invocation_id DESC LIMIT $2"
+            ))
+            .bind(*state),
+            (Some(before), Some(state)) => sqlx::query(concat!(
+                select_invocation!(),
+                " WHERE state = $1 AND invocation_id < $2::uuid \
+                 ORDER BY invocation_id DESC LIMIT $3"
+            ))
+            .bind(*state)
+            .bind(before),
+        };
+        let rows = query.bind(limit).fetch_all(&self.pool).await?;
+        rows.iter().map(decode_invocation).collect()
+    }
+
+    async fn append(&self, invocation_id: Uuid, append: Append<'_>) -> Result<(), StoreError> {
+        // Everything that can be checked without the database is checked before a row is
+        // locked.
+        let rows = encode_events(&append)?;
+        let end = ended_record(append.events)?;
+        let lease_epoch = counter_to_i64(append.lease_epoch, "lease epoch")?;
+        let totals = to_json(&append.totals)?;
+        let end_json = end.map(to_json).transpose()?;
+        let committed_at = time_to_i64(append.committed_at);
+        let new_version = rows.last().map_or(0, |(seq, _)| *seq);
+        let (seqs, bodies): (Vec<i64>, Vec<String>) = rows.into_iter().unzip();
+        let id_text = invocation_id.hyphenated().to_string();
+
+        // Dropping the transaction on any early return rolls it back: nothing is written.
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "SELECT state, version, lease_epoch FROM invocations \
+             WHERE invocation_id = $1::uuid FOR UPDATE",
+        )
+        .bind(&id_text)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Err(StoreError::NotFound(invocation_id));
+        };
+        let state = parse_state(&row.try_get::<String, _>("state")?, invocation_id)?;
+        let version = stored_u64(row.try_get("version")?, "version", invocation_id)?;
+        let current_epoch = stored_u64(row.try_get("lease_epoch")?, "lease_epoch", invocation_id)?;
+        match state {
+            InvocationState::Ended => return Err(StoreError::Ended(invocation_id)),
+            InvocationState::Running => {}
+        }
+        if append.lease_epoch < current_epoch {
+            return Err(StoreError::StaleEpoch {
+                invocation_id,
+                presented: append.lease_epoch,
+                current: current_epoch,
+            });
+        }
+        if append.expected_version != version {
+            return Err(StoreError::VersionConflict {
+                invocation_id,
+                expected: append.expected_version,
+                actual: version,
+            });
+        }
+        // All events in one statement: one round trip however many the commit has.
+        sqlx::query(
+            "INSERT INTO events (invocation_id, seq, committed_at, body) \
+             SELECT $1::uuid, event.seq, $2, event.body \
+             FROM UNNEST($3::bigint[], $4::text[]) AS event (seq, body)",
+        )
+        .bind(&id_text)
+        .bind(committed_at)
+        .bind(seqs)
+        .bind(bodies)
+        .execute(&mut *tx)
+        .await?;
+        let state = if end_json.is_some() {
+            InvocationState::Ended
+        } else {
+            InvocationState::Running
+        };
+        sqlx::query(
+            "UPDATE invocations SET version = $1, lease_epoch = $2, totals = $3, state = $4, \
+             end_record = $5, updated_at = $6 WHERE invocation_id = $7::uuid",
+        )
+        .bind(new_version)
+        .bind(lease_epoch)
+        .bind(&totals)
+        .bind(state_text(state))
+        .bind(end_json.as_deref())
+        .bind(committed_at)
+        .bind(&id_text)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn events(
+        &self,
+        invocation_id: Uuid,
+        from_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let id_text = invocation_id.hyphenated().to_string();
+        let from = from_seq_to_i64(from_seq);
+        let limit = i64::from(limit.min(MAX_EVENTS_PAGE));
+        let rows = sqlx::query(
+            "SELECT seq, committed_at, body FROM events \
+             WHERE invocation_id = $1::uuid AND seq >= $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(&id_text)
+        .bind(from)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        if rows.is_empty() {
+            let exists: Option<i32> =
+                sqlx::query_scalar("SELECT 1 FROM invocations WHERE invocation_id = $1::uuid")
+                    .bind(&id_text)
+                    .fetch_optional(&self.pool)
+                    .await?;
+            if exists.is_none() {
+                return Err(StoreError::NotFound(invocation_id));
+            }
+        }
+        rows.iter()
+            .map(|row| EventColumns::from_row(row)?.into_event(invocation_id))
+            .collect()
+    }
+
+    async fn running(&self, limit: u32) -> Result<Vec<Uuid>, StoreError> {
+        let limit = i64::from(limit.min(MAX_PAGE_SIZE));
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT invocation_id::text FROM invocations WHERE state = 'running' \
+             ORDER BY created_at, invocation_id LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        ids.iter().map(|text| parse_id(text)).collect()
+    }
+}
+
+fn decode_invocation(row: &PgRow) -> Result<InvocationRecord, StoreError> {
+    InvocationColumns::from_row(row)?.into_record()
+}

@@ -1,0 +1,381 @@
+//! The PostgreSQL backend: the whole conformance suite (each check on a database of its
+//! own), durability across a reconnect, fencing between two racing writers, and what only
+//! this backend has to get right (session settings, JSON PostgreSQL is picky about, corrupt
+//! rows). Skips loudly without a server unless `AGENTLOOP_REQUIRE_POSTGRES=1`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::wildcard_enum_match_arm
+)]
+
+use std::sync::Arc;
+
+use agentloop_engine::{CallId, CallOutcome, CallResult, EventBody, UnixMillis};
+use agentloop_store::conformance::{self, lookup_turn, new_invocation};
+use agentloop_store::testing::{PostgresServer, TestDatabase};
+use agentloop_store::{Append, Created, EventStore, PgOptions, PgStore, StoreError};
+use sqlx::Connection;
+use tokio::sync::Barrier;
+
+async fn store_on(database: &TestDatabase) -> PgStore {
+    PgStore::connect(PgOptions::new(database.url()))
+        .await
+        .expect("connect to the test database")
+}
+
+async fn fresh(server: &PostgresServer) -> (PgStore, TestDatabase) {
+    let database = server.create_database().await.expect("create database");
+    (store_on(&database).await, database)
+}
+
+fn append(
+    expected_version: u64,
+    lease_epoch: u64,
+    events: &[agentloop_engine::Event],
+) -> Append<'_> {
+    Append {
+        expected_version,
+        lease_epoch,
+        events,
+        totals: Default::default(),
+        committed_at: UnixMillis(2_000 + expected_version),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_passes_the_conformance_suite() {
+    let Some(server) = PostgresServer::for_test("postgres_passes_the_conformance_suite").await
+    else {
+        return;
+    };
+    conformance::run_all(|| fresh(&server)).await;
+}
+
+#[tokio::test]
+async fn test_databases_are_unique_and_dropped() {
+    let Some(server) = PostgresServer::for_test("test_databases_are_unique_and_dropped").await
+    else {
+        return;
+    };
+    let first = server.create_database().await.unwrap();
+    let second = server.create_database().await.unwrap();
+    assert_ne!(first.name(), second.name());
+    assert!(first.name().starts_with("agentloop_test_"));
+    let exists = |name: String| {
+        let admin = server.admin_url().to_owned();
+        async move {
+            let mut conn = sqlx::PgConnection::connect(&admin).await.unwrap();
+            let found: Option<i32> =
+                sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+                    .bind(name)
+                    .fetch_optional(&mut conn)
+                    .await
+                    .unwrap();
+            found.is_some()
+        }
+    };
+    let (first_name, second_name) = (first.name().to_owned(), second.name().to_owned());
+    assert!(exists(first_name.clone()).await);
+    // A store still connected does not keep its database alive.
+    let store = store_on(&first).await;
+    drop(first);
+    assert!(!exists(first_name).await, "dropped with the value");
+    second.drop_database().await.unwrap();
+    assert!(!exists(second_name).await, "dropped explicitly");
+    drop(store);
+}
+
+#[tokio::test]
+async fn committed_events_survive_a_reconnect() {
+    let Some(server) = PostgresServer::for_test("committed_events_survive_a_reconnect").await
+    else {
+        return;
+    };
+    let database = server.create_database().await.unwrap();
+    let store = store_on(&database).await;
+    assert_eq!(store.synchronous_commit().await.unwrap(), "on");
+    let new = new_invocation(1_000, Some("key"), "digest");
+    let id = new.invocation_id;
+    assert!(matches!(
+        store.create(new.clone()).await.unwrap(),
+        Created::New(_)
+    ));
+    let events = [lookup_turn(1, 1), lookup_turn(2, 2)];
+    store.append(id, append(0, 4, &events)).await.unwrap();
+    let before = store.get(id).await.unwrap();
+    store.close().await;
+    drop(store);
+
+    // A new pool (new sessions); reconnecting also finds the schema already migrated.
+    let reconnected = store_on(&database).await;
+    assert_eq!(reconnected.get(id).await.unwrap(), before);
+    let read: Vec<_> = reconnected
+        .events(id, 1, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|stored| stored.event)
+        .collect();
+    assert_eq!(read, events);
+    assert_eq!((before.version, before.lease_epoch), (2, 4));
+    assert_eq!(reconnected.running(10).await.unwrap(), [id]);
+    match reconnected.create(new).await.unwrap() {
+        Created::Existing(record) => assert_eq!(record, before),
+        Created::New(_) => panic!("the key was forgotten"),
+    }
+}
+
+/// What each writer saw, to check against the log.
+#[derive(Debug, Default)]
+struct WriterReport {
+    committed: Vec<u64>,
+    fenced: bool,
+}
+
+/// Writes turns as `epoch` until it is fenced or has written `turns`, re-reading the
+/// version after each conflict. The turn number records the writer: `epoch * 1000 + n`.
+async fn writer(
+    store: Arc<PgStore>,
+    id: uuid::Uuid,
+    epoch: u64,
+    turns: u32,
+    start: Arc<Barrier>,
+) -> WriterReport {
+    let mut report = WriterReport::default();
+    start.wait().await;
+    let mut written = 0;
+    // Bounded: every iteration either commits, is fenced, or lost a race to a commit, and
+    // the two writers commit at most 2 * turns times in all.
+    for _ in 0..(4 * turns + 4) {
+        if written == turns {
+            break;
+        }
+        let version = store.get(id).await.unwrap().version;
+        let turn = u32::try_from(epoch).unwrap() * 1_000 + written;
+        let events = [lookup_turn(version + 1, turn)];
+        match store.append(id, append(version, epoch, &events)).await {
+            Ok(()) => {
+                report.committed.push(version + 1);
+                written += 1;
+            }
+            Err(StoreError::VersionConflict { .. }) => {}
+            Err(StoreError::StaleEpoch {
+                presented, current, ..
+            }) => {
+                assert_eq!(presented, epoch);
+                assert!(current > epoch);
+                report.fenced = true;
+                break;
+            }
+            Err(other) => panic!("writer {epoch}: unexpected {other}"),
+        }
+        tokio::task::yield_now().await;
+    }
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_epoch_never_commits_after_a_newer_one() {
+    let Some(server) =
+        PostgresServer::for_test("an_older_epoch_never_commits_after_a_newer_one").await
+    else {
+        return;
+    };
+    let (store, _database) = fresh(&server).await;
+    let store = Arc::new(store);
+    const ROUNDS: u64 = 12;
+    const TURNS: u32 = 6;
+    let mut fenced_rounds = 0;
+    for round in 0..ROUNDS {
+        let id = store
+            .create(new_invocation(1_000 + round, None, "d"))
+            .await
+            .unwrap();
+        let Created::New(record) = id else {
+            panic!("a new invocation")
+        };
+        let id = record.invocation_id;
+        let start = Arc::new(Barrier::new(2));
+        let old = tokio::spawn(writer(Arc::clone(&store), id, 1, TURNS, Arc::clone(&start)));
+        let new = tokio::spawn(writer(Arc::clone(&store), id, 2, TURNS, start));
+        let (old, new) = (old.await.unwrap(), new.await.unwrap());
+
+        let log = store.events(id, 1, 1_000).await.unwrap();
+        let writers: Vec<u32> = log
+            .iter()
+            .map(|stored| match &stored.event.body {
+                EventBody::Turn(turn) => turn.turn / 1_000,
+                EventBody::Ended(_) => panic!("no end was written"),
+            })
+            .collect();
+        // The log is exactly what the two writers were told they committed.
+        assert_eq!(
+            log.len(),
+            old.committed.len() + new.committed.len(),
+            "round {round}: {writers:?}"
+        );
+        assert_eq!(
+            new.committed.len(),
+            TURNS as usize,
+            "the newer writer is never fenced"
+        );
+        // The fence: once epoch 2 has committed, epoch 1 never does again.
+        if let Some(first_new) = writers.iter().position(|writer| *writer == 2) {
+            assert!(
+                writers[first_new..].iter().all(|writer| *writer == 2),
+                "round {round}: epoch 1 committed after epoch 2: {writers:?}"
+            );
+        }
+        assert!(
+            old.committed.iter().all(|seq| !new.committed.contains(seq)),
+            "no seq committed twice"
+        );
+        if old.fenced {
+            fenced_rounds += 1;
+        } else {
+            assert_eq!(old.committed.len(), TURNS as usize, "round {round}");
+        }
+        let record = store.get(id).await.unwrap();
+        assert_eq!(record.lease_epoch, 2);
+        assert_eq!(record.version, log.len() as u64);
+    }
+    // The older writer only finishes unfenced when it wrote all its turns before the newer
+    // wrote any; over twelve racing rounds it is fenced at least once.
+    assert!(fenced_rounds > 0, "the race never fenced the older writer");
+}
+
+#[tokio::test]
+async fn a_frozen_writer_is_fenced_after_a_takeover() {
+    let Some(server) = PostgresServer::for_test("a_frozen_writer_is_fenced_after_a_takeover").await
+    else {
+        return;
+    };
+    let (store, _database) = fresh(&server).await;
+    let new = new_invocation(1_000, None, "d");
+    let id = new.invocation_id;
+    store.create(new).await.unwrap();
+    store
+        .append(id, append(0, 1, &[lookup_turn(1, 1)]))
+        .await
+        .unwrap();
+    // The old worker reads version 1, then freezes; a new worker (epoch 2) takes over and
+    // commits turn 2. The old worker wakes and tries to commit its turn 2 at version 1:
+    // the epoch is refused before the version is even looked at.
+    store
+        .append(id, append(1, 2, &[lookup_turn(2, 2)]))
+        .await
+        .unwrap();
+    match store.append(id, append(1, 1, &[lookup_turn(2, 1)])).await {
+        Err(StoreError::StaleEpoch {
+            presented: 1,
+            current: 2,
+            ..
+        }) => {}
+        other => panic!("expected StaleEpoch, got {other:?}"),
+    }
+    // Even at the right version.
+    assert!(matches!(
+        store.append(id, append(2, 1, &[lookup_turn(3, 1)])).await,
+        Err(StoreError::StaleEpoch { .. })
+    ));
+    assert_eq!(store.get(id).await.unwrap().version, 2);
+}
+
+#[tokio::test]
+async fn json_postgres_is_picky_about_round_trips() {
+    let Some(server) = PostgresServer::for_test("json_postgres_is_picky_about_round_trips").await
+    else {
+        return;
+    };
+    let (store, _database) = fresh(&server).await;
+    let new = new_invocation(1_000, None, "d");
+    let id = new.invocation_id;
+    store.create(new).await.unwrap();
+    // A NUL escape (JSONB would refuse it) and key order that JSONB would rewrite.
+    let mut event = lookup_turn(1, 1);
+    let EventBody::Turn(turn) = &mut event.body else {
+        panic!("a turn")
+    };
+    turn.results = vec![CallResult {
+        call_id: CallId::new("call-1"),
+        outcome: CallOutcome::Output {
+            output_json: "{\"z\":\"nul \\u0000 here\",\"a\":\"\u{0}\"}".to_owned(),
+        },
+    }];
+    store
+        .append(id, append(0, 1, std::slice::from_ref(&event)))
+        .await
+        .unwrap();
+    let read = store.events(id, 1, 10).await.unwrap();
+    assert_eq!(read[0].event, event);
+}
+
+#[tokio::test]
+async fn corrupt_rows_are_reported_with_the_invocation_and_seq() {
+    let Some(server) =
+        PostgresServer::for_test("corrupt_rows_are_reported_with_the_invocation_and_seq").await
+    else {
+        return;
+    };
+    let (store, database) = fresh(&server).await;
+    let new = new_invocation(1_000, None, "d");
+    let id = new.invocation_id;
+    store.create(new).await.unwrap();
+    store
+        .append(id, append(0, 1, &[lookup_turn(1, 1)]))
+        .await
+        .unwrap();
+    let mut conn = sqlx::PgConnection::connect(database.url()).await.unwrap();
+    sqlx::query("UPDATE events SET body = '{\"turn\":' WHERE seq = 1")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    match store.events(id, 1, 10).await {
+        Err(StoreError::Corrupt(message)) => {
+            assert!(message.contains(&id.to_string()), "{message}");
+            assert!(message.contains("event 1"), "{message}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    sqlx::query("UPDATE invocations SET state = 'paused'")
+        .execute(&mut conn)
+        .await
+        .expect_err("the schema refuses an unknown state");
+    sqlx::query("UPDATE invocations SET totals = 'not json'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    match store.get(id).await {
+        Err(StoreError::Corrupt(message)) => {
+            assert!(message.contains(&id.to_string()), "{message}");
+            assert!(message.contains("totals"), "{message}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert_eq!(
+        store.running(10).await.unwrap(),
+        [id],
+        "other reads still work"
+    );
+}
+
+#[tokio::test]
+async fn a_bad_url_or_missing_database_is_an_error() {
+    let Some(server) = PostgresServer::for_test("a_bad_url_or_missing_database_is_an_error").await
+    else {
+        return;
+    };
+    assert!(matches!(
+        PgStore::connect(PgOptions::new("not a url")).await,
+        Err(StoreError::Database(_))
+    ));
+    let database = server.create_database().await.unwrap();
+    let missing = database
+        .url()
+        .replace(database.name(), "agentloop_test_missing");
+    assert!(matches!(
+        PgStore::connect(PgOptions::new(missing)).await,
+        Err(StoreError::Database(_))
+    ));
+}

@@ -1,0 +1,387 @@
+//! The provider-neutral prompt built from one `DecideRequest`: the goal, the summary of
+//! what came before the window, and the window's committed events, where the last few
+//! turns are shown in full and older ones as one-line notes. It only ever reads what
+//! the request carries (itself bounded by the orchestrator, and again here), so the
+//! cost of a turn does not grow with the length of the invocation.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+
+use agentloop_proto::v1::decision::Kind;
+use agentloop_proto::v1::event::Body;
+use agentloop_proto::v1::tool_result::Outcome as ResultOutcome;
+use agentloop_proto::v1::{
+    ApprovalVerdict, DecideRequest, Rejection, RejectionKind, ToolCall, ToolResult, TurnCommitted,
+};
+
+/// Most history events read from one request, whatever the caller sends.
+pub const MAX_HISTORY_EVENTS: usize = 64;
+
+/// Longest call ID taken from a provider; longer ones are replaced.
+const MAX_CALL_ID_BYTES: usize = 128;
+
+const DEFAULT_SYSTEM_PROMPT: &str = "You are an agent working towards the user's goal. \
+Use the provided tools when you need information or need to act; you may call several \
+independent tools at once. Tool results come back in the following messages. When the goal \
+is reached, reply with the final answer as plain text and no tool call. If the goal cannot \
+be reached, say why in plain text.";
+
+/// How the prompt is bounded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ContextConfig {
+    pub(crate) keep_last_turns: usize,
+    pub(crate) max_observation_bytes: usize,
+    pub(crate) system_prompt: Option<String>,
+}
+
+/// One tool result as the model sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Observation {
+    pub(crate) call_id: String,
+    pub(crate) content: String,
+    pub(crate) is_error: bool,
+}
+
+/// One message of the neutral conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Item {
+    /// User-role text: the goal, notes, rejections, a user's answer.
+    User(String),
+    /// Assistant-role text: an answer or question proposed earlier.
+    Assistant(String),
+    /// Assistant tool calls, then one observation per call, in call order.
+    Calls {
+        calls: Vec<ToolCall>,
+        observations: Vec<Observation>,
+    },
+}
+
+/// The neutral prompt; each adapter renders it in its provider's format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Prompt {
+    pub(crate) system: String,
+    pub(crate) items: Vec<Item>,
+}
+
+/// Cuts `text` to at most `limit` bytes (at a character boundary), saying how much went.
+pub(crate) fn truncate(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_owned();
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…[{} more bytes elided]", &text[..end], text.len() - end)
+}
+
+fn non_empty(text: &str, fallback: &str) -> String {
+    if text.trim().is_empty() {
+        fallback.to_owned()
+    } else {
+        text.to_owned()
+    }
+}
+
+pub(crate) fn build(request: &DecideRequest, config: &ContextConfig) -> Prompt {
+    let limit = config.max_observation_bytes;
+    let mut items = vec![Item::User(non_empty(
+        &truncate(&request.goal, limit.saturating_mul(4)),
+        "(no goal given)",
+    ))];
+    let start = request.history.len().saturating_sub(MAX_HISTORY_EVENTS);
+    let history = &request.history[start..];
+    if !request.summary.is_empty() || request.context_from_seq > 1 || start > 0 {
+        let summary = if request.summary.is_empty() {
+            "no summary".to_owned()
+        } else {
+            truncate(&request.summary, limit)
+        };
+        items.push(Item::User(format!(
+            "[Earlier events before seq {} are not shown; summary: {summary}]",
+            history.first().map_or(request.context_from_seq, |e| e.seq)
+        )));
+    }
+    let turns = history
+        .iter()
+        .filter(|e| matches!(e.body, Some(Body::Turn(_))))
+        .count();
+    let elide_below = turns.saturating_sub(config.keep_last_turns);
+    let mut turn_index = 0usize;
+    let mut elided = String::new();
+    for event in history {
+        let Some(body) = &event.body else { continue };
+        match body {
+            Body::Turn(turn) => {
+                turn_index += 1;
+                if turn_index <= elide_below {
+                    if !elided.is_empty() {
+                        elided.push_str("; ");
+                    }
+                    elided.push_str(&one_line(turn));
+                    continue;
+                }
+                flush_elided(&mut items, &mut elided, limit);
+                render_turn(&mut items, turn, limit);
+            }
+            Body::Ended(ended) => {
+                flush_elided(&mut items, &mut elided, limit);
+                items.push(Item::User(format!(
+                    "[The invocation stopped ({}{}{}) and was resumed.]",
+                    ended.reason().as_str_name(),
+                    if ended.detail.is_empty() { "" } else { ": " },
+                    truncate(&ended.detail, 512)
+                )));
+            }
+            Body::ApprovalResolved(resolved) => {
+                flush_elided(&mut items, &mut elided, limit);
+                let verdict = match resolved.verdict() {
+                    ApprovalVerdict::Approve => "approved",
+                    ApprovalVerdict::Deny => "denied; do not run those calls",
+                    ApprovalVerdict::Unspecified => "resolved",
+                };
+                items.push(Item::User(format!("[A human {verdict} the proposal.]")));
+            }
+            Body::ClarificationAnswered(answer) => {
+                flush_elided(&mut items, &mut elided, limit);
+                items.push(Item::User(format!(
+                    "The user answered your question: {}",
+                    truncate(&answer.answer, limit)
+                )));
+            }
+        }
+    }
+    flush_elided(&mut items, &mut elided, limit);
+    if !matches!(items.last(), Some(Item::User(_) | Item::Calls { .. })) {
+        items.push(Item::User("Continue towards the goal.".into()));
+    }
+    Prompt {
+        system: config
+            .system_prompt
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_owned()),
+        items,
+    }
+}
+
+fn flush_elided(items: &mut Vec<Item>, elided: &mut String, limit: usize) {
+    if !elided.is_empty() {
+        items.push(Item::User(format!(
+            "[Older turns, elided: {}]",
+            truncate(elided, limit)
+        )));
+        elided.clear();
+    }
+}
+
+/// An older turn in one line: what was decided and how it went.
+fn one_line(turn: &TurnCommitted) -> String {
+    let mut line = format!("turn {}: ", turn.turn);
+    match turn.decision.as_ref().and_then(|d| d.kind.as_ref()) {
+        Some(Kind::ToolCalls(calls)) => {
+            let names: Vec<&str> = calls.calls.iter().map(|c| c.tool.as_str()).collect();
+            let failed = turn
+                .results
+                .iter()
+                .filter(|r| !matches!(r.outcome, Some(ResultOutcome::Output(_))))
+                .count();
+            let _ = write!(
+                line,
+                "called {} ({} results, {failed} not ok)",
+                names.join(", "),
+                turn.results.len()
+            );
+        }
+        Some(Kind::Final(_)) => line.push_str("proposed a final answer"),
+        Some(Kind::RequestApproval(_)) => line.push_str("asked for approval"),
+        Some(Kind::Clarification(_)) => line.push_str("asked the user a question"),
+        Some(Kind::CannotContinue(_)) => line.push_str("said it cannot continue"),
+        None => line.push_str("no decision"),
+    }
+    if let Some(rejection) = &turn.rejection {
+        let _ = write!(line, ", rejected: {}", truncate(&rejection.message, 160));
+    }
+    line
+}
+
+fn rejection_note(rejection: &Rejection, limit: usize) -> String {
+    let kind = match rejection.kind() {
+        RejectionKind::InvalidDecision => "it broke the protocol or was denied by policy",
+        RejectionKind::VerificationFailed => "the answer failed verification",
+        RejectionKind::Stopped => "the invocation stopped",
+        RejectionKind::Unspecified => "rejected",
+    };
+    format!(
+        "Your previous decision was not carried out ({kind}): {}. Correct it and decide again.",
+        truncate(&rejection.message, limit)
+    )
+}
+
+fn observation(result: Option<&ToolResult>, call_id: &str, limit: usize) -> Observation {
+    let (content, is_error) = match result.and_then(|r| r.outcome.as_ref()) {
+        Some(ResultOutcome::Output(output)) => (truncate(&output.output_json, limit), false),
+        Some(ResultOutcome::Error(error)) => (
+            serde_json::json!({
+                "error": error.error_type().as_str_name(),
+                "message": truncate(&error.message, limit),
+                "retryable": error.retryable,
+                "next_allowed_action": error.next_allowed_action().as_str_name(),
+            })
+            .to_string(),
+            true,
+        ),
+        Some(ResultOutcome::Cancelled(c)) => (format!("cancelled: {}", c.reason), true),
+        Some(ResultOutcome::NotStarted(n)) => (format!("not started: {}", n.reason), true),
+        Some(ResultOutcome::Unknown(u)) => (format!("outcome unknown: {}", u.detail), true),
+        None => ("not executed".to_owned(), true),
+    };
+    Observation {
+        call_id: call_id.to_owned(),
+        content: non_empty(&content, "(empty)"),
+        is_error,
+    }
+}
+
+fn render_turn(items: &mut Vec<Item>, turn: &TurnCommitted, limit: usize) {
+    match turn.decision.as_ref().and_then(|d| d.kind.as_ref()) {
+        Some(Kind::ToolCalls(calls)) if !calls.calls.is_empty() => {
+            let observations = calls
+                .calls
+                .iter()
+                .map(|call| {
+                    let result = turn.results.iter().find(|r| r.call_id == call.call_id);
+                    observation(result, &call.call_id, limit)
+                })
+                .collect();
+            items.push(Item::Calls {
+                calls: calls.calls.clone(),
+                observations,
+            });
+        }
+        Some(Kind::ToolCalls(_)) => {
+            items.push(Item::Assistant("(an empty batch of tool calls)".into()))
+        }
+        Some(Kind::Final(f)) => items.push(Item::Assistant(non_empty(
+            &truncate(&f.answer, limit),
+            "(empty answer)",
+        ))),
+        Some(Kind::RequestApproval(a)) => {
+            let names: Vec<&str> = a.calls.iter().map(|c| c.tool.as_str()).collect();
+            items.push(Item::Assistant(format!(
+                "I asked for approval to call {}: {}",
+                names.join(", "),
+                truncate(&a.summary, limit)
+            )));
+        }
+        Some(Kind::Clarification(c)) => items.push(Item::Assistant(non_empty(
+            &truncate(&c.question, limit),
+            "(empty question)",
+        ))),
+        Some(Kind::CannotContinue(c)) => items.push(Item::Assistant(non_empty(
+            &truncate(&c.reason, limit),
+            "(no reason)",
+        ))),
+        None => {}
+    }
+    if let Some(rejection) = &turn.rejection {
+        items.push(Item::User(rejection_note(rejection, limit)));
+    }
+}
+
+/// The call IDs already used in the request's window; a provider may not reuse them.
+pub(crate) fn history_call_ids(request: &DecideRequest) -> HashSet<&str> {
+    let start = request.history.len().saturating_sub(MAX_HISTORY_EVENTS);
+    request.history[start..]
+        .iter()
+        .filter_map(|e| match &e.body {
+            Some(Body::Turn(turn)) => turn.decision.as_ref(),
+            Some(Body::Ended(_) | Body::ApprovalResolved(_) | Body::ClarificationAnswered(_))
+            | None => None,
+        })
+        .flat_map(|d| match &d.kind {
+            Some(Kind::ToolCalls(c)) => c.calls.as_slice(),
+            Some(Kind::RequestApproval(a)) => a.calls.as_slice(),
+            Some(Kind::Final(_) | Kind::Clarification(_) | Kind::CannotContinue(_)) | None => &[],
+        })
+        .map(|c| c.call_id.as_str())
+        .collect()
+}
+
+/// The provider's call IDs, except that missing, oversized, repeated or already-used
+/// ones become runtime IDs `call-<turn>-<index>`: the runtime correlates results by
+/// these, so it never trusts the provider's blindly.
+pub(crate) fn assign_ids(
+    turn: u32,
+    provider_ids: &[Option<&str>],
+    used: &HashSet<&str>,
+) -> Vec<String> {
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut out = Vec::with_capacity(provider_ids.len());
+    for (index, id) in provider_ids.iter().enumerate() {
+        let usable = id.filter(|id| {
+            !id.trim().is_empty()
+                && id.len() <= MAX_CALL_ID_BYTES
+                && !used.contains(id)
+                && !seen.contains(*id)
+                && provider_ids
+                    .iter()
+                    .filter(|other| *other == &Some(*id))
+                    .count()
+                    == 1
+        });
+        let id = match usable {
+            Some(id) => id.to_owned(),
+            None => {
+                let mut candidate = format!("call-{turn}-{index}");
+                let mut n = 0u32;
+                while used.contains(candidate.as_str())
+                    || seen.contains(&candidate)
+                    || provider_ids.contains(&Some(candidate.as_str()))
+                {
+                    n += 1;
+                    candidate = format!("call-{turn}-{index}-{n}");
+                }
+                candidate
+            }
+        };
+        seen.insert(id.clone());
+        out.push(id);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn missing_repeated_and_reused_ids_become_runtime_ids() {
+        let used: HashSet<&str> = ["old"].into_iter().collect();
+        let ids = assign_ids(
+            3,
+            &[
+                Some("a"),
+                None,
+                Some("dup"),
+                Some("dup"),
+                Some(""),
+                Some("old"),
+                Some("b"),
+            ],
+            &used,
+        );
+        assert_eq!(
+            ids,
+            [
+                "a", "call-3-1", "call-3-2", "call-3-3", "call-3-4", "call-3-5", "b"
+            ]
+        );
+    }
+
+    #[test]
+    fn truncate_keeps_char_boundaries() {
+        assert_eq!(truncate("héllo", 2), "h…[5 more bytes elided]");
+        assert_eq!(truncate("abc", 3), "abc");
+    }
+}

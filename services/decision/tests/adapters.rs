@@ -1,0 +1,959 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::wildcard_enum_match_arm
+)]
+//! The OpenAI and Anthropic adapters against a local HTTP mock (wiremock) replaying
+//! realistic response bodies; no test needs the internet, and no test sleeps: backoff
+//! waits go through a recording sleeper.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentloop_decision::{
+    AdapterDeps, DecisionConfig, DecisionServer, MapEnv, Model, ModelConfig, ModelError,
+    ModelReply, Provider, Sleeper,
+};
+use agentloop_proto::v1::decide_response::Outcome;
+use agentloop_proto::v1::decision::{Kind, ToolCalls};
+use agentloop_proto::v1::event::Body;
+use agentloop_proto::v1::tool_result::Outcome as ResultOutcome;
+use agentloop_proto::v1::{
+    DecideRequest, Decision, ErrorType, Event, Rejection, RejectionKind, ToolCall, ToolDescriptor,
+    ToolError, ToolOutput, ToolResult, TurnCommitted, Usage,
+};
+use serde_json::{Value, json};
+use wiremock::matchers::{header, method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+#[derive(Debug, Default)]
+struct RecordingSleeper(Mutex<Vec<Duration>>);
+
+#[async_trait::async_trait]
+impl Sleeper for RecordingSleeper {
+    async fn sleep(&self, delay: Duration) {
+        self.0.lock().unwrap().push(delay);
+    }
+}
+
+impl RecordingSleeper {
+    fn delays(&self) -> Vec<Duration> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+const CUSTOMER_SCHEMA: &str = r#"{"type":"object","properties":{"customer_id":{"type":"string"}},"required":["customer_id"]}"#;
+
+fn tools() -> Vec<ToolDescriptor> {
+    vec![
+        ToolDescriptor {
+            name: "lookup_customer".into(),
+            description: "Looks a customer up by ID".into(),
+            input_schema_json: CUSTOMER_SCHEMA.into(),
+            ..ToolDescriptor::default()
+        },
+        ToolDescriptor {
+            name: "get_policy".into(),
+            description: "Reads a policy".into(),
+            input_schema_json: r#"{"type":"object","properties":{"topic":{"type":"string"}}}"#
+                .into(),
+            ..ToolDescriptor::default()
+        },
+    ]
+}
+
+fn call(id: &str, tool: &str, args: &str) -> ToolCall {
+    ToolCall {
+        call_id: id.into(),
+        tool: tool.into(),
+        arguments_json: args.into(),
+    }
+}
+
+fn turn_event(seq: u64, turn: TurnCommitted) -> Event {
+    Event {
+        invocation_id: "inv-1".into(),
+        seq,
+        committed_at: None,
+        body: Some(Body::Turn(turn)),
+    }
+}
+
+fn calls_turn(turn: u32, calls: Vec<ToolCall>, results: Vec<ToolResult>) -> TurnCommitted {
+    TurnCommitted {
+        turn,
+        decision: Some(Decision {
+            kind: Some(Kind::ToolCalls(ToolCalls { calls })),
+        }),
+        results,
+        usage: Some(Usage::default()),
+        rejection: None,
+        plan_digest: String::new(),
+    }
+}
+
+fn output(call_id: &str, json: &str) -> ToolResult {
+    ToolResult {
+        call_id: call_id.into(),
+        outcome: Some(ResultOutcome::Output(ToolOutput {
+            output_json: json.into(),
+            receipt: String::new(),
+        })),
+    }
+}
+
+/// Turn 3 of an invocation: turn 1 ran two parallel lookups (one failed), turn 2
+/// proposed a final answer that verification rejected.
+fn request() -> DecideRequest {
+    let turn1 = calls_turn(
+        1,
+        vec![
+            call("call_a", "lookup_customer", r#"{"customer_id":"C-42"}"#),
+            call("call_b", "get_policy", r#"{"topic":"refunds"}"#),
+        ],
+        vec![
+            output("call_a", r#"{"id":"C-42","tier":"gold"}"#),
+            ToolResult {
+                call_id: "call_b".into(),
+                outcome: Some(ResultOutcome::Error(ToolError {
+                    error_type: ErrorType::NotFound.into(),
+                    message: "no policy named refunds".into(),
+                    retryable: false,
+                    next_allowed_action: 0,
+                })),
+            },
+        ],
+    );
+    let turn2 = TurnCommitted {
+        turn: 2,
+        decision: Some(Decision {
+            kind: Some(Kind::Final(agentloop_proto::v1::decision::Final {
+                answer: "Gold.".into(),
+            })),
+        }),
+        results: vec![],
+        usage: Some(Usage::default()),
+        rejection: Some(Rejection {
+            kind: RejectionKind::VerificationFailed.into(),
+            message: "the answer must cite the policy".into(),
+        }),
+        plan_digest: String::new(),
+    };
+    DecideRequest {
+        invocation_id: "inv-1".into(),
+        turn: 3,
+        goal: "What tier is customer C-42 and may they get a refund?".into(),
+        profile: "default".into(),
+        tools: tools(),
+        history: vec![turn_event(1, turn1), turn_event(2, turn2)],
+        context_from_seq: 1,
+        summary: String::new(),
+        scripted_model_json: String::new(),
+    }
+}
+
+struct Setup {
+    server: MockServer,
+    sleeper: Arc<RecordingSleeper>,
+    model: Arc<dyn Model>,
+}
+
+async fn setup(provider: Provider, tweak: impl FnOnce(&mut ModelConfig)) -> Setup {
+    let server = MockServer::start().await;
+    let sleeper = Arc::new(RecordingSleeper::default());
+    let mut config = ModelConfig {
+        provider,
+        model: "test-model".into(),
+        ..ModelConfig::default()
+    };
+    tweak(&mut config);
+    let openai_base = format!("{}/v1", server.uri());
+    let env = MapEnv::new([
+        ("OPENAI_BASE_URL", openai_base.as_str()),
+        ("OPENAI_API_KEY", "sk-test-key"),
+        ("ANTHROPIC_BASE_URL", server.uri().as_str()),
+        ("ANTHROPIC_API_KEY", "ant-test-key"),
+    ]);
+    let deps = AdapterDeps {
+        sleeper: sleeper.clone(),
+        seed: Some(42),
+    };
+    let model = config.build_with(&env, &deps).unwrap();
+    Setup {
+        server,
+        sleeper,
+        model,
+    }
+}
+
+fn json_response(body: &Value) -> ResponseTemplate {
+    ResponseTemplate::new(200).set_body_json(body)
+}
+
+async fn sent_bodies(server: &MockServer) -> Vec<Value> {
+    server
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| serde_json::from_slice(&r.body).unwrap())
+        .collect()
+}
+
+fn calls_of(reply: &ModelReply) -> Vec<ToolCall> {
+    match &reply.outcome {
+        Outcome::Decision(Decision {
+            kind: Some(Kind::ToolCalls(ToolCalls { calls })),
+        }) => calls.clone(),
+        other => panic!("expected tool calls, got {other:?}"),
+    }
+}
+
+fn kind_of(reply: &ModelReply) -> Kind {
+    match &reply.outcome {
+        Outcome::Decision(Decision { kind: Some(kind) }) => kind.clone(),
+        other => panic!("expected a decision, got {other:?}"),
+    }
+}
+
+fn invalid_of(reply: &ModelReply) -> (String, String) {
+    match &reply.outcome {
+        Outcome::Invalid(invalid) => (invalid.reason.clone(), invalid.raw.clone()),
+        other => panic!("expected invalid output, got {other:?}"),
+    }
+}
+
+fn openai_tool_calls_body(calls: &[(Option<&str>, &str, &str)], content: Value) -> Value {
+    let tool_calls: Vec<Value> = calls
+        .iter()
+        .map(|(id, name, args)| {
+            let mut call =
+                json!({"type": "function", "function": {"name": name, "arguments": args}});
+            if let Some(id) = id {
+                call["id"] = json!(id);
+            }
+            call
+        })
+        .collect();
+    json!({
+        "id": "chatcmpl-AbC123",
+        "object": "chat.completion",
+        "created": 1_727_000_000,
+        "model": "gpt-4o-2024-08-06",
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": content, "tool_calls": tool_calls, "refusal": null},
+            "logprobs": null,
+            "finish_reason": "tool_calls"
+        }],
+        "usage": {"prompt_tokens": 123, "completion_tokens": 45, "total_tokens": 168},
+        "system_fingerprint": "fp_abc"
+    })
+}
+
+fn openai_text_body(content: Value, finish: &str, refusal: Value) -> Value {
+    json!({
+        "id": "chatcmpl-Txt",
+        "object": "chat.completion",
+        "created": 1_727_000_000,
+        "model": "gpt-4o-2024-08-06",
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": content, "refusal": refusal},
+            "logprobs": null,
+            "finish_reason": finish
+        }],
+        "usage": {"prompt_tokens": 80, "completion_tokens": 12, "total_tokens": 92}
+    })
+}
+
+// ---------------------------------------------------------------- OpenAI
+
+#[tokio::test]
+async fn openai_parallel_tool_calls_and_the_request_it_sent() {
+    let s = setup(Provider::Openai, |_| {}).await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .and(header("authorization", "Bearer sk-test-key"))
+        .respond_with(json_response(&openai_tool_calls_body(
+            &[
+                (
+                    Some("call_Q1"),
+                    "lookup_customer",
+                    r#"{"customer_id":"C-42"}"#,
+                ),
+                (
+                    Some("call_Q2"),
+                    "get_policy",
+                    r#"{"topic": "refund",  "n": 12345678901234567890123}"#,
+                ),
+            ],
+            Value::Null,
+        )))
+        .expect(1)
+        .mount(&s.server)
+        .await;
+    let reply = s.model.decide(&request()).await.unwrap();
+    let calls = calls_of(&reply);
+    assert_eq!(calls.len(), 2);
+    assert_eq!(
+        calls[0],
+        call("call_Q1", "lookup_customer", r#"{"customer_id":"C-42"}"#)
+    );
+    // Arguments stay the provider's text: big numbers and spacing survive.
+    assert_eq!(
+        calls[1].arguments_json,
+        r#"{"topic": "refund",  "n": 12345678901234567890123}"#
+    );
+    assert_eq!(
+        (reply.usage.input_tokens, reply.usage.output_tokens),
+        (123, 45)
+    );
+    assert_eq!(reply.model, "gpt-4o-2024-08-06");
+    assert_eq!(reply.response_id, "chatcmpl-AbC123");
+
+    let body = &sent_bodies(&s.server).await[0];
+    assert_eq!(body["model"], "test-model");
+    assert!(body.get("max_tokens").is_none());
+    let tools = body["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 2);
+    assert_eq!(tools[0]["type"], "function");
+    assert_eq!(tools[0]["function"]["name"], "lookup_customer");
+    assert_eq!(
+        tools[0]["function"]["parameters"],
+        serde_json::from_str::<Value>(CUSTOMER_SCHEMA).unwrap()
+    );
+    let messages = body["messages"].as_array().unwrap();
+    let roles: Vec<&str> = messages
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            "system",
+            "user",
+            "assistant",
+            "tool",
+            "tool",
+            "assistant",
+            "user"
+        ]
+    );
+    assert!(
+        messages[1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("customer C-42")
+    );
+    let ids: Vec<&str> = messages[2]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["call_a", "call_b"]);
+    assert_eq!(
+        messages[2]["tool_calls"][0]["function"]["arguments"],
+        r#"{"customer_id":"C-42"}"#
+    );
+    assert_eq!(messages[3]["tool_call_id"], "call_a");
+    assert_eq!(messages[3]["content"], r#"{"id":"C-42","tier":"gold"}"#);
+    assert_eq!(messages[4]["tool_call_id"], "call_b");
+    assert!(
+        messages[4]["content"]
+            .as_str()
+            .unwrap()
+            .contains("ERROR_TYPE_NOT_FOUND")
+    );
+    assert_eq!(messages[5]["content"], "Gold.");
+    assert!(
+        messages[6]["content"]
+            .as_str()
+            .unwrap()
+            .contains("the answer must cite the policy")
+    );
+}
+
+#[tokio::test]
+async fn openai_text_with_tool_calls_and_untrusted_ids() {
+    let s = setup(Provider::Openai, |_| {}).await;
+    Mock::given(method("POST"))
+        .respond_with(json_response(&openai_tool_calls_body(
+            &[
+                (Some("dup"), "lookup_customer", r#"{"customer_id":"C-1"}"#),
+                (Some("dup"), "lookup_customer", r#"{"customer_id":"C-2"}"#),
+                (None, "get_policy", ""),
+                (Some("call_a"), "get_policy", "{}"),
+                (Some("fresh"), "get_policy", "{}"),
+            ],
+            json!("Let me look these up first."),
+        )))
+        .mount(&s.server)
+        .await;
+    let calls = calls_of(&s.model.decide(&request()).await.unwrap());
+    let ids: Vec<&str> = calls.iter().map(|c| c.call_id.as_str()).collect();
+    // Repeated, missing and already-used (call_a is in the history) IDs are replaced.
+    assert_eq!(
+        ids,
+        ["call-3-0", "call-3-1", "call-3-2", "call-3-3", "fresh"]
+    );
+    assert_eq!(calls[2].arguments_json, "{}");
+}
+
+#[tokio::test]
+async fn openai_finish_reasons_and_refusals() {
+    let s = setup(Provider::Openai, |_| {}).await;
+    let bodies = [
+        openai_text_body(
+            json!("Customer C-42 is gold; refunds within 30 days."),
+            "stop",
+            Value::Null,
+        ),
+        openai_text_body(Value::Null, "stop", json!("I can't help with that.")),
+        openai_text_body(Value::Null, "content_filter", Value::Null),
+        openai_text_body(json!("The answer is cut"), "length", Value::Null),
+        openai_text_body(json!(""), "stop", Value::Null),
+    ];
+    for body in &bodies {
+        Mock::given(method("POST"))
+            .respond_with(json_response(body))
+            .up_to_n_times(1)
+            .mount(&s.server)
+            .await;
+    }
+    let first = s.model.decide(&request()).await.unwrap();
+    assert_eq!(
+        kind_of(&first),
+        Kind::Final(agentloop_proto::v1::decision::Final {
+            answer: "Customer C-42 is gold; refunds within 30 days.".into()
+        })
+    );
+    assert_eq!(
+        (first.usage.input_tokens, first.usage.output_tokens),
+        (80, 12)
+    );
+    match kind_of(&s.model.decide(&request()).await.unwrap()) {
+        Kind::CannotContinue(c) => assert_eq!(c.reason, "I can't help with that."),
+        other => panic!("{other:?}"),
+    }
+    match kind_of(&s.model.decide(&request()).await.unwrap()) {
+        Kind::CannotContinue(c) => assert!(c.reason.contains("content filter")),
+        other => panic!("{other:?}"),
+    }
+    let (reason, raw) = invalid_of(&s.model.decide(&request()).await.unwrap());
+    assert!(reason.contains("max_tokens"), "{reason}");
+    assert_eq!(raw, "The answer is cut");
+    let (reason, _) = invalid_of(&s.model.decide(&request()).await.unwrap());
+    assert!(reason.contains("no tool call and no text"), "{reason}");
+}
+
+#[tokio::test]
+async fn openai_malformed_tool_arguments_are_invalid_output() {
+    let s = setup(Provider::Openai, |_| {}).await;
+    Mock::given(method("POST"))
+        .respond_with(json_response(&openai_tool_calls_body(
+            &[
+                (Some("c1"), "lookup_customer", r#"{"customer_id":"C-42"}"#),
+                (Some("c2"), "get_policy", r#"{"topic": "refu"#),
+            ],
+            Value::Null,
+        )))
+        .mount(&s.server)
+        .await;
+    let reply = s.model.decide(&request()).await.unwrap();
+    let (reason, raw) = invalid_of(&reply);
+    assert!(
+        reason.contains("tool call 1 (get_policy)") && reason.contains("not valid JSON"),
+        "{reason}"
+    );
+    assert_eq!(raw, r#"{"topic": "refu"#);
+    assert_eq!(
+        reply.usage.output_tokens, 45,
+        "usage is kept for invalid output"
+    );
+    assert!(
+        s.sleeper.delays().is_empty(),
+        "invalid output is not retried"
+    );
+}
+
+#[tokio::test]
+async fn openai_429_with_retry_after_then_success() {
+    let s = setup(Provider::Openai, |_| {}).await;
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(429)
+                .insert_header("retry-after", "2")
+                .set_body_json(json!({"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}})),
+        )
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&s.server)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(json_response(&openai_text_body(
+            json!("done"),
+            "stop",
+            Value::Null,
+        )))
+        .mount(&s.server)
+        .await;
+    let reply = s.model.decide(&request()).await.unwrap();
+    assert!(matches!(kind_of(&reply), Kind::Final(_)));
+    assert_eq!(s.sleeper.delays(), [Duration::from_secs(2)]);
+    let bodies = sent_bodies(&s.server).await;
+    assert_eq!(bodies.len(), 2);
+    assert_eq!(bodies[0], bodies[1], "the retry sends the same request");
+}
+
+#[tokio::test]
+async fn retry_after_is_capped() {
+    let s = setup(Provider::Openai, |c| c.max_retry_after_ms = 1500).await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "3600"))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&s.server)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(json_response(&openai_text_body(
+            json!("done"),
+            "stop",
+            Value::Null,
+        )))
+        .mount(&s.server)
+        .await;
+    s.model.decide(&request()).await.unwrap();
+    assert_eq!(s.sleeper.delays(), [Duration::from_millis(1500)]);
+}
+
+#[tokio::test]
+async fn openai_500_then_success_backs_off_with_jitter() {
+    let s = setup(Provider::Openai, |_| {}).await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(500).set_body_string("upstream exploded"))
+        .up_to_n_times(2)
+        .with_priority(1)
+        .mount(&s.server)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(json_response(&openai_text_body(
+            json!("done"),
+            "stop",
+            Value::Null,
+        )))
+        .mount(&s.server)
+        .await;
+    s.model.decide(&request()).await.unwrap();
+    let delays = s.sleeper.delays();
+    assert_eq!(delays.len(), 2);
+    assert!(
+        (Duration::from_millis(250)..=Duration::from_millis(500)).contains(&delays[0]),
+        "{delays:?}"
+    );
+    assert!(
+        (Duration::from_millis(500)..=Duration::from_millis(1000)).contains(&delays[1]),
+        "{delays:?}"
+    );
+}
+
+#[tokio::test]
+async fn openai_500_forever_fails_with_the_status_kept() {
+    let s = setup(Provider::Openai, |c| c.max_retries = 2).await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(503).set_body_string("overloaded"))
+        .expect(3)
+        .mount(&s.server)
+        .await;
+    let error = s.model.decide(&request()).await.unwrap_err();
+    let ModelError::Provider(message) = &error else {
+        panic!("{error:?}")
+    };
+    assert!(
+        message.contains("HTTP 503")
+            && message.contains("overloaded")
+            && message.contains("3 attempts"),
+        "{message}"
+    );
+    assert_eq!(s.sleeper.delays().len(), 2);
+    let status = tonic::Status::from(error);
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert!(status.message().contains("HTTP 503"));
+}
+
+#[tokio::test]
+async fn client_errors_other_than_429_are_not_retried() {
+    let s = setup(Provider::Openai, |_| {}).await;
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(401)
+                .set_body_json(json!({"error": {"message": "Incorrect API key provided"}})),
+        )
+        .expect(1)
+        .mount(&s.server)
+        .await;
+    let error = s.model.decide(&request()).await.unwrap_err();
+    assert!(error.to_string().contains("HTTP 401"), "{error}");
+    assert!(!error.to_string().contains("sk-test-key"));
+    assert!(s.sleeper.delays().is_empty());
+}
+
+#[tokio::test]
+async fn a_truncated_body_is_retried_then_fails() {
+    let s = setup(Provider::Openai, |c| c.max_retries = 1).await;
+    let full = openai_text_body(json!("done"), "stop", Value::Null).to_string();
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_raw(full[..full.len() / 2].to_owned(), "application/json"),
+        )
+        .expect(2)
+        .mount(&s.server)
+        .await;
+    let error = s.model.decide(&request()).await.unwrap_err();
+    assert!(
+        error.to_string().contains("HTTP 200") && error.to_string().contains("not complete JSON"),
+        "{error}"
+    );
+    assert_eq!(s.sleeper.delays().len(), 1);
+}
+
+#[tokio::test]
+async fn a_connection_cut_mid_body_is_retried_then_fails() {
+    // A raw server that promises 1000 bytes, sends 40 and hangs up.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut socket, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut buf = vec![0u8; 64 * 1024];
+            let _ = socket.read(&mut buf).await;
+            let _ = socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"id\":\"chatcmpl-1\",\"choices\":[{\"mess")
+                .await;
+            let _ = socket.shutdown().await;
+        }
+    });
+    let sleeper = Arc::new(RecordingSleeper::default());
+    let base = format!("http://{addr}/v1");
+    let model = ModelConfig {
+        max_retries: 2,
+        ..ModelConfig::from_spec("openai:m").unwrap()
+    }
+    .build_with(
+        &MapEnv::new([("OPENAI_BASE_URL", base.as_str())]),
+        &AdapterDeps {
+            sleeper: sleeper.clone(),
+            seed: Some(1),
+        },
+    )
+    .unwrap();
+    let error = model.decide(&request()).await.unwrap_err();
+    assert!(error.to_string().contains("3 attempts"), "{error}");
+    assert_eq!(sleeper.delays().len(), 2);
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn a_timeout_is_retried_then_fails() {
+    let s = setup(Provider::Openai, |c| {
+        c.timeout_ms = 100;
+        c.max_retries = 1;
+    })
+    .await;
+    Mock::given(method("POST"))
+        .respond_with(
+            json_response(&openai_text_body(json!("late"), "stop", Value::Null))
+                .set_delay(Duration::from_secs(5)),
+        )
+        .mount(&s.server)
+        .await;
+    let error = s.model.decide(&request()).await.unwrap_err();
+    assert!(
+        error.to_string().contains("timeout") || error.to_string().contains("timed out"),
+        "{error}"
+    );
+    assert_eq!(s.sleeper.delays().len(), 1);
+}
+
+#[tokio::test]
+async fn the_window_keeps_the_goal_and_the_last_turns_and_elides_older_ones() {
+    let s = setup(Provider::Openai, |c| {
+        c.keep_last_turns = 2;
+        c.max_tokens = Some(256);
+    })
+    .await;
+    Mock::given(method("POST"))
+        .respond_with(json_response(&openai_text_body(
+            json!("done"),
+            "stop",
+            Value::Null,
+        )))
+        .mount(&s.server)
+        .await;
+    let mut req = request();
+    req.turn = 101;
+    req.context_from_seq = 85;
+    req.summary = "84 turns of lookups".into();
+    req.history = (85..101)
+        .map(|t| {
+            let id = format!("call-{t}-0");
+            turn_event(
+                u64::from(t),
+                calls_turn(
+                    t,
+                    vec![call(&id, "lookup_customer", "{}")],
+                    vec![output(&id, "{}")],
+                ),
+            )
+        })
+        .collect();
+    s.model.decide(&req).await.unwrap();
+    let body = &sent_bodies(&s.server).await[0];
+    assert_eq!(body["max_tokens"], 256);
+    let messages = body["messages"].as_array().unwrap();
+    assert!(
+        messages[1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("customer C-42"),
+        "the goal is kept"
+    );
+    assert!(
+        messages[2]["content"]
+            .as_str()
+            .unwrap()
+            .contains("84 turns of lookups")
+    );
+    let elided = messages[3]["content"].as_str().unwrap();
+    assert!(
+        elided.starts_with("[Older turns, elided: turn 85: called lookup_customer"),
+        "{elided}"
+    );
+    assert!(elided.contains("turn 98:") && !elided.contains("turn 99:"));
+    let full: Vec<&str> = messages
+        .iter()
+        .filter_map(|m| m["tool_calls"][0]["id"].as_str())
+        .collect();
+    assert_eq!(full, ["call-99-0", "call-100-0"]);
+    assert_eq!(messages.len(), 4 + 2 * 2);
+}
+
+// ---------------------------------------------------------------- Anthropic
+
+fn anthropic_body(content: Value, stop: &str) -> Value {
+    json!({
+        "id": "msg_01XFDUDYJgAACzvnptvVoYEL",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5-20250929",
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": null,
+        "usage": {"input_tokens": 200, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 10, "output_tokens": 60}
+    })
+}
+
+#[tokio::test]
+async fn anthropic_text_and_parallel_tool_use_and_the_request_it_sent() {
+    let s = setup(Provider::Anthropic, |_| {}).await;
+    Mock::given(method("POST"))
+        .and(path("/v1/messages"))
+        .and(header("x-api-key", "ant-test-key"))
+        .and(header("anthropic-version", "2023-06-01"))
+        .respond_with(json_response(&anthropic_body(
+            json!([
+                {"type": "text", "text": "I'll look up both."},
+                {"type": "tool_use", "id": "toolu_01A", "name": "lookup_customer", "input": {"customer_id": "C-42"}},
+                {"type": "tool_use", "id": "toolu_01B", "name": "get_policy", "input": {"topic": "refunds"}}
+            ]),
+            "tool_use",
+        )))
+        .expect(1)
+        .mount(&s.server)
+        .await;
+    let reply = s.model.decide(&request()).await.unwrap();
+    let calls = calls_of(&reply);
+    assert_eq!(
+        calls[0],
+        call("toolu_01A", "lookup_customer", r#"{"customer_id":"C-42"}"#)
+    );
+    assert_eq!(
+        calls[1],
+        call("toolu_01B", "get_policy", r#"{"topic":"refunds"}"#)
+    );
+    assert_eq!(
+        (reply.usage.input_tokens, reply.usage.output_tokens),
+        (210, 60)
+    );
+    assert_eq!(reply.response_id, "msg_01XFDUDYJgAACzvnptvVoYEL");
+
+    let body = &sent_bodies(&s.server).await[0];
+    assert_eq!(body["max_tokens"], 4096);
+    assert!(body["system"].as_str().unwrap().contains("agent"));
+    assert_eq!(body["tools"][0]["name"], "lookup_customer");
+    assert_eq!(
+        body["tools"][0]["input_schema"],
+        serde_json::from_str::<Value>(CUSTOMER_SCHEMA).unwrap()
+    );
+    let messages = body["messages"].as_array().unwrap();
+    let roles: Vec<&str> = messages
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        ["user", "assistant", "user", "assistant", "user"],
+        "roles alternate"
+    );
+    let uses = messages[1]["content"].as_array().unwrap();
+    assert_eq!(uses[0]["type"], "tool_use");
+    assert_eq!(uses[0]["id"], "call_a");
+    assert_eq!(uses[0]["input"], json!({"customer_id": "C-42"}));
+    let results = messages[2]["content"].as_array().unwrap();
+    assert_eq!(results[0]["type"], "tool_result");
+    assert_eq!(results[0]["tool_use_id"], "call_a");
+    assert_eq!(results[0]["is_error"], false);
+    assert_eq!(results[1]["tool_use_id"], "call_b");
+    assert_eq!(results[1]["is_error"], true);
+    assert_eq!(messages[3]["content"][0]["text"], "Gold.");
+    assert!(
+        messages[4]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("cite the policy")
+    );
+}
+
+#[tokio::test]
+async fn anthropic_stop_reasons_refusal_and_malformed_input() {
+    let s = setup(Provider::Anthropic, |_| {}).await;
+    let bodies = [
+        anthropic_body(
+            json!([{"type": "text", "text": "C-42 is gold."}]),
+            "end_turn",
+        ),
+        anthropic_body(json!([]), "refusal"),
+        anthropic_body(json!([{"type": "text", "text": "Partial"}]), "max_tokens"),
+        anthropic_body(
+            json!([{"type": "tool_use", "id": "toolu_1", "name": "get_policy", "input": "{\"topic\": "}]),
+            "tool_use",
+        ),
+    ];
+    for body in &bodies {
+        Mock::given(method("POST"))
+            .respond_with(json_response(body))
+            .up_to_n_times(1)
+            .mount(&s.server)
+            .await;
+    }
+    match kind_of(&s.model.decide(&request()).await.unwrap()) {
+        Kind::Final(f) => assert_eq!(f.answer, "C-42 is gold."),
+        other => panic!("{other:?}"),
+    }
+    match kind_of(&s.model.decide(&request()).await.unwrap()) {
+        Kind::CannotContinue(c) => assert_eq!(c.reason, "the model refused"),
+        other => panic!("{other:?}"),
+    }
+    let (reason, _) = invalid_of(&s.model.decide(&request()).await.unwrap());
+    assert!(reason.contains("max_tokens"));
+    let (reason, raw) = invalid_of(&s.model.decide(&request()).await.unwrap());
+    assert!(reason.contains("not valid JSON"), "{reason}");
+    assert_eq!(raw, "{\"topic\": ");
+}
+
+#[tokio::test]
+async fn anthropic_overloaded_then_success() {
+    let s = setup(Provider::Anthropic, |_| {}).await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(529).set_body_json(json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&s.server)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(json_response(&anthropic_body(
+            json!([{"type": "text", "text": "ok"}]),
+            "end_turn",
+        )))
+        .mount(&s.server)
+        .await;
+    assert!(matches!(
+        kind_of(&s.model.decide(&request()).await.unwrap()),
+        Kind::Final(_)
+    ));
+    assert_eq!(s.sleeper.delays().len(), 1);
+}
+
+// ---------------------------------------------------------------- configuration
+
+#[tokio::test]
+async fn profiles_route_to_their_models_and_others_to_the_default() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(json_response(&openai_text_body(
+            json!("from openai"),
+            "stop",
+            Value::Null,
+        )))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/messages"))
+        .and(header("x-api-key", "team-key"))
+        .respond_with(json_response(&anthropic_body(
+            json!([{"type": "text", "text": "from anthropic"}]),
+            "end_turn",
+        )))
+        .mount(&server)
+        .await;
+    let config: DecisionConfig = toml::from_str(&format!(
+        r#"
+        [model]
+        provider = "openai"
+        model = "qwen2.5"
+        base_url = "{uri}/v1"
+
+        [profiles.careful.model]
+        provider = "anthropic"
+        model = "claude-sonnet-4-5"
+        base_url = "{uri}"
+        api_key_env = "TEAM_KEY"
+        max_tokens = 1024
+        "#,
+        uri = server.uri()
+    ))
+    .unwrap();
+    let env = MapEnv::new([("TEAM_KEY", "team-key")]);
+    let decision =
+        DecisionServer::from_config_with(&config, &env, &AdapterDeps::default()).unwrap();
+    let mut req = request();
+    match kind_of(&decision.decide(&req).await.unwrap()) {
+        Kind::Final(f) => assert_eq!(f.answer, "from openai"),
+        other => panic!("{other:?}"),
+    }
+    req.profile = "careful".into();
+    match kind_of(&decision.decide(&req).await.unwrap()) {
+        Kind::Final(f) => assert_eq!(f.answer, "from anthropic"),
+        other => panic!("{other:?}"),
+    }
+    let missing =
+        DecisionServer::from_config_with(&config, &MapEnv::default(), &AdapterDeps::default())
+            .unwrap_err();
+    assert!(
+        missing.to_string().contains("profile careful") && missing.to_string().contains("TEAM_KEY"),
+        "{missing}"
+    );
+    // A script in the request still wins over the configured model.
+    req.scripted_model_json = r#"{"turns": [{"final": "scripted"}], "repeat_last": true}"#.into();
+    match kind_of(&decision.decide(&req).await.unwrap()) {
+        Kind::Final(f) => assert_eq!(f.answer, "scripted"),
+        other => panic!("{other:?}"),
+    }
+}
