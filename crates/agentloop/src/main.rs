@@ -195,9 +195,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             match args.server {
                 Some(server) => client::run(&server, options).await,
                 None => {
+                    let mut stack_options = StackOptions::embedded(cli.data_dir, args.tools);
+                    if model.is_some() {
+                        // A real model gets one repair turn: an output that breaks the
+                        // protocol is fed back once before the run ends `invalid_decision`.
+                        stack_options.orchestrator.limits.decision_repairs = 1;
+                    }
                     let stack = Stack::start(StackOptions {
                         model,
-                        ..StackOptions::embedded(cli.data_dir, args.tools)
+                        ..stack_options
                     })
                     .await?;
                     let result = client::run(&stack.endpoint(), options).await;
