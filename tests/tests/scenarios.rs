@@ -199,6 +199,9 @@ async fn cancel_stops_a_running_sleep(wiring: Wiring) {
     let mut stats = system.executor.watch_stats();
     let id = start(&mut client, start_request(SLEEP)).await;
     stats.wait_for(|s| s.sleeps_started == 1).await.unwrap();
+    // While it runs, the orchestrator reports where it is.
+    let live = get(&mut client, &id).await;
+    assert_eq!((live.current_turn, live.calls_in_flight), (1, 1));
     let cancelled = client
         .cancel_invocation(pb::CancelInvocationRequest {
             invocation_id: id.clone(),
@@ -211,6 +214,12 @@ async fn cancel_stops_a_running_sleep(wiring: Wiring) {
     let events = events_until_end(&mut client, &id, 1).await;
     // The executor saw its request dropped.
     stats.wait_for(|s| s.sleeps_cancelled == 1).await.unwrap();
+    let ended = get(&mut client, &id).await;
+    assert_eq!(
+        (ended.current_turn, ended.calls_in_flight),
+        (0, 0),
+        "an ended invocation has no live progress"
+    );
     let turn = turns(&events)[0];
     assert!(matches!(
         turn.results[0].outcome,

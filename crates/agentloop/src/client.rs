@@ -31,6 +31,8 @@ pub const DEMO_SCRIPT: &str = r#"{
 const MAX_SCRIPT_FILE: u64 = 4 * 1024 * 1024;
 /// Times a lost watch stream is reopened before the run gives up.
 const WATCH_RETRIES: u32 = 5;
+/// How often live progress is refreshed on a terminal.
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
 /// What `run` starts.
 #[derive(Debug, Clone)]
@@ -144,6 +146,8 @@ pub async fn run(server: &str, options: RunOptions) -> anyhow::Result<u8> {
     let mut retries = 0;
     let mut cancelled = false;
     let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
+    // Live progress between commits: the orchestrator's view of the turn in flight.
+    let mut ticker = tokio::time::interval(PROGRESS_EVERY);
     'watch: loop {
         let mut stream = match orchestrator
             .watch_invocation(pb::WatchInvocationRequest {
@@ -176,6 +180,16 @@ pub async fn run(server: &str, options: RunOptions) -> anyhow::Result<u8> {
                         .await
                         .map_err(|s| status("cannot cancel", s))?;
                     ctrl_c.set(tokio::signal::ctrl_c());
+                }
+                _ = ticker.tick(), if progress.enabled => {
+                    let live = orchestrator
+                        .get_invocation(pb::GetInvocationRequest { invocation_id: id.clone() })
+                        .await;
+                    if let Ok(live) = live
+                        && let Some(live) = live.into_inner().invocation
+                    {
+                        progress.live(live.current_turn, live.calls_in_flight, started.elapsed());
+                    }
                 }
                 item = stream.next() => match item {
                     Some(Ok(pb::WatchInvocationResponse { event: Some(event) })) => {
@@ -341,6 +355,19 @@ impl Progress {
             }
             other => format!("{other} · {:.1}s", elapsed.as_secs_f64()),
         };
+        let mut stderr = std::io::stderr().lock();
+        let _ = write!(stderr, "\r\x1b[2K{line}");
+        let _ = stderr.flush();
+    }
+
+    fn live(&self, turn: u32, in_flight: u32, elapsed: Duration) {
+        if !self.enabled || turn == 0 {
+            return;
+        }
+        let line = format!(
+            "turn {turn} · {in_flight} call(s) in flight · {:.1}s",
+            elapsed.as_secs_f64()
+        );
         let mut stderr = std::io::stderr().lock();
         let _ = write!(stderr, "\r\x1b[2K{line}");
         let _ = stderr.flush();

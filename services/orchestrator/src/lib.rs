@@ -20,6 +20,7 @@ mod spec;
 pub mod wire;
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use agentloop_engine::{Clock, Invocation, SystemClock};
@@ -47,8 +48,8 @@ pub(crate) struct Shared {
     ports: Ports,
     hub: hub::Hub,
     clock: Arc<dyn Clock>,
-    /// Invocations running in this process, with their cancellation tokens.
-    running: Mutex<HashMap<Uuid, CancellationToken>>,
+    /// Invocations running in this process, with their cancellation tokens and progress.
+    running: Mutex<HashMap<Uuid, Running>>,
     /// Every runner task; shutdown waits for them.
     tracker: TaskTracker,
     /// Fired on shutdown: runners stop at the next safe point (after an in-flight turn
@@ -73,7 +74,13 @@ impl Shared {
 
     fn cancel_token(&self, invocation_id: Uuid) -> Option<CancellationToken> {
         let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        running.get(&invocation_id).cloned()
+        running.get(&invocation_id).map(|r| r.cancel.clone())
+    }
+
+    /// Live progress of an invocation this process runs.
+    fn progress(&self, invocation_id: Uuid) -> Option<Arc<Progress>> {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        running.get(&invocation_id).map(|r| r.progress.clone())
     }
 
     /// The descriptors of the invocation's tools, for the model.
@@ -136,6 +143,22 @@ pub async fn run(
         orchestrator.shutdown().await;
     })
     .await
+}
+
+/// What the process keeps of an invocation it runs.
+struct Running {
+    cancel: CancellationToken,
+    progress: Arc<Progress>,
+}
+
+/// Where a running invocation is, for callers who ask while it runs. Not durable, and
+/// only ever a hint: the committed events are the truth.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    /// The turn being decided or executed.
+    pub(crate) turn: AtomicU32,
+    /// Calls of that turn dispatched and not finished.
+    pub(crate) in_flight: AtomicU32,
 }
 
 /// An orchestrator: cheap to clone, one per process.
@@ -249,6 +272,7 @@ impl Orchestrator {
             .map(|stored| wire::event(&id_text, stored.committed_at, &stored.event))
             .collect();
         let cancel = CancellationToken::new();
+        let progress = Arc::new(Progress::default());
         {
             let mut running = self
                 .shared
@@ -258,7 +282,13 @@ impl Orchestrator {
             if running.contains_key(&id) {
                 return Ok(());
             }
-            running.insert(id, cancel.clone());
+            running.insert(
+                id,
+                Running {
+                    cancel: cancel.clone(),
+                    progress: progress.clone(),
+                },
+            );
         }
         self.shared.hub.open(id);
         let runner = Runner {
@@ -268,6 +298,7 @@ impl Orchestrator {
             engine,
             cancel,
             recent,
+            progress,
         };
         self.shared.tracker.spawn(runner.run());
         Ok(())

@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use agentloop_engine::{
@@ -24,9 +25,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
-use crate::Shared;
 use crate::spec::{InvocationSpec, ToolEntry};
 use crate::wire;
+use crate::{Progress, Shared};
 
 /// Committed events kept to show the model (bounded context; older turns are in the log).
 const HISTORY: usize = 16;
@@ -43,6 +44,7 @@ pub(crate) struct Runner {
     pub(crate) engine: Invocation,
     pub(crate) cancel: CancellationToken,
     pub(crate) recent: VecDeque<pb::Event>,
+    pub(crate) progress: Arc<Progress>,
 }
 
 impl Runner {
@@ -114,6 +116,12 @@ impl Runner {
                     Some(input) = rx.recv() => input,
                 },
             };
+            if let Input::CallFinished { .. } = input {
+                let _ = self
+                    .progress
+                    .in_flight
+                    .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
+            }
             let actions = match self.engine.step(input, self.shared.clock.now()) {
                 Ok(actions) => actions,
                 Err(error) => {
@@ -128,6 +136,7 @@ impl Runner {
                         if self.shared.drain.is_cancelled() {
                             return None;
                         }
+                        self.progress.turn.store(turn, Relaxed);
                         tasks.spawn(self.decide(turn, tx.clone()));
                     }
                     Action::Authorize { turn, calls } => {
@@ -137,6 +146,8 @@ impl Runner {
                         let token = self.cancel.child_token();
                         batch = Some(token.clone());
                         executing = true;
+                        let count = u32::try_from(calls.len()).unwrap_or(u32::MAX);
+                        self.progress.in_flight.store(count, Relaxed);
                         tasks.spawn(execute_batch(
                             self.shared.clone(),
                             self.spec.clone(),
@@ -168,6 +179,7 @@ impl Runner {
                         let input = self.commit(expected_version, events, totals).await;
                         executing = false;
                         batch = None;
+                        self.progress.in_flight.store(0, Relaxed);
                         if ends {
                             tasks.abort_all();
                         }

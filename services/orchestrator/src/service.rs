@@ -2,6 +2,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 
 use agentloop_engine::TerminalReason;
 use agentloop_proto::v1 as pb;
@@ -208,7 +209,7 @@ impl Orchestrator {
             Created::Existing(record) => (record, false),
         };
         Ok(pb::StartInvocationResponse {
-            invocation: Some(invocation(&record)?),
+            invocation: Some(self.invocation(&record)?),
             created,
         })
     }
@@ -219,7 +220,21 @@ impl Orchestrator {
     }
 }
 
-/// A stored invocation -> its wire form.
+impl Orchestrator {
+    /// The wire form of a stored invocation, with live progress if it runs here.
+    fn invocation(&self, record: &InvocationRecord) -> Result<pb::Invocation, OrchestratorError> {
+        let mut wire = invocation(record)?;
+        if record.state == InvocationState::Running
+            && let Some(progress) = self.shared.progress(record.invocation_id)
+        {
+            wire.current_turn = progress.turn.load(Relaxed);
+            wire.calls_in_flight = progress.in_flight.load(Relaxed);
+        }
+        Ok(wire)
+    }
+}
+
+/// A stored invocation -> its wire form (durable state only).
 fn invocation(record: &InvocationRecord) -> Result<pb::Invocation, OrchestratorError> {
     let id = record.invocation_id;
     let spec: InvocationSpec = serde_json::from_str(&record.spec)
@@ -258,6 +273,8 @@ fn invocation(record: &InvocationRecord) -> Result<pb::Invocation, OrchestratorE
         created_at: Some(wire::timestamp(record.created_at)),
         updated_at: Some(wire::timestamp(record.updated_at)),
         last_seq: record.version,
+        current_turn: 0,
+        calls_in_flight: 0,
     })
 }
 
@@ -276,7 +293,7 @@ impl OrchestratorService for Orchestrator {
     ) -> Result<Response<pb::GetInvocationResponse>, Status> {
         let record = self.record(&request.into_inner().invocation_id).await?;
         Ok(Response::new(pb::GetInvocationResponse {
-            invocation: Some(invocation(&record)?),
+            invocation: Some(self.invocation(&record)?),
         }))
     }
 
@@ -327,7 +344,7 @@ impl OrchestratorService for Orchestrator {
         };
         let invocations = records
             .iter()
-            .map(invocation)
+            .map(|record| self.invocation(record))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Response::new(pb::ListInvocationsResponse {
             invocations,
@@ -380,7 +397,7 @@ impl OrchestratorService for Orchestrator {
         }
         // Cancelling an ended invocation changes nothing and is not an error.
         Ok(Response::new(pb::CancelInvocationResponse {
-            invocation: Some(invocation(&record)?),
+            invocation: Some(self.invocation(&record)?),
         }))
     }
 
