@@ -266,11 +266,24 @@ impl Orchestrator {
             Invocation::restore(spec.limits, spec.catalog(), events.iter().map(|e| &e.event))
                 .map_err(|e| StoreError::Corrupt(format!("invocation {id}: {e}")))?;
         let id_text = id.to_string();
-        let skip = events.len().saturating_sub(16);
+        let skip = events.len().saturating_sub(runner::HISTORY);
         let recent: VecDeque<pb::Event> = events[skip..]
             .iter()
             .map(|stored| wire::event(&id_text, stored.committed_at, &stored.event))
             .collect();
+        self.spawn_runner(id, spec, engine, recent);
+        Ok(())
+    }
+
+    /// Registers and starts the runner of an invocation this process now owns (a no-op
+    /// if it already runs here).
+    fn spawn_runner(
+        &self,
+        id: Uuid,
+        spec: InvocationSpec,
+        engine: Invocation,
+        recent: VecDeque<pb::Event>,
+    ) {
         let cancel = CancellationToken::new();
         let progress = Arc::new(Progress::default());
         {
@@ -280,7 +293,7 @@ impl Orchestrator {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             if running.contains_key(&id) {
-                return Ok(());
+                return;
             }
             running.insert(
                 id,
@@ -301,6 +314,5 @@ impl Orchestrator {
             progress,
         };
         self.shared.tracker.spawn(runner.run());
-        Ok(())
     }
 }

@@ -30,7 +30,7 @@ use crate::wire;
 use crate::{Progress, Shared};
 
 /// Committed events kept to show the model (bounded context; older turns are in the log).
-const HISTORY: usize = 16;
+pub(crate) const HISTORY: usize = 16;
 /// Inputs waiting for the runner: a batch's results plus a few answers.
 const INPUT_BOUND: usize = 64;
 /// The lease epoch of the embedded deployment, where one process owns every invocation.

@@ -1,10 +1,11 @@
 //! The public gRPC API: request validation, idempotent start, watch, cancel.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use agentloop_engine::TerminalReason;
+use agentloop_engine::{Invocation, TerminalReason};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
 use agentloop_store::{
@@ -203,7 +204,9 @@ impl Orchestrator {
         };
         let (record, created) = match shared.store.create(new).await? {
             Created::New(record) => {
-                self.launch(&record).await?;
+                // Nothing is committed yet: no log to read back.
+                let engine = Invocation::new(spec.limits, spec.catalog());
+                self.spawn_runner(record.invocation_id, spec, engine, VecDeque::new());
                 (record, true)
             }
             Created::Existing(record) => (record, false),
