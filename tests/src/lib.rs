@@ -19,6 +19,7 @@ use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Ports};
 use agentloop_policy::{PolicyConfig, PolicyServer};
 use agentloop_proto::client::{ClientConfig, connect};
 use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use agentloop_store::SqliteStore;
 use agentloop_tools::{Gateway, GatewayLimits, ToolsConfig};
@@ -43,6 +44,8 @@ pub enum Wiring {
 pub struct System {
     /// The orchestrator's endpoint.
     pub endpoint: String,
+    /// The effect ledger's endpoint (the same as `endpoint` when embedded).
+    pub ledger_endpoint: String,
     /// The demo executor, to observe what tools saw.
     pub executor: DemoExecutor,
     shutdown: CancellationToken,
@@ -82,6 +85,7 @@ impl System {
                 .await
                 .unwrap();
                 System {
+                    ledger_endpoint: stack.endpoint(),
                     endpoint: stack.endpoint(),
                     executor: stack.demo_executor().clone(),
                     shutdown: CancellationToken::new(),
@@ -137,6 +141,18 @@ impl System {
                         .unwrap();
                 }));
 
+                let ledger_config = agentloop_ledger::LedgerConfig {
+                    data_dir: dir.path().join("ledger"),
+                    ..agentloop_ledger::LedgerConfig::default()
+                };
+                let (l, ledger_endpoint) = listener().await;
+                let s = shutdown.clone();
+                spawn(Box::pin(async move {
+                    agentloop_ledger::run(l, &ledger_config, s.cancelled_owned())
+                        .await
+                        .unwrap();
+                }));
+
                 let (l, decision_endpoint) = listener().await;
                 let s = shutdown.clone();
                 spawn(Box::pin(async move {
@@ -152,6 +168,7 @@ impl System {
                     channel(&decision_endpoint).await,
                     channel(&policy_endpoint).await,
                     channel(&tools_endpoint).await,
+                    channel(&ledger_endpoint).await,
                 );
                 let orchestrator = Orchestrator::new(config, Arc::new(store), ports);
                 let (l, endpoint) = listener().await;
@@ -163,6 +180,7 @@ impl System {
                 }));
                 System {
                     endpoint,
+                    ledger_endpoint,
                     executor,
                     shutdown,
                     servers,
@@ -176,6 +194,11 @@ impl System {
     /// A client of the orchestrator.
     pub async fn client(&self) -> OrchestratorServiceClient<Channel> {
         agentloop_proto::client::orchestrator(channel(&self.endpoint).await)
+    }
+
+    /// A client of the effect ledger.
+    pub async fn ledger(&self) -> EffectLedgerServiceClient<Channel> {
+        agentloop_proto::client::effect_ledger(channel(&self.ledger_endpoint).await)
     }
 
     /// Graceful stop of every server.

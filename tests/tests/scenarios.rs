@@ -41,6 +41,8 @@ both_wirings!(
     idempotent_start,
     watch_replays_after_reconnect,
     bad_input_is_refused_and_nothing_is_stored,
+    cost_budget_override_stops_the_run,
+    a_transfer_is_recorded_in_the_ledger_and_applied_once,
 );
 
 const SEED: &str = r#"{"turns": [
@@ -460,5 +462,74 @@ async fn bad_input_is_refused_and_nothing_is_stored(wiring: Wiring) {
         listed.invocations.is_empty(),
         "a refused request stores nothing"
     );
+    system.stop().await;
+}
+
+/// A per-invocation cost budget: the second decision would cross it, so it is committed
+/// as stopped and the run ends `token_budget_exhausted`, saying it was the cost.
+async fn cost_budget_override_stops_the_run(wiring: Wiring) {
+    let system = System::start(wiring, OrchestratorConfig::default()).await;
+    let mut client = system.client().await;
+    let script = r#"{"turns": [
+      {"tool_calls": [{"id": "a", "name": "lookup", "arguments": {"key": "profile"}}],
+       "usage": {"cost_micro_usd": 600}},
+      {"tool_calls": [{"id": "b", "name": "lookup", "arguments": {"key": "policy"}}],
+       "usage": {"cost_micro_usd": 600}},
+      {"final": "never"}]}"#;
+    let mut request = start_request(script);
+    request.budget_overrides = Some(pb::BudgetOverrides {
+        max_cost_micro_usd: Some(1_000),
+        ..Default::default()
+    });
+    let (invocation, _events) = run_to_end(&mut client, request).await;
+    assert_eq!(
+        reason(&invocation),
+        pb::TerminalReason::TokenBudgetExhausted
+    );
+    assert!(
+        invocation.terminal_detail.contains("cost budget"),
+        "{}",
+        invocation.terminal_detail
+    );
+    let usage = invocation.usage.unwrap();
+    assert_eq!(
+        usage.steps, 2,
+        "the crossing decision is committed, not run"
+    );
+    assert_eq!(usage.tool_calls, 1);
+    system.stop().await;
+}
+
+/// A write goes through the ledger: applied once by the executor, its entry settled
+/// (nothing left unresolved), its receipt in the call's output.
+async fn a_transfer_is_recorded_in_the_ledger_and_applied_once(wiring: Wiring) {
+    let system = System::start(wiring, OrchestratorConfig::default()).await;
+    let mut client = system.client().await;
+    let script = r#"{"turns": [
+      {"tool_calls": [{"id": "t", "name": "transfer",
+                       "arguments": {"from": "alice", "to": "bob", "amount": 4200}}]},
+      {"final": "moved"}]}"#;
+    let (invocation, events) = run_to_end(&mut client, start_request(script)).await;
+    assert_eq!(reason(&invocation), pb::TerminalReason::Completed);
+    let turns = turns(&events);
+    assert!(
+        matches!(
+            &turns[0].results[0].outcome,
+            Some(pb::tool_result::Outcome::Output(output)) if output.output_json.contains("txn-")
+        ),
+        "{:?}",
+        turns[0].results
+    );
+    assert_eq!(system.executor.stats().applied, 1);
+    let mut ledger = system.ledger().await;
+    let unresolved = ledger
+        .list_unresolved(pb::ListUnresolvedRequest {
+            invocation_id: invocation.invocation_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(unresolved.entries.is_empty(), "{:?}", unresolved.entries);
     system.stop().await;
 }

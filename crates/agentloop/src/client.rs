@@ -53,6 +53,8 @@ pub struct RunOptions {
     pub max_repeated_plan: Option<u32>,
     /// Budget overrides.
     pub deadline: Option<Duration>,
+    /// Budget overrides: the cost budget.
+    pub max_cost: Option<agentloop_engine::MicroUsd>,
 }
 
 /// Reads a script file, refusing oversized ones before reading them.
@@ -122,6 +124,7 @@ pub async fn run(server: &str, options: RunOptions) -> anyhow::Result<u8> {
         max_tokens: None,
         max_repeated_plan: options.max_repeated_plan,
         deadline: options.deadline.map(prost_types_duration),
+        max_cost_micro_usd: options.max_cost.map(|max| max.0),
     };
     let response = orchestrator
         .start_invocation(pb::StartInvocationRequest {

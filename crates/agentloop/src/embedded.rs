@@ -24,6 +24,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+/// The effect ledger's directory inside the data directory.
+pub const LEDGER_DIR: &str = "ledger";
+
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct StackOptions {
@@ -94,7 +97,7 @@ impl Stack {
         let decision = DecisionServer::new(options.model.clone());
         let ledger = LedgerService::new(
             LedgerConfig {
-                data_dir: data_dir.join("ledger"),
+                data_dir: data_dir.join(LEDGER_DIR),
                 ..LedgerConfig::default()
             }
             .open_store()
@@ -105,6 +108,7 @@ impl Stack {
             decision: Arc::new(InProcess(Arc::new(decision.clone()))),
             policy: Arc::new(InProcess(Arc::new(policy.clone()))),
             tools: Arc::new(InProcess(Arc::new(gateway.clone()))),
+            ledger: Arc::new(InProcess(Arc::new(ledger.clone()))),
         };
         let config = OrchestratorConfig {
             data_dir: data_dir.clone(),

@@ -8,7 +8,9 @@
     reason = "a command line prints its results on stdout"
 )]
 
+pub mod bench;
 pub mod client;
+pub mod effects;
 pub mod embedded;
 pub mod exit;
 pub mod view;

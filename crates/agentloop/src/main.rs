@@ -13,10 +13,15 @@ use std::process::ExitCode;
 
 use agentloop::client::{self, RunOptions};
 use agentloop::embedded::{Stack, StackOptions};
-use agentloop::exit;
+use agentloop::{bench, effects, exit};
 use clap::{Args, Parser, Subcommand};
 
 mod model;
+
+/// Many small, short-lived allocations cross threads in every turn; glibc's allocator
+/// made them a sixth of a turn's CPU (`agentloop bench`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -72,12 +77,55 @@ enum Command {
         #[arg(long, default_value = "cancelled from the command line")]
         reason: String,
     },
+    /// Lists the effect ledger's unresolved entries; `reconciliation_required` ones
+    /// wait for an operator.
+    Effects {
+        /// List the unresolved entries: prepared, dispatched, outcome_unknown and
+        /// reconciliation_required (required: the only listing there is).
+        #[arg(long, required = true)]
+        unresolved: bool,
+        /// A running effect ledger (`agentloop dev` serves one on its port); without it,
+        /// the embedded data directory is read.
+        #[arg(long)]
+        ledger: Option<String>,
+        /// Only this invocation's entries.
+        #[arg(long)]
+        invocation: Option<String>,
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Runs the standard workload (N invocations at once, T turns each, two lookups per
+    /// turn) and reports throughput, latency, CPU, memory, storage and fsyncs.
+    Bench(BenchArgs),
     /// The seeds' example end to end: two parallel lookups, then the answer.
     Demo {
         /// JSON instead of text.
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// Invocations, all running at once.
+    #[arg(long, default_value_t = 1_000)]
+    invocations: u32,
+    /// Turns per invocation: T-1 turns of two lookups, then the answer.
+    #[arg(long, default_value_t = 10)]
+    turns: u32,
+    /// `embedded`: in-process ports; `distributed`: five gRPC servers on loopback.
+    #[arg(long, value_enum, default_value = "embedded")]
+    mode: bench::Mode,
+    /// Park every invocation in its first model call and report the memory each costs.
+    #[arg(long)]
+    park: bool,
+    /// Where the temporary data directory goes (default: the system's temp directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// JSON instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -117,6 +165,17 @@ struct RunArgs {
     /// Overrides the wall-clock budget: `500ms`, `30s`, `5m`, `1h`.
     #[arg(long, value_parser = client::parse_duration)]
     deadline: Option<std::time::Duration>,
+    /// Sets a cost budget in US dollars (`0.50`); spent, the run ends
+    /// `token_budget_exhausted`. Every decision must have a cost: give `--price` with
+    /// `--model` (an unpriced decision ends the run `model_error`).
+    #[arg(long, value_name = "USD")]
+    max_cost_usd: Option<agentloop_engine::MicroUsd>,
+    /// The price of `--model` in US dollars per million input and output tokens:
+    /// `2.50,10`. Each decision then reports its cost.
+    // Conflicts rather than `requires = "model"`, which clap let through next to
+    // `--script --goal`.
+    #[arg(long, value_name = "INPUT,OUTPUT", conflicts_with_all = ["script", "server"])]
+    price: Option<agentloop_decision::Price>,
 }
 
 fn main() -> ExitCode {
@@ -166,6 +225,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::Run(args) => {
+            if args.model.is_some() && args.max_cost_usd.is_some() && args.price.is_none() {
+                eprintln!(
+                    "agentloop: --max-cost-usd with --model needs --price: without the model's price its cost cannot be counted"
+                );
+                return Ok(exit::USAGE);
+            }
             let (script, model, goal) = match (&args.script, &args.model) {
                 (Some(path), None) => (
                     client::read_script(path)?,
@@ -175,7 +240,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 ),
                 (None, Some(spec)) => (
                     String::new(),
-                    Some(model::from_spec(spec)?),
+                    Some(model::from_spec(spec, args.price)?),
                     args.goal.unwrap_or_default(),
                 ),
                 (Some(_), Some(_)) | (None, None) => {
@@ -191,6 +256,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 max_tool_calls: args.max_tool_calls,
                 max_repeated_plan: args.max_repeated_plan,
                 deadline: args.deadline,
+                max_cost: args.max_cost_usd,
             };
             match args.server {
                 Some(server) => client::run(&server, options).await,
@@ -217,6 +283,34 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             None => client::show_local(&cli.data_dir, &id, json).await,
         },
         Command::Cancel { id, server, reason } => client::cancel(&server, &id, &reason).await,
+        Command::Effects {
+            unresolved: _,
+            ledger,
+            invocation,
+            json,
+        } => {
+            let source = match &ledger {
+                Some(endpoint) => effects::Source::Ledger(endpoint),
+                None => effects::Source::DataDir(&cli.data_dir),
+            };
+            effects::unresolved(source, invocation.as_deref(), json).await
+        }
+        Command::Bench(args) => {
+            let report = bench::run(bench::BenchOptions {
+                invocations: args.invocations,
+                turns: args.turns,
+                mode: args.mode,
+                park: args.park,
+                dir: args.dir,
+            })
+            .await?;
+            if args.json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.text());
+            }
+            Ok(if report.failed == 0 { 0 } else { exit::FAILURE })
+        }
         Command::Demo { json } => {
             let stack = Stack::start(StackOptions::embedded(cli.data_dir, None)).await?;
             let options = RunOptions {
@@ -228,6 +322,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 max_tool_calls: None,
                 max_repeated_plan: None,
                 deadline: None,
+                max_cost: None,
             };
             let result = client::run(&stack.endpoint(), options).await;
             stack.stop().await?;

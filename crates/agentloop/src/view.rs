@@ -96,7 +96,11 @@ impl EventView {
             answer: None,
         };
         match &event.body {
-            Some(pb::event::Body::Turn(turn)) => {
+            Some(pb::event::Body::Turn(turn) | pb::event::Body::BatchStarted(turn)) => {
+                let started = matches!(event.body, Some(pb::event::Body::BatchStarted(_)));
+                if started {
+                    view.kind = "batch_started";
+                }
                 view.turn = Some(turn.turn);
                 view.rejection = turn.rejection.as_ref().map(|r| r.message.clone());
                 let (decision, text, calls) = decision_parts(turn.decision.as_ref());
@@ -106,7 +110,11 @@ impl EventView {
                     .iter()
                     .map(|call| {
                         let result = turn.results.iter().find(|r| r.call_id == call.call_id);
-                        let (outcome, detail) = outcome_parts(result);
+                        let (outcome, detail) = if started {
+                            ("pending", None)
+                        } else {
+                            outcome_parts(result)
+                        };
                         CallView {
                             call_id: call.call_id.clone(),
                             tool: call.tool.clone(),
@@ -134,13 +142,18 @@ impl EventView {
     pub fn render(&self) -> String {
         let mut out = String::new();
         match self.kind {
-            "turn" => {
+            "turn" | "batch_started" => {
                 let _ = write!(
                     out,
-                    "#{:<3} turn {:<3} {}",
+                    "#{:<3} turn {:<3} {}{}",
                     self.seq,
                     self.turn.unwrap_or(0),
-                    self.decision.unwrap_or("?")
+                    self.decision.unwrap_or("?"),
+                    if self.kind == "batch_started" {
+                        " (batch started: committed before its writes are sent)"
+                    } else {
+                        ""
+                    }
                 );
                 if let Some(text) = &self.text {
                     let _ = write!(out, "  {}", one_line(text, 100));

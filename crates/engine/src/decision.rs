@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::canonical::{Fingerprint, canonical_json};
 use crate::catalog::ToolCatalog;
+use crate::money::MicroUsd;
 
 /// One tool call as the model proposed it: nothing checked yet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -340,13 +341,22 @@ pub(crate) fn validate_batch(
     })
 }
 
-/// Tokens one model call consumed.
+/// What one model call consumed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     /// Prompt tokens.
     pub input_tokens: u64,
     /// Completion tokens.
     pub output_tokens: u64,
+    /// What the call cost, from the decision service's price table; `None` when the model
+    /// has no price, which is not the same as free: a cost budget refuses it. Absent from
+    /// histories recorded before costs existed, which therefore load as unpriced.
+    #[serde(
+        default,
+        rename = "cost_micro_usd",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cost: Option<MicroUsd>,
 }
 
 impl Usage {

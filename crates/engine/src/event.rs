@@ -26,6 +26,12 @@ pub struct Event {
 pub enum EventBody {
     /// A turn: the model's decision and everything it caused.
     Turn(TurnRecord),
+    /// A batch with writes is about to run: its turn's decision (with `plan` set and no
+    /// results), committed before the first write is sent. A worker that takes over
+    /// after a crash finishes this batch, settling each write from the effect ledger and
+    /// the executor's records, instead of asking the model again. The turn's `Turn`
+    /// event follows with the results.
+    BatchStarted(TurnRecord),
     /// The invocation ended. Always the last event.
     Ended(EndRecord),
 }

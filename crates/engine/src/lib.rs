@@ -34,6 +34,7 @@ mod decision;
 mod event;
 mod limits;
 mod machine;
+mod money;
 mod outcome;
 mod plan;
 mod terminal;
@@ -50,6 +51,7 @@ pub use limits::Limits;
 pub use machine::{
     Action, Input, Invocation, Protocol, RestoreError, StepError, Verdict, Verification,
 };
+pub use money::{BadUsd, MicroUsd};
 pub use outcome::{CallOutcome, CallResult, ErrorType, NextAction, Outcome, ToolError, Totals};
 pub use plan::ExecutionPlan;
 pub use terminal::{TerminalReason, UnknownTerminalReason};

@@ -5,6 +5,7 @@ use std::num::NonZeroU32;
 use serde::{Deserialize, Serialize};
 
 use crate::decision::DecisionBounds;
+use crate::money::MicroUsd;
 use crate::time::UnixMillis;
 
 /// What one invocation may use. Checked by the engine on committed state; none of them
@@ -18,6 +19,11 @@ pub struct Limits {
     pub max_tool_calls: u32,
     /// Most tokens (input + output); `None` for no token budget.
     pub max_tokens: Option<u64>,
+    /// Most money spent on decisions; `None` for no cost budget. With one, a decision that
+    /// comes without a cost (its model has no price) ends the invocation: an unpriced
+    /// model must not make a budget silently unlimited.
+    #[serde(rename = "max_cost_micro_usd")]
+    pub max_cost: Option<MicroUsd>,
     /// How many times in a row the same plan may execute; `None` turns repeat detection off.
     pub max_repeated_plan: Option<NonZeroU32>,
     /// When the invocation must stop, if ever.
@@ -37,6 +43,7 @@ impl Default for Limits {
             max_steps: 16,
             max_tool_calls: 64,
             max_tokens: None,
+            max_cost: None,
             max_repeated_plan: NonZeroU32::new(2),
             deadline: None,
             decision_repairs: 0,

@@ -220,6 +220,9 @@ pub enum RestoreError {
     /// An executed turn without its plan fingerprint.
     #[error("turn {0} has results but no plan fingerprint")]
     MissingPlan(u32),
+    /// A started batch that is not a valid batch of tool calls for this catalog.
+    #[error("the batch started in turn {0} is not a valid batch: {1}")]
+    InvalidStartedBatch(u32, String),
 }
 
 /// Protocol state: where the invocation is, and what it has used. Derived entirely from
@@ -236,6 +239,9 @@ pub struct Protocol {
     pub verification_repairs_used: u32,
     /// The last executed plan and how many times in a row it executed.
     pub last_plan: Option<(Fingerprint, u32)>,
+    /// The turn whose write batch has started (`BatchStarted`) and whose `Turn` event is
+    /// not committed yet.
+    pub started: Option<u32>,
 }
 
 impl Protocol {
@@ -249,6 +255,19 @@ impl Protocol {
             });
         }
         match &event.body {
+            EventBody::BatchStarted(record) => {
+                let expected = self.totals.steps + 1;
+                if record.turn != expected || self.started.is_some() {
+                    return Err(RestoreError::TurnGap {
+                        expected,
+                        found: record.turn,
+                    });
+                }
+                if record.plan.is_none() {
+                    return Err(RestoreError::MissingPlan(record.turn));
+                }
+                self.started = Some(record.turn);
+            }
             EventBody::Turn(record) => {
                 let expected = self.totals.steps + 1;
                 if record.turn != expected {
@@ -257,6 +276,7 @@ impl Protocol {
                         found: record.turn,
                     });
                 }
+                self.started = None;
                 let totals = &mut self.totals;
                 totals.steps = record.turn;
                 totals.turn_events += 1;
@@ -266,6 +286,9 @@ impl Protocol {
                 totals.output_tokens = totals
                     .output_tokens
                     .saturating_add(record.usage.output_tokens);
+                if let Some(cost) = record.usage.cost {
+                    totals.cost = totals.cost.saturating_add(cost);
+                }
                 if !record.results.is_empty() {
                     let plan = record.plan.ok_or(RestoreError::MissingPlan(record.turn))?;
                     let executed = u32::try_from(record.results.len()).unwrap_or(u32::MAX);
@@ -281,7 +304,7 @@ impl Protocol {
                     Some(RejectionKind::Stopped) | None => {}
                 }
             }
-            EventBody::Ended(_) => {}
+            EventBody::Ended(_) => self.started = None,
         }
         self.version = event.seq;
         Ok(())
@@ -328,6 +351,19 @@ enum Phase {
         draft: Draft,
         batch: ValidBatch,
     },
+    /// A batch with writes, authorized; its `BatchStarted` commit is in flight.
+    Starting {
+        draft: Draft,
+        batch: ValidBatch,
+        /// Protocol state once the commit is durable.
+        after: Protocol,
+    },
+    /// Restored with a batch started and not committed: `Start` runs it again (each
+    /// write settled from its ledger entry), without asking the model.
+    Resuming {
+        draft: Draft,
+        batch: ValidBatch,
+    },
     Executing {
         draft: Draft,
         batch: ValidBatch,
@@ -365,6 +401,8 @@ impl Phase {
             Phase::Idle => "idle",
             Phase::Deciding { .. } => "deciding",
             Phase::Authorizing { .. } => "authorizing",
+            Phase::Starting { .. } => "starting",
+            Phase::Resuming { .. } => "resuming",
             Phase::Executing { .. } => "executing",
             Phase::Reconciling(_) => "reconciling",
             Phase::Verifying { .. } => "verifying",
@@ -437,11 +475,30 @@ impl Invocation {
                 return Err(RestoreError::AfterEnd(event.seq));
             }
             invocation.protocol.apply(event)?;
-            if let EventBody::Ended(end) = &event.body {
-                invocation.phase = Phase::Ended(invocation.outcome_of(end));
-            }
+            invocation.phase = match &event.body {
+                EventBody::Ended(end) => Phase::Ended(invocation.outcome_of(end)),
+                EventBody::BatchStarted(record) => invocation.resuming(record)?,
+                EventBody::Turn(_) => Phase::Idle,
+            };
         }
         Ok(invocation)
+    }
+
+    /// The phase of a batch restored from its `BatchStarted` event.
+    fn resuming(&self, record: &TurnRecord) -> Result<Phase, RestoreError> {
+        let invalid = |why: String| RestoreError::InvalidStartedBatch(record.turn, why);
+        match validate(&record.decision, &self.catalog, &self.limits.bounds) {
+            Ok(Decision::ToolCalls(batch)) => Ok(Phase::Resuming {
+                draft: Draft {
+                    turn: record.turn,
+                    decision: record.decision.clone(),
+                    usage: record.usage,
+                },
+                batch,
+            }),
+            Ok(_) => Err(invalid("it is not a batch of tool calls".into())),
+            Err(error) => Err(invalid(error.to_string())),
+        }
     }
 
     /// Protocol state (version, totals, repairs, repeat tracking).
@@ -461,6 +518,8 @@ impl Invocation {
             Phase::Idle
             | Phase::Deciding { .. }
             | Phase::Authorizing { .. }
+            | Phase::Starting { .. }
+            | Phase::Resuming { .. }
             | Phase::Executing { .. }
             | Phase::Reconciling(_)
             | Phase::Verifying { .. }
@@ -505,6 +564,23 @@ impl Invocation {
             }
             (phase, Input::Tick) => Ok(self.stay(phase)),
             (Phase::Idle, Input::Start) => Ok(self.begin_turn(now)),
+            (Phase::Resuming { draft, batch }, Input::Start) => Ok(self.execute(draft, batch)),
+            (
+                Phase::Starting {
+                    draft,
+                    batch,
+                    after,
+                },
+                Input::Committed,
+            ) => {
+                self.protocol = after;
+                if self.stop.is_some() {
+                    // Stopped while the start was being committed: nothing was sent.
+                    let results = vec![CallOutcome::NotStarted; batch.calls.len()];
+                    return Ok(self.commit_batch(draft, batch, results, None));
+                }
+                Ok(self.execute(draft, batch))
+            }
             (Phase::Deciding { turn }, Input::Decided { decision, usage }) => {
                 let draft = Draft {
                     turn,
@@ -539,7 +615,10 @@ impl Invocation {
             (Phase::Committing { after, end }, Input::Committed) => {
                 Ok(self.committed(after, end, now))
             }
-            (Phase::Committing { .. }, Input::CommitFailed { message }) => {
+            (
+                Phase::Committing { .. } | Phase::Starting { .. },
+                Input::CommitFailed { message },
+            ) => {
                 // Nothing of the failed commit is applied: the log is as it was, and a
                 // resume continues from the last event that is durable.
                 let outcome = Outcome {
@@ -555,6 +634,8 @@ impl Invocation {
                 phase @ (Phase::Idle
                 | Phase::Deciding { .. }
                 | Phase::Authorizing { .. }
+                | Phase::Starting { .. }
+                | Phase::Resuming { .. }
                 | Phase::Executing { .. }
                 | Phase::Reconciling(_)
                 | Phase::Verifying { .. }
@@ -616,6 +697,19 @@ impl Invocation {
                 None,
             );
         }
+        if let Some(max) = self.limits.max_cost.filter(|max| totals.cost >= *max) {
+            let detail = format!(
+                "the cost budget is spent: {} used, the cost budget is {max}",
+                totals.cost
+            );
+            return self.end(
+                Vec::new(),
+                TerminalReason::TokenBudgetExhausted,
+                detail,
+                None,
+                None,
+            );
+        }
         let turn = totals.steps + 1;
         self.phase = Phase::Deciding { turn };
         vec![Action::Decide { turn }]
@@ -633,6 +727,35 @@ impl Invocation {
                 None,
                 None,
             );
+        }
+        if let Some(max) = self.limits.max_cost {
+            let Some(cost) = draft.usage.cost else {
+                // Counting it as free would make the budget silently unlimited; the fix
+                // is configuration (a price for the model), so this is the model's error.
+                let detail = format!(
+                    "the model reported no cost for this decision (it has no price), so the cost budget of {max} cannot be enforced"
+                );
+                return self.end(
+                    vec![draft.stopped(&detail)],
+                    TerminalReason::ModelError,
+                    detail,
+                    None,
+                    None,
+                );
+            };
+            let after = self.protocol.totals.cost.saturating_add(cost);
+            if after > max {
+                let detail = format!(
+                    "the cost budget is spent: this decision brings the cost to {after}, the cost budget is {max}"
+                );
+                return self.end(
+                    vec![draft.stopped(&detail)],
+                    TerminalReason::TokenBudgetExhausted,
+                    detail,
+                    None,
+                    None,
+                );
+            }
         }
         if self.deadline_passed(now) {
             return self.end_stopped(Some(draft), Stop::Deadline);
@@ -724,16 +847,16 @@ impl Invocation {
                 self.end_stopped(Some(draft), Stop::Deadline)
             }
             Verdict::Allow => {
-                let turn = draft.turn;
-                let plan = ExecutionPlan::for_calls(&batch.calls, &self.catalog);
-                let calls = batch.calls.clone();
-                let results = vec![None; calls.len()];
-                self.phase = Phase::Executing {
-                    draft,
-                    batch,
-                    results,
-                };
-                vec![Action::Execute { turn, calls, plan }]
+                let writes = batch.calls.iter().any(|call| {
+                    self.catalog
+                        .get(&call.tool)
+                        .is_some_and(|spec| spec.side_effect.writes())
+                });
+                if writes {
+                    self.start_batch(draft, batch)
+                } else {
+                    self.execute(draft, batch)
+                }
             }
             Verdict::Deny { reason } => self.reject(draft, format!("denied by policy: {reason}")),
             Verdict::RequireApproval { reason } => {
@@ -747,6 +870,43 @@ impl Invocation {
                 )
             }
         }
+    }
+
+    /// Commits `BatchStarted` before a batch with writes runs, so the batch survives a
+    /// crash of this worker (see [`EventBody::BatchStarted`]).
+    fn start_batch(&mut self, draft: Draft, batch: ValidBatch) -> Vec<Action> {
+        let mut record = draft.clone().record(None);
+        record.plan = Some(batch.fingerprint);
+        match self.stage(vec![EventBody::BatchStarted(record)]) {
+            Ok((expected_version, events, after)) => {
+                let totals = after.totals;
+                self.phase = Phase::Starting {
+                    draft,
+                    batch,
+                    after,
+                };
+                vec![Action::Commit {
+                    expected_version,
+                    events,
+                    totals,
+                }]
+            }
+            Err(actions) => actions,
+        }
+    }
+
+    /// Runs an authorized batch.
+    fn execute(&mut self, draft: Draft, batch: ValidBatch) -> Vec<Action> {
+        let turn = draft.turn;
+        let plan = ExecutionPlan::for_calls(&batch.calls, &self.catalog);
+        let calls = batch.calls.clone();
+        let results = vec![None; calls.len()];
+        self.phase = Phase::Executing {
+            draft,
+            batch,
+            results,
+        };
+        vec![Action::Execute { turn, calls, plan }]
     }
 
     /// An invalid or denied decision: a repair turn if one is left, else `invalid_decision`.
@@ -976,6 +1136,30 @@ impl Invocation {
             Phase::Authorizing { draft, .. } | Phase::Verifying { draft, .. } => {
                 self.end_stopped(Some(draft), stop)
             }
+            // The start commit decides whether anything may run; see `Starting` +
+            // `Committed`.
+            Phase::Starting {
+                draft,
+                batch,
+                after,
+            } => {
+                self.stop = Some(stop);
+                self.stay(Phase::Starting {
+                    draft,
+                    batch,
+                    after,
+                })
+            }
+            // Writes of the batch may have been sent before the crash: run it again with
+            // its calls cancelled at once, so each one is settled (unsent ones come back
+            // `not_started`, sent writes are reconciled) and its turn committed.
+            Phase::Resuming { draft, batch } => {
+                self.stop = Some(stop);
+                let turn = draft.turn;
+                let mut actions = self.execute(draft, batch);
+                actions.push(Action::CancelCalls { turn });
+                actions
+            }
             Phase::Executing {
                 draft,
                 batch,
@@ -1066,6 +1250,31 @@ impl Invocation {
     /// Hands events to the shell. The protocol state they lead to is computed now, by the
     /// same fold a restore uses, and takes effect only when the shell says they are durable.
     fn commit(&mut self, bodies: Vec<EventBody>) -> Vec<Action> {
+        let (expected_version, events, after) = match self.stage(bodies) {
+            Ok(staged) => staged,
+            Err(actions) => return actions,
+        };
+        let end = events.iter().rev().find_map(|event| match &event.body {
+            EventBody::Ended(end) => Some(end.clone()),
+            EventBody::Turn(_) | EventBody::BatchStarted(_) => None,
+        });
+        let totals = after.totals;
+        self.phase = Phase::Committing { after, end };
+        vec![Action::Commit {
+            expected_version,
+            events,
+            totals,
+        }]
+    }
+}
+
+impl Invocation {
+    /// Numbers events after the last committed one and computes the protocol state they
+    /// lead to. `Err` carries the actions that end the invocation if they do not apply.
+    fn stage(
+        &mut self,
+        bodies: Vec<EventBody>,
+    ) -> Result<(u64, Vec<Event>, Protocol), Vec<Action>> {
         let expected_version = self.protocol.version;
         let events: Vec<Event> = bodies
             .into_iter()
@@ -1083,19 +1292,9 @@ impl Invocation {
                 totals: self.protocol.totals,
             };
             self.phase = Phase::Ended(outcome.clone());
-            return vec![Action::Finish(outcome)];
+            return Err(vec![Action::Finish(outcome)]);
         }
-        let end = events.iter().rev().find_map(|event| match &event.body {
-            EventBody::Ended(end) => Some(end.clone()),
-            EventBody::Turn(_) => None,
-        });
-        let totals = after.totals;
-        self.phase = Phase::Committing { after, end };
-        vec![Action::Commit {
-            expected_version,
-            events,
-            totals,
-        }]
+        Ok((expected_version, events, after))
     }
 }
 

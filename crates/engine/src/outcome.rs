@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::decision::CallId;
+use crate::money::MicroUsd;
 use crate::terminal::TerminalReason;
 
 /// What kind of failure a tool reported, so the model and the retry policy can tell a bad
@@ -103,6 +104,9 @@ pub struct Totals {
     pub output_tokens: u64,
     /// Turn events committed.
     pub turn_events: u32,
+    /// Money spent on priced decisions; an unpriced decision adds nothing.
+    #[serde(default, rename = "cost_micro_usd")]
+    pub cost: MicroUsd,
 }
 
 /// How an invocation ended.

@@ -26,7 +26,9 @@ pub enum TerminalReason {
     MaxSteps,
     /// The next batch would exceed the tool-call budget.
     ToolBudgetExhausted,
-    /// The token budget ran out.
+    /// The token budget or the cost budget ran out; the detail says which. The cost
+    /// budget shares this reason because it bounds the same thing, what the model calls
+    /// consume, in another unit, and the vocabulary stays closed.
     TokenBudgetExhausted,
     /// The same plan was proposed again more often than allowed.
     NoProgress,

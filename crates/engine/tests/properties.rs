@@ -91,17 +91,33 @@ fn arb_decision() -> impl Strategy<Value = (ProposedDecision, Usage)> {
                 .collect(),
         )
     });
+    // A batch with a write is committed as started before it runs: a resume can land
+    // between the start and the turn.
+    let with_write = (0u8..3, 1u32..1_000).prop_map(|(k, amount)| {
+        tools(vec![
+            lookup("c0", &format!("key{k}")),
+            call(
+                "w",
+                "transfer",
+                &format!(r#"{{"to":"acct-{k}","amount":{amount}}}"#),
+            ),
+        ])
+    });
     let decision = prop_oneof![
-        6 => batch,
+        4 => batch,
+        2 => with_write,
         1 => Just(final_answer("done")),
         1 => Just(tools(vec![call("x", "no_such_tool", "{}")])),
     ];
-    (decision, 0u64..60, 0u64..20).prop_map(|(d, i, o)| {
+    // Mostly priced decisions; now and then one from a model with no price.
+    let cost = proptest::option::weighted(0.9, 0u64..50).prop_map(|c| c.map(MicroUsd));
+    (decision, 0u64..60, 0u64..20, cost).prop_map(|(d, i, o, cost)| {
         (
             d,
             Usage {
                 input_tokens: i,
                 output_tokens: o,
+                cost,
             },
         )
     })
@@ -112,14 +128,16 @@ fn arb_limits() -> impl Strategy<Value = Limits> {
         1u32..10,
         0u32..12,
         proptest::option::of(0u64..400),
+        proptest::option::of(0u64..200),
         proptest::option::of(1u32..4),
         0u32..2,
     )
         .prop_map(
-            |(max_steps, max_tool_calls, max_tokens, repeat, decision_repairs)| Limits {
+            |(max_steps, max_tool_calls, max_tokens, max_cost, repeat, decision_repairs)| Limits {
                 max_steps,
                 max_tool_calls,
                 max_tokens,
+                max_cost: max_cost.map(MicroUsd),
                 max_repeated_plan: repeat.and_then(NonZeroU32::new),
                 decision_repairs,
                 ..Limits::default()
@@ -160,6 +178,19 @@ proptest! {
                     prop_assert!(used <= max, "turn {} acted on at {used} tokens of {max}", turn.turn);
                 }
             }
+        }
+        if let Some(max) = limits.max_cost {
+            // Every executed batch and accepted answer was decided within the cost
+            // budget, and had a cost: an unpriced decision never counts as free.
+            let mut spent = MicroUsd::ZERO;
+            for turn in turns(&run.log) {
+                spent = spent.saturating_add(turn.usage.cost.unwrap_or_default());
+                if turn.rejection.is_none() {
+                    prop_assert!(turn.usage.cost.is_some(), "turn {} acted on without a cost", turn.turn);
+                    prop_assert!(spent <= max, "turn {} acted on at {spent} of {max}", turn.turn);
+                }
+            }
+            prop_assert_eq!(totals.cost, spent);
         }
     }
 

@@ -120,6 +120,7 @@ fn decided(decision: ProposedDecision, input_tokens: u64) -> Input {
         usage: Usage {
             input_tokens,
             output_tokens: 12,
+            cost: None,
         },
     }
 }
@@ -243,6 +244,8 @@ fn record_histories() {
                 ),
             ),
             (2, Input::Authorized(Verdict::Allow)),
+            // The transfer's batch is committed as started before it is sent.
+            (2, Input::Committed),
             (
                 3,
                 finished(

@@ -28,7 +28,9 @@ fn run(decisions: Vec<ProposedDecision>) -> Run {
 fn ended(run: &Run) -> &EndRecord {
     match &run.log.last().expect("a log").body {
         EventBody::Ended(end) => end,
-        EventBody::Turn(_) => panic!("the log does not end with Ended"),
+        EventBody::Turn(_) | EventBody::BatchStarted(_) => {
+            panic!("the log does not end with Ended")
+        }
     }
 }
 
@@ -382,6 +384,7 @@ fn token_budget_stops_the_decision_that_crosses_it_and_the_turn_after_it_is_reac
     let usage = |n| Usage {
         input_tokens: n,
         output_tokens: 10,
+        ..Usage::default()
     };
     let mut world = World::scripted(vec![]);
     world.script = vec![
@@ -411,6 +414,158 @@ fn token_budget_stops_the_decision_that_crosses_it_and_the_turn_after_it_is_reac
             .filter(|a| matches!(a, Action::Decide { .. }))
             .count(),
         1
+    );
+}
+
+/// Usage of a decision that cost `micros` micro-dollars (`None`: an unpriced model).
+fn costing(micros: Option<u64>) -> Usage {
+    Usage {
+        input_tokens: 100,
+        output_tokens: 10,
+        cost: micros.map(MicroUsd),
+    }
+}
+
+fn with_costs(limits: Limits, script: Vec<(ProposedDecision, Usage)>) -> Run {
+    let mut world = World::scripted(vec![]);
+    world.script = script.into_iter().map(Ok).collect();
+    drive(Invocation::new(limits, catalog()), world)
+}
+
+#[test]
+fn cost_budget_stops_the_decision_that_crosses_it_as_token_budget_exhausted() {
+    let limits = Limits {
+        max_cost: Some(MicroUsd(100_000)),
+        ..limits()
+    };
+    let run = with_costs(
+        limits,
+        vec![
+            (tools(vec![lookup("a", "profile")]), costing(Some(60_000))),
+            (tools(vec![lookup("b", "policy")]), costing(Some(60_000))),
+        ],
+    );
+    assert_eq!(run.outcome.reason, TerminalReason::TokenBudgetExhausted);
+    assert_eq!(
+        run.outcome.detail,
+        "the cost budget is spent: this decision brings the cost to $0.12, the cost budget is $0.10"
+    );
+    assert_eq!(
+        run.executed.len(),
+        1,
+        "the decision that crossed the budget is not carried out"
+    );
+    // Each turn event carries its cost, and the totals are their sum (what was spent,
+    // including the refused decision: it was paid for).
+    let costs: Vec<Option<MicroUsd>> = turns(&run.log).iter().map(|t| t.usage.cost).collect();
+    assert_eq!(costs, [Some(MicroUsd(60_000)), Some(MicroUsd(60_000))]);
+    assert_eq!(
+        turns(&run.log)[1].rejection.as_ref().map(|r| r.kind),
+        Some(RejectionKind::Stopped)
+    );
+    assert_eq!(run.outcome.totals.cost, MicroUsd(120_000));
+    let restored = Invocation::restore(limits, catalog(), &run.log).unwrap();
+    assert_eq!(restored.protocol().totals.cost, MicroUsd(120_000));
+}
+
+#[test]
+fn a_spent_cost_budget_asks_the_model_no_more() {
+    let limits = Limits {
+        max_cost: Some(MicroUsd(100_000)),
+        ..limits()
+    };
+    // Exactly the budget: the turn is carried out, and no further turn is decided.
+    let run = with_costs(
+        limits,
+        vec![
+            (tools(vec![lookup("a", "profile")]), costing(Some(100_000))),
+            (final_answer("never asked"), costing(Some(0))),
+        ],
+    );
+    assert_eq!(run.outcome.reason, TerminalReason::TokenBudgetExhausted);
+    assert_eq!(
+        run.outcome.detail,
+        "the cost budget is spent: $0.10 used, the cost budget is $0.10"
+    );
+    assert_eq!(run.executed.len(), 1);
+    let decides = run
+        .actions
+        .iter()
+        .filter(|a| matches!(a, Action::Decide { .. }))
+        .count();
+    assert_eq!(decides, 1);
+}
+
+#[test]
+fn an_unpriced_decision_under_a_cost_budget_is_a_model_error_and_runs_nothing() {
+    let limits = Limits {
+        max_cost: Some(MicroUsd(1_000_000)),
+        ..limits()
+    };
+    let run = with_costs(
+        limits,
+        vec![(tools(vec![lookup("a", "profile")]), costing(None))],
+    );
+    assert_eq!(run.outcome.reason, TerminalReason::ModelError);
+    assert!(
+        run.outcome.detail.contains("no cost") && run.outcome.detail.contains("cost budget"),
+        "{}",
+        run.outcome.detail
+    );
+    assert!(run.executed.is_empty());
+    // The decision is still recorded (its tokens were used), as stopped.
+    let turn = turns(&run.log)[0];
+    assert_eq!(turn.usage, costing(None));
+    assert_eq!(
+        turn.rejection.as_ref().map(|r| r.kind),
+        Some(RejectionKind::Stopped)
+    );
+}
+
+#[test]
+fn without_a_cost_budget_unpriced_decisions_run_and_priced_ones_are_summed() {
+    let run = with_costs(
+        limits(),
+        vec![
+            (tools(vec![lookup("a", "profile")]), costing(Some(250))),
+            (tools(vec![lookup("b", "policy")]), costing(None)),
+            (final_answer("done"), costing(Some(1))),
+        ],
+    );
+    assert_eq!(run.outcome.reason, TerminalReason::Completed);
+    assert_eq!(run.outcome.totals.cost, MicroUsd(251));
+    let first_commit = run.actions.iter().find_map(|a| match a {
+        Action::Commit { totals, .. } => Some(totals.cost),
+        _ => None,
+    });
+    assert_eq!(
+        first_commit,
+        Some(MicroUsd(250)),
+        "the first commit's totals"
+    );
+}
+
+#[test]
+fn histories_and_totals_recorded_before_costs_existed_still_load() {
+    let turn: TurnRecord = serde_json::from_str(
+        r#"{"turn":1,"decision":{"final":{"answer":"x"}},"usage":{"input_tokens":5,"output_tokens":1}}"#,
+    )
+    .unwrap();
+    assert_eq!(turn.usage.cost, None);
+    let totals: Totals = serde_json::from_str(
+        r#"{"steps":1,"tool_calls":0,"input_tokens":5,"output_tokens":1,"turn_events":1}"#,
+    )
+    .unwrap();
+    assert_eq!(totals.cost, MicroUsd::ZERO);
+    let limits: Limits = serde_json::from_str(r#"{"max_steps":3}"#).unwrap();
+    assert_eq!(limits.max_cost, None);
+    // And an unpriced usage is stored exactly as before.
+    let json = serde_json::to_string(&costing(None)).unwrap();
+    assert_eq!(json, r#"{"input_tokens":100,"output_tokens":10}"#);
+    let json = serde_json::to_string(&costing(Some(7))).unwrap();
+    assert_eq!(
+        json,
+        r#"{"input_tokens":100,"output_tokens":10,"cost_micro_usd":7}"#
     );
 }
 
@@ -545,7 +700,7 @@ fn commit_events(actions: &[Action]) -> &[Event] {
 fn end_of(events: &[Event]) -> TerminalReason {
     match &events.last().unwrap().body {
         EventBody::Ended(end) => end.reason,
-        EventBody::Turn(_) => panic!("no end"),
+        EventBody::Turn(_) | EventBody::BatchStarted(_) => panic!("no end"),
     }
 }
 
@@ -846,6 +1001,8 @@ fn a_reconciliation_answer_for_a_call_not_waiting_is_refused() {
     let actions = invocation
         .step(Input::Authorized(Verdict::Allow), UnixMillis(0))
         .unwrap();
+    commit_events(&actions);
+    let actions = invocation.step(Input::Committed, UnixMillis(0)).unwrap();
     let [Action::Execute { plan, .. }] = actions.as_slice() else {
         panic!()
     };
@@ -938,4 +1095,186 @@ fn every_terminal_reason_is_reachable() {
             TerminalReason::ModelError,
         ]
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// A batch with writes is committed as started before anything is sent.
+
+const TRANSFER: &str = r#"{"to":"acct-1","amount":40}"#;
+
+/// Authorizes one transfer; returns the actions of the `Authorized` step.
+fn authorized_transfer(invocation: &mut Invocation) -> Vec<Action> {
+    decide(invocation, tools(vec![call("t1", "transfer", TRANSFER)]), 0);
+    invocation
+        .step(Input::Authorized(Verdict::Allow), UnixMillis(0))
+        .unwrap()
+}
+
+#[test]
+fn a_batch_with_writes_is_committed_as_started_before_it_runs() {
+    let mut invocation = started(limits());
+    let actions = authorized_transfer(&mut invocation);
+    let events = commit_events(&actions);
+    let [
+        Event {
+            seq: 1,
+            body: EventBody::BatchStarted(record),
+        },
+    ] = events
+    else {
+        panic!("expected BatchStarted at seq 1, got {events:?}");
+    };
+    assert_eq!(record.turn, 1);
+    assert!(record.plan.is_some() && record.results.is_empty());
+    assert_eq!(invocation.phase_name(), "starting");
+    // Nothing is sent until the start is durable.
+    let actions = invocation.step(Input::Committed, UnixMillis(0)).unwrap();
+    assert!(matches!(
+        actions.as_slice(),
+        [Action::Execute { turn: 1, .. }]
+    ));
+    assert_eq!(invocation.protocol().started, Some(1));
+    let actions = invocation
+        .step(
+            Input::CallFinished {
+                call_id: CallId::new("t1"),
+                outcome: output(r#"{"receipt":"txn-1"}"#),
+            },
+            UnixMillis(0),
+        )
+        .unwrap();
+    let events = commit_events(&actions);
+    assert!(matches!(&events[0], Event { seq: 2, body: EventBody::Turn(t) } if t.turn == 1));
+    invocation.step(Input::Committed, UnixMillis(0)).unwrap();
+    let protocol = invocation.protocol();
+    assert_eq!(
+        (
+            protocol.started,
+            protocol.totals.steps,
+            protocol.totals.tool_calls
+        ),
+        (None, 1, 1),
+        "the start counts nothing; the turn does"
+    );
+}
+
+#[test]
+fn read_only_batches_are_not_committed_as_started() {
+    let mut invocation = started(limits());
+    decide(&mut invocation, tools(vec![lookup("a", "profile")]), 0);
+    let actions = invocation
+        .step(Input::Authorized(Verdict::Allow), UnixMillis(0))
+        .unwrap();
+    assert!(matches!(actions.as_slice(), [Action::Execute { .. }]));
+}
+
+/// The log of a worker that died after starting a transfer batch.
+fn started_log() -> Vec<Event> {
+    let mut invocation = started(limits());
+    let actions = authorized_transfer(&mut invocation);
+    commit_events(&actions).to_vec()
+}
+
+#[test]
+fn a_restored_started_batch_runs_again_without_asking_the_model() {
+    let log = started_log();
+    let mut restored = Invocation::restore(limits(), catalog(), &log).unwrap();
+    assert_eq!(restored.phase_name(), "resuming");
+    let actions = restored.step(Input::Start, UnixMillis(0)).unwrap();
+    let [Action::Execute { turn: 1, calls, .. }] = actions.as_slice() else {
+        panic!("expected the started batch again, got {actions:?}");
+    };
+    assert_eq!(calls[0].call_id, CallId::new("t1"));
+    assert_eq!(calls[0].arguments_json, TRANSFER);
+    let actions = restored
+        .step(
+            Input::CallFinished {
+                call_id: CallId::new("t1"),
+                outcome: output("{}"),
+            },
+            UnixMillis(0),
+        )
+        .unwrap();
+    let events = commit_events(&actions);
+    assert!(
+        matches!(&events[0], Event { seq: 2, body: EventBody::Turn(t) } if t.turn == 1 && t.results.len() == 1)
+    );
+}
+
+#[test]
+fn cancelling_a_restored_started_batch_settles_its_calls_first() {
+    let log = started_log();
+    let mut restored = Invocation::restore(limits(), catalog(), &log).unwrap();
+    let actions = restored.step(Input::Cancel, UnixMillis(0)).unwrap();
+    assert!(
+        matches!(
+            actions.as_slice(),
+            [
+                Action::Execute { turn: 1, .. },
+                Action::CancelCalls { turn: 1 }
+            ]
+        ),
+        "{actions:?}"
+    );
+    // The write may have been sent before the crash: its outcome is unknown, so it is
+    // reconciled before anything is committed.
+    let actions = restored
+        .step(
+            Input::CallFinished {
+                call_id: CallId::new("t1"),
+                outcome: CallOutcome::Unknown {
+                    detail: "cancelled while in flight".into(),
+                },
+            },
+            UnixMillis(0),
+        )
+        .unwrap();
+    assert!(matches!(
+        actions.as_slice(),
+        [Action::Reconcile { turn: 1, .. }]
+    ));
+    let actions = restored
+        .step(
+            Input::Reconciled {
+                call_id: CallId::new("t1"),
+                outcome: output("{}"),
+            },
+            UnixMillis(0),
+        )
+        .unwrap();
+    let events = commit_events(&actions);
+    assert!(matches!(&events[0].body, EventBody::Turn(t) if t.results.len() == 1));
+    assert_eq!(end_of(events), TerminalReason::Cancelled);
+}
+
+#[test]
+fn a_cancel_while_the_start_commits_sends_nothing() {
+    let mut invocation = started(limits());
+    authorized_transfer(&mut invocation);
+    assert!(
+        invocation
+            .step(Input::Cancel, UnixMillis(0))
+            .unwrap()
+            .is_empty()
+    );
+    let actions = invocation.step(Input::Committed, UnixMillis(0)).unwrap();
+    let events = commit_events(&actions);
+    let EventBody::Turn(turn) = &events[0].body else {
+        panic!("{events:?}");
+    };
+    assert_eq!(turn.results[0].outcome, CallOutcome::NotStarted);
+    assert_eq!(end_of(events), TerminalReason::Cancelled);
+}
+
+#[test]
+fn a_started_batch_that_is_not_valid_does_not_restore() {
+    let mut log = started_log();
+    let EventBody::BatchStarted(record) = &mut log[0].body else {
+        panic!()
+    };
+    record.decision = final_answer("not a batch");
+    assert!(matches!(
+        Invocation::restore(limits(), catalog(), &log),
+        Err(RestoreError::InvalidStartedBatch(1, _))
+    ));
 }

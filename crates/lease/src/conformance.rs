@@ -418,3 +418,83 @@ pub async fn keeper_fires_on_loss(backend: Arc<dyn LeaseBackend>) {
     );
     assert_eq!(keeper.stop().await, KeeperExit::Lost);
 }
+
+/// What every [`crate::Handoff`] must do, on a fresh, empty queue whose `take` waits a
+/// short while (tens of milliseconds): oldest first, nothing lost or duplicated between
+/// racing takers, an offer reaches a taker that is already waiting, bad keys refused.
+pub async fn handoff_conforms(queue: Arc<dyn crate::Handoff>) {
+    assert_eq!(
+        queue.take().await.unwrap(),
+        None,
+        "an empty queue gives nothing"
+    );
+    for key in ["a", "b", "c"] {
+        queue.offer(key).await.unwrap();
+    }
+    for key in ["a", "b", "c"] {
+        assert_eq!(
+            queue.take().await.unwrap().as_deref(),
+            Some(key),
+            "oldest first"
+        );
+    }
+    assert!(matches!(
+        queue.offer("").await,
+        Err(LeaseError::InvalidArgument(_))
+    ));
+
+    // A taker that is waiting gets a key offered after it began; keep taking until it
+    // comes, so the test does not depend on when the taker started waiting.
+    let waiting = {
+        let queue = queue.clone();
+        tokio::spawn(async move {
+            for _ in 0..1_000 {
+                if let Some(key) = queue.take().await.unwrap() {
+                    return key;
+                }
+            }
+            panic!("the offered key never arrived");
+        })
+    };
+    queue.offer("late").await.unwrap();
+    assert_eq!(waiting.await.unwrap(), "late");
+
+    // Racing takers share the keys: every key exactly once.
+    let offered: Vec<String> = (0..200).map(|n| format!("k{n}")).collect();
+    for key in &offered {
+        queue.offer(key).await.unwrap();
+    }
+    let takers: Vec<_> = (0..8)
+        .map(|_| {
+            let queue = queue.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                while let Some(key) = queue.take().await.unwrap() {
+                    got.push(key);
+                }
+                got
+            })
+        })
+        .collect();
+    let mut taken = Vec::new();
+    for taker in takers {
+        taken.extend(taker.await.unwrap());
+    }
+    taken.sort();
+    let mut expected = offered.clone();
+    expected.sort();
+    assert_eq!(taken, expected, "every key taken exactly once");
+}
+
+/// A full queue drops its oldest keys, never grows past [`crate::MAX_QUEUED`].
+pub async fn handoff_is_bounded(queue: Arc<dyn crate::Handoff>) {
+    for n in 0..crate::MAX_QUEUED + 5 {
+        queue.offer(&format!("k{n}")).await.unwrap();
+    }
+    assert_eq!(queue.take().await.unwrap().as_deref(), Some("k5"));
+    let mut left = 1;
+    while queue.take().await.unwrap().is_some() {
+        left += 1;
+    }
+    assert_eq!(left, crate::MAX_QUEUED);
+}

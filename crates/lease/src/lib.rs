@@ -6,8 +6,11 @@
 //! lease alive and fires the invocation's cancellation token the moment the lease is lost
 //! or revoked.
 //!
+//! [`Handoff`] is the queue through which a worker that gives work up (it drains) tells idle
+//! workers to take it now; it is only a hint, the lease decides.
+//!
 //! What this crate is not: it does not decide *which* invocation a worker should run (no
-//! queue, no sweep) and it does not enforce fencing itself. A lease is advisory — the event
+//! sweep, no scheduling) and it does not enforce fencing itself. A lease is advisory — the event
 //! store enforces it by refusing commits that carry an epoch older than the newest it saw.
 //! That is why [`Lease::epoch`] exists and why it must never go backwards.
 //!
@@ -24,6 +27,7 @@
 
 pub mod conformance;
 mod error;
+mod handoff;
 mod keeper;
 mod memory;
 mod redis_backend;
@@ -35,6 +39,7 @@ use async_trait::async_trait;
 use tokio::sync::broadcast;
 
 pub use error::LeaseError;
+pub use handoff::{Handoff, InProcessHandoff, MAX_QUEUED, RedisHandoff};
 pub use keeper::{Keeper, KeeperConfig, KeeperExit};
 pub use memory::InProcessLeases;
 pub use redis_backend::{REVOCATION_CHANNEL, RedisLeaseConfig, RedisLeases};

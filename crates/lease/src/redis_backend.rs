@@ -214,7 +214,7 @@ fn millis(d: std::time::Duration) -> u64 {
 
 /// Connection trouble is `Unavailable`/`Timeout` (retry later); anything else is a
 /// `Backend` error (a script or type error, which retrying will not fix).
-fn classify(error: RedisError) -> LeaseError {
+pub(crate) fn classify(error: RedisError) -> LeaseError {
     if error.is_timeout() {
         LeaseError::Unavailable(format!("timed out: {error}"))
     } else if error.is_io_error()

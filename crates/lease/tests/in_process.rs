@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use agentloop_lease::{InProcessLeases, LeaseBackend, conformance};
+use agentloop_lease::{InProcessHandoff, InProcessLeases, LeaseBackend, conformance};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn in_process_backend_conforms() {
@@ -28,4 +28,11 @@ async fn expiry_follows_tokio_time() {
     let next = backend.acquire("k", "b", ttl).await.unwrap().unwrap();
     assert!(next.epoch > lease.epoch);
     assert!(!backend.renew(&lease, ttl).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_process_handoff_conforms() {
+    let wait = std::time::Duration::from_millis(20);
+    conformance::handoff_conforms(Arc::new(InProcessHandoff::new(wait))).await;
+    conformance::handoff_is_bounded(Arc::new(InProcessHandoff::new(wait))).await;
 }

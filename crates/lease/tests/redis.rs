@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use agentloop_lease::testing::RedisServer;
 use agentloop_lease::{
-    Keeper, KeeperConfig, KeeperExit, LeaseBackend, LeaseError, RedisLeaseConfig, RedisLeases,
-    conformance,
+    Handoff, Keeper, KeeperConfig, KeeperExit, LeaseBackend, LeaseError, RedisHandoff,
+    RedisLeaseConfig, RedisLeases, conformance,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -205,4 +205,64 @@ async fn revocation_to_cancellation_latency() {
         latencies[latencies.len() - 1]
     );
     leases.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_handoff_conforms() {
+    let Some(server) = RedisServer::start_or_skip("redis_handoff_conforms").await else {
+        return;
+    };
+    let queue = |key: &str| {
+        Arc::new(
+            RedisHandoff::new(
+                &server.url(),
+                key,
+                Duration::from_millis(20),
+                Duration::from_secs(1),
+            )
+            .unwrap(),
+        )
+    };
+    conformance::handoff_conforms(queue("runnable-a")).await;
+    conformance::handoff_is_bounded(queue("runnable-b")).await;
+}
+
+/// While Redis is down a hand-off fails with a retryable error within its bound, and works
+/// again once Redis is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_handoff_survives_a_restart() {
+    let Some(mut server) = RedisServer::start_or_skip("redis_handoff_restart").await else {
+        return;
+    };
+    let queue = RedisHandoff::new(
+        &server.url(),
+        "runnable",
+        Duration::from_millis(20),
+        Duration::from_millis(500),
+    )
+    .unwrap();
+    queue.offer("before").await.unwrap();
+    server.kill();
+    let error = queue.offer("during").await.unwrap_err();
+    assert!(error.is_retryable(), "{error:?}");
+    assert!(queue.take().await.unwrap_err().is_retryable());
+    server.restart().await;
+    // The restarted Redis keeps nothing; the queue works again (the sweep finds what the
+    // restart lost).
+    let mut offered = false;
+    for _ in 0..100 {
+        if queue.offer("after").await.is_ok() {
+            offered = true;
+            break;
+        }
+    }
+    assert!(offered, "offers work again after the restart");
+    let mut taken = None;
+    for _ in 0..100 {
+        if let Ok(Some(key)) = queue.take().await {
+            taken = Some(key);
+            break;
+        }
+    }
+    assert_eq!(taken.as_deref(), Some("after"));
 }

@@ -34,6 +34,7 @@ pub(crate) struct InvocationColumns {
     pub(crate) lease_epoch: i64,
     pub(crate) totals: String,
     pub(crate) end_record: Option<String>,
+    pub(crate) cancel_requested_at: Option<i64>,
     pub(crate) created_at: i64,
     pub(crate) updated_at: i64,
 }
@@ -62,6 +63,10 @@ impl InvocationColumns {
             lease_epoch: stored_u64(self.lease_epoch, "lease_epoch", invocation_id)?,
             totals,
             end,
+            cancel_requested_at: self
+                .cancel_requested_at
+                .map(|at| stored_u64(at, "cancel_requested_at", invocation_id).map(UnixMillis))
+                .transpose()?,
             created_at: UnixMillis(stored_u64(self.created_at, "created_at", invocation_id)?),
             updated_at: UnixMillis(stored_u64(self.updated_at, "updated_at", invocation_id)?),
         })
@@ -104,6 +109,7 @@ pub(crate) fn fresh_record(new: NewInvocation) -> InvocationRecord {
         lease_epoch: 0,
         totals: Totals::default(),
         end: None,
+        cancel_requested_at: None,
         created_at,
         updated_at: created_at,
     }
@@ -123,12 +129,6 @@ pub(crate) fn idempotent_answer(
             existing: existing.invocation_id,
         })
     }
-}
-
-pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .is_some_and(|db| db.is_unique_violation())
 }
 
 /// Checks the events continue the log from `expected_version` and encodes them as
@@ -174,7 +174,7 @@ pub(crate) fn ended_record(events: &[Event]) -> Result<Option<&EndRecord>, Store
                     event.seq
                 )));
             }
-            EventBody::Turn(_) => {}
+            EventBody::Turn(_) | EventBody::BatchStarted(_) => {}
         }
     }
     Ok(end)
@@ -229,4 +229,31 @@ pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> Result<String, StoreErr
     // Serializing the engine's plain data types cannot fail; mapped rather than unwrapped.
     serde_json::to_string(value)
         .map_err(|e| StoreError::MalformedAppend(format!("cannot encode as JSON: {e}")))
+}
+
+/// What a claim must do to the stored invocation.
+pub(crate) enum Claim {
+    /// Nothing: it has ended, or the epoch is already the one stored.
+    Unchanged,
+    /// Raise the stored epoch to the claimed one.
+    Raise,
+}
+
+/// The rule of [`crate::EventStore::claim`], shared by both backends.
+pub(crate) fn claim_check(
+    record: &InvocationRecord,
+    lease_epoch: u64,
+) -> Result<Claim, StoreError> {
+    if record.state == InvocationState::Ended {
+        return Ok(Claim::Unchanged);
+    }
+    match record.lease_epoch.cmp(&lease_epoch) {
+        std::cmp::Ordering::Greater => Err(StoreError::StaleEpoch {
+            invocation_id: record.invocation_id,
+            presented: lease_epoch,
+            current: record.lease_epoch,
+        }),
+        std::cmp::Ordering::Equal => Ok(Claim::Unchanged),
+        std::cmp::Ordering::Less => Ok(Claim::Raise),
+    }
 }

@@ -29,7 +29,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use agentloop_engine::{
-    CallId, CallOutcome, CallResult, EndRecord, ErrorType, Event, EventBody, Fingerprint,
+    CallId, CallOutcome, CallResult, EndRecord, ErrorType, Event, EventBody, Fingerprint, MicroUsd,
     NextAction, ProposedCall, ProposedDecision, Rejection, RejectionKind, TerminalReason,
     ToolError, Totals, TurnRecord, UnixMillis, Usage,
 };
@@ -72,6 +72,15 @@ pub const CHECKS: &[(&str, CheckFn)] = &[
     ("list_paging", |s| Box::pin(list_paging(s))),
     ("running_oldest_first", |s| {
         Box::pin(running_oldest_first(s))
+    }),
+    ("claim_fences_older_epochs", |s| {
+        Box::pin(claim_fences_older_epochs(s))
+    }),
+    ("concurrent_claims_newest_wins", |s| {
+        Box::pin(concurrent_claims_newest_wins(s))
+    }),
+    ("cancel_requests_are_durable", |s| {
+        Box::pin(cancel_requests_are_durable(s))
     }),
     ("not_found", |s| Box::pin(not_found(s))),
 ];
@@ -148,6 +157,7 @@ pub fn lookup_turn(seq: u64, turn: u32) -> Event {
             usage: Usage {
                 input_tokens: 1_200,
                 output_tokens: 80,
+                cost: Some(MicroUsd(2_500)),
             },
             plan: Some(plan),
             results: vec![
@@ -223,6 +233,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
             usage: Usage {
                 input_tokens: u64::from(u32::MAX) + 7,
                 output_tokens: 3,
+                cost: None,
             },
             plan: Some(plan),
             results: vec![
@@ -300,6 +311,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
             usage: Usage {
                 input_tokens: 10,
                 output_tokens: 2,
+                cost: None,
             },
             plan: None,
             results: Vec::new(),
@@ -329,6 +341,7 @@ fn totals(steps: u32) -> Totals {
         input_tokens: u64::from(steps) * 100,
         output_tokens: u64::from(steps) * 10,
         turn_events: steps,
+        cost: MicroUsd(u64::from(steps) * 2_500),
     }
 }
 
@@ -679,7 +692,7 @@ pub async fn append_after_ended_refused(store: Arc<dyn EventStore>) {
         }
     }
     assert_eq!(event_count(&*store, id).await, 2);
-    assert!(store.running(10).await.unwrap().is_empty());
+    assert!(store.running(None, 10).await.unwrap().is_empty());
 }
 
 /// Empty appends, seq gaps and an `Ended` that is not last are refused; nothing is written.
@@ -775,7 +788,8 @@ pub async fn list_paging(store: Arc<dyn EventStore>) {
     );
 }
 
-/// `running()` returns the not-ended invocations, oldest first, up to the limit.
+/// `running()` returns the not-ended invocations, oldest first, up to the limit, and
+/// pages after a given ID.
 pub async fn running_oldest_first(store: Arc<dyn EventStore>) {
     let mut ids = Vec::new();
     for index in 0..4u64 {
@@ -793,9 +807,165 @@ pub async fn running_oldest_first(store: Arc<dyn EventStore>) {
         )
         .await
         .unwrap();
-    assert_eq!(store.running(10).await.unwrap(), [ids[0], ids[1], ids[3]]);
-    assert_eq!(store.running(2).await.unwrap(), [ids[0], ids[1]]);
-    assert!(store.running(0).await.unwrap().is_empty());
+    assert_eq!(
+        store.running(None, 10).await.unwrap(),
+        [ids[0], ids[1], ids[3]]
+    );
+    assert_eq!(store.running(None, 2).await.unwrap(), [ids[0], ids[1]]);
+    assert_eq!(store.running(Some(ids[1]), 2).await.unwrap(), [ids[3]]);
+    assert_eq!(
+        store.running(Some(ids[0]), 10).await.unwrap(),
+        [ids[1], ids[3]]
+    );
+    assert!(store.running(Some(ids[3]), 10).await.unwrap().is_empty());
+    assert!(store.running(None, 0).await.unwrap().is_empty());
+}
+
+/// A claim raises the stored epoch, so the previous holder's commits are refused before
+/// the new holder commits anything; an older claim is refused; an ended invocation is
+/// returned as it is.
+pub async fn claim_fences_older_epochs(store: Arc<dyn EventStore>) {
+    let id = create_new(&*store, new_invocation(1_000, None, "d"))
+        .await
+        .invocation_id;
+    store
+        .append(id, append_of(0, 5, &[lookup_turn(1, 1)]))
+        .await
+        .expect("epoch 5 commits");
+    let claimed = store.claim(id, 8).await.expect("newer epoch claims");
+    assert_eq!((claimed.lease_epoch, claimed.version), (8, 1));
+    assert_eq!(
+        store.get(id).await.unwrap().lease_epoch,
+        8,
+        "the claim is stored"
+    );
+    // The paused holder of epoch 5 wakes up and tries to commit its next turn.
+    assert!(matches!(
+        store
+            .append(id, append_of(1, 5, &[lookup_turn(2, 2)]))
+            .await,
+        Err(StoreError::StaleEpoch {
+            presented: 5,
+            current: 8,
+            ..
+        })
+    ));
+    assert_eq!(event_count(&*store, id).await, 1, "nothing written");
+    assert!(matches!(
+        store.claim(id, 7).await,
+        Err(StoreError::StaleEpoch {
+            presented: 7,
+            current: 8,
+            ..
+        })
+    ));
+    assert_eq!(
+        store.claim(id, 8).await.unwrap().lease_epoch,
+        8,
+        "same epoch again"
+    );
+    store
+        .append(id, append_of(1, 8, &[ended(2, TerminalReason::Cancelled)]))
+        .await
+        .expect("the new holder commits");
+    let ended_record = store.claim(id, 20).await.expect("claiming an ended one");
+    assert_eq!(ended_record.state, InvocationState::Ended);
+    assert_eq!(
+        ended_record.lease_epoch, 8,
+        "an ended invocation is not changed"
+    );
+    assert!(matches!(
+        store.claim(id_at(9_999), 1).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+/// Claims racing with different epochs: whatever the order, the newest epoch ends up
+/// stored and only commits carrying it go through.
+pub async fn concurrent_claims_newest_wins(store: Arc<dyn EventStore>) {
+    let id = create_new(&*store, new_invocation(1_000, None, "d"))
+        .await
+        .invocation_id;
+    let claims = (1..=16u64).map(|epoch| {
+        let store = store.clone();
+        tokio::spawn(async move { store.claim(id, epoch * 10).await.map(|r| r.lease_epoch) })
+    });
+    let mut granted = 0;
+    for claim in claims {
+        match claim.await.unwrap() {
+            Ok(_) => granted += 1,
+            Err(StoreError::StaleEpoch { .. }) => {}
+            Err(other) => panic!("unexpected claim error: {other}"),
+        }
+    }
+    assert!(granted >= 1);
+    assert_eq!(store.get(id).await.unwrap().lease_epoch, 160);
+    assert!(matches!(
+        store
+            .append(id, append_of(0, 150, &[lookup_turn(1, 1)]))
+            .await,
+        Err(StoreError::StaleEpoch { .. })
+    ));
+    store
+        .append(id, append_of(0, 160, &[lookup_turn(1, 1)]))
+        .await
+        .expect("the newest epoch commits");
+}
+
+/// A cancel request is stored with its first time, survives later commits, and leaves an
+/// ended invocation alone.
+pub async fn cancel_requests_are_durable(store: Arc<dyn EventStore>) {
+    let id = create_new(&*store, new_invocation(1_000, None, "d"))
+        .await
+        .invocation_id;
+    assert_eq!(store.get(id).await.unwrap().cancel_requested_at, None);
+    let record = store.request_cancel(id, UnixMillis(2_000)).await.unwrap();
+    assert_eq!(record.cancel_requested_at, Some(UnixMillis(2_000)));
+    let again = store.request_cancel(id, UnixMillis(3_000)).await.unwrap();
+    assert_eq!(
+        again.cancel_requested_at,
+        Some(UnixMillis(2_000)),
+        "first time kept"
+    );
+    store
+        .append(id, append_of(0, 1, &[lookup_turn(1, 1)]))
+        .await
+        .unwrap();
+    let stored = store.get(id).await.unwrap();
+    assert_eq!(stored.cancel_requested_at, Some(UnixMillis(2_000)));
+    assert_eq!(stored.version, 1, "a cancel request does not block commits");
+    let listed = store
+        .list(ListRequest {
+            limit: 10,
+            before: None,
+            state: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed[0].cancel_requested_at, Some(UnixMillis(2_000)));
+
+    let other = create_new(&*store, new_invocation(1_001, None, "d"))
+        .await
+        .invocation_id;
+    store
+        .append(
+            other,
+            append_of(0, 1, &[ended(1, TerminalReason::Completed)]),
+        )
+        .await
+        .unwrap();
+    let ended_record = store
+        .request_cancel(other, UnixMillis(2_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        ended_record.cancel_requested_at, None,
+        "an ended invocation is left alone"
+    );
+    assert!(matches!(
+        store.request_cancel(id_at(9_999), UnixMillis(1)).await,
+        Err(StoreError::NotFound(_))
+    ));
 }
 
 /// Every operation on an unknown invocation says `NotFound` with its ID.

@@ -24,6 +24,7 @@ pub mod conformance;
 mod postgres;
 mod sqlite;
 pub mod testing;
+mod writer;
 
 use agentloop_engine::{EndRecord, Event, Totals, UnixMillis};
 use async_trait::async_trait;
@@ -31,7 +32,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 pub use postgres::{DEFAULT_MAX_CONNECTIONS, PgOptions, PgStore};
-pub use sqlite::{DATABASE_FILE, SqliteDurability, SqliteOptions, SqliteStore};
+pub use sqlite::{DATABASE_FILE, SqliteDurability, SqliteOptions, SqliteStorage, SqliteStore};
+pub use writer::SqliteStats;
 
 /// Where an invocation is in its life, as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -81,6 +83,8 @@ pub struct InvocationRecord {
     pub totals: Totals,
     /// The end, once ended.
     pub end: Option<EndRecord>,
+    /// When a caller asked to cancel it, if one did ([`EventStore::request_cancel`]).
+    pub cancel_requested_at: Option<UnixMillis>,
     /// When it was accepted.
     pub created_at: UnixMillis,
     /// When it last changed.
@@ -213,7 +217,30 @@ pub trait EventStore: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<StoredEvent>, StoreError>;
 
-    /// IDs of invocations that have not ended, oldest first, up to `limit` (for resuming
-    /// work after a restart).
-    async fn running(&self, limit: u32) -> Result<Vec<Uuid>, StoreError>;
+    /// IDs of invocations that have not ended, in ID order (UUIDv7: oldest first), after
+    /// `after` if given, up to `limit` (capped at [`MAX_PAGE_SIZE`]): for resuming work
+    /// after a restart and for the orphan sweep, which pages through all of them.
+    async fn running(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Uuid>, StoreError>;
+
+    /// Fences the invocation for a worker that just acquired its lease with `lease_epoch`:
+    /// from now on an append with an older epoch is refused ([`StoreError::StaleEpoch`]),
+    /// even before the new worker commits anything, so a worker paused past its lease can
+    /// never commit after another took over. Returns the invocation as stored after the
+    /// claim (an ended invocation is returned unchanged: there is nothing to run). A
+    /// claim with an epoch older than the newest seen is `StaleEpoch`; the same epoch
+    /// again is a no-op.
+    async fn claim(
+        &self,
+        invocation_id: Uuid,
+        lease_epoch: u64,
+    ) -> Result<InvocationRecord, StoreError>;
+
+    /// Records durably that a caller asked to cancel the invocation, so whichever worker
+    /// runs it next ends it `cancelled`. Idempotent: the first request's time is kept. An
+    /// ended invocation is returned unchanged.
+    async fn request_cancel(
+        &self,
+        invocation_id: Uuid,
+        at: UnixMillis,
+    ) -> Result<InvocationRecord, StoreError>;
 }

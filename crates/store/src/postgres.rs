@@ -16,17 +16,17 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use agentloop_engine::Totals;
+use agentloop_engine::{Totals, UnixMillis};
 use async_trait::async_trait;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{FromRow, Row};
+use sqlx::{FromRow, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use crate::codec::{
-    CREATE_ATTEMPTS, EventColumns, InvocationColumns, MAX_EVENTS_PAGE, counter_to_i64,
-    encode_events, ended_record, fresh_record, from_seq_to_i64, idempotent_answer, parse_id,
-    parse_state, state_text, stored_u64, time_to_i64, to_json,
+    CREATE_ATTEMPTS, Claim, EventColumns, InvocationColumns, MAX_EVENTS_PAGE, claim_check,
+    counter_to_i64, encode_events, ended_record, fresh_record, from_seq_to_i64, idempotent_answer,
+    parse_id, parse_state, state_text, stored_u64, time_to_i64, to_json,
 };
 use crate::{
     Append, Created, EventStore, InvocationRecord, InvocationState, ListRequest, MAX_PAGE_SIZE,
@@ -114,8 +114,8 @@ impl PgStore {
 macro_rules! select_invocation {
     () => {
         "SELECT invocation_id::text AS invocation_id, idempotency_key, request_digest, spec, \
-         state, version, lease_epoch, totals, end_record, created_at, updated_at \
-         FROM invocations"
+         state, version, lease_epoch, totals, end_record, cancel_requested_at, created_at, \
+         updated_at FROM invocations"
     };
 }
 
@@ -328,16 +328,81 @@ impl EventStore for PgStore {
             .collect()
     }
 
-    async fn running(&self, limit: u32) -> Result<Vec<Uuid>, StoreError> {
+    async fn running(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Uuid>, StoreError> {
         let limit = i64::from(limit.min(MAX_PAGE_SIZE));
+        // The nil UUID sorts before every real one.
+        let after = after.unwrap_or(Uuid::nil()).hyphenated().to_string();
         let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT invocation_id::text FROM invocations WHERE state = 'running' \
-             ORDER BY created_at, invocation_id LIMIT $1",
+            "SELECT invocation_id::text FROM invocations \
+             WHERE state = 'running' AND invocation_id > $1::uuid ORDER BY invocation_id LIMIT $2",
         )
+        .bind(after)
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
         ids.iter().map(|text| parse_id(text)).collect()
+    }
+
+    async fn claim(
+        &self,
+        invocation_id: Uuid,
+        lease_epoch: u64,
+    ) -> Result<InvocationRecord, StoreError> {
+        let epoch = counter_to_i64(lease_epoch, "lease epoch")?;
+        let mut tx = self.pool.begin().await?;
+        let mut record = locked_record(&mut tx, invocation_id).await?;
+        match claim_check(&record, lease_epoch)? {
+            Claim::Unchanged => return Ok(record),
+            Claim::Raise => {}
+        }
+        sqlx::query("UPDATE invocations SET lease_epoch = $1 WHERE invocation_id = $2::uuid")
+            .bind(epoch)
+            .bind(invocation_id.hyphenated().to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        record.lease_epoch = lease_epoch;
+        Ok(record)
+    }
+
+    async fn request_cancel(
+        &self,
+        invocation_id: Uuid,
+        at: UnixMillis,
+    ) -> Result<InvocationRecord, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let mut record = locked_record(&mut tx, invocation_id).await?;
+        if record.state == InvocationState::Ended || record.cancel_requested_at.is_some() {
+            return Ok(record);
+        }
+        sqlx::query(
+            "UPDATE invocations SET cancel_requested_at = $1 WHERE invocation_id = $2::uuid",
+        )
+        .bind(time_to_i64(at))
+        .bind(invocation_id.hyphenated().to_string())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        record.cancel_requested_at = Some(at);
+        Ok(record)
+    }
+}
+
+/// The invocation, locked for the rest of the transaction.
+async fn locked_record(
+    tx: &mut Transaction<'static, Postgres>,
+    invocation_id: Uuid,
+) -> Result<InvocationRecord, StoreError> {
+    let row = sqlx::query(concat!(
+        select_invocation!(),
+        " WHERE invocation_id = $1::uuid FOR UPDATE"
+    ))
+    .bind(invocation_id.hyphenated().to_string())
+    .fetch_optional(&mut **tx)
+    .await?;
+    match row {
+        Some(row) => decode_invocation(&row),
+        None => Err(StoreError::NotFound(invocation_id)),
     }
 }
 

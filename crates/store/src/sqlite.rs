@@ -1,31 +1,32 @@
 //! The embedded backend: one SQLite file in WAL mode.
 //!
-//! Writers serialize on SQLite's single write lock: every write transaction starts with
-//! `BEGIN IMMEDIATE`, so the read-check-write of `create` and `append` cannot interleave
-//! with another writer (no lost update, no lock-upgrade deadlock), and the busy timeout
-//! makes a second writer wait instead of failing.
+//! Every write goes through one writer task with its own connection (`writer`): it
+//! commits the writes that queued up meanwhile in one `BEGIN IMMEDIATE` transaction with
+//! one fsync (group commit), and acknowledges none before that. Reads use a pool of
+//! other connections and run in parallel with it (WAL).
 //!
 //! Unsigned counters and times are stored as SQLite INTEGER (i64); see `codec` for the
 //! conversions both backends share.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use agentloop_engine::Totals;
+use agentloop_engine::{Totals, UnixMillis};
 use async_trait::async_trait;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow, SqliteSynchronous,
 };
-use sqlx::{FromRow, Row, Sqlite, Transaction};
+use sqlx::{ConnectOptions, FromRow};
 use uuid::Uuid;
 
 use crate::codec::{
-    CREATE_ATTEMPTS, EventColumns, InvocationColumns, MAX_EVENTS_PAGE, counter_to_i64,
-    encode_events, ended_record, fresh_record, from_seq_to_i64, idempotent_answer,
-    is_unique_violation, parse_id, parse_state, state_text, stored_u64, time_to_i64, to_json,
+    Claim, EventColumns, InvocationColumns, MAX_EVENTS_PAGE, claim_check, counter_to_i64,
+    fresh_record, from_seq_to_i64, idempotent_answer, parse_id, state_text, time_to_i64, to_json,
 };
+use crate::writer::{SqliteStats, Writer};
 use crate::{
     Append, Created, EventStore, InvocationRecord, InvocationState, ListRequest, MAX_PAGE_SIZE,
     NewInvocation, StoreError, StoredEvent,
@@ -34,8 +35,12 @@ use crate::{
 /// The schema, embedded at compile time so a binary carries its own migrations.
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 
-/// How long a writer waits for SQLite's write lock before the operation fails.
+/// How long a connection waits for SQLite's lock before the operation fails (only the
+/// writer writes, so this covers another process holding the file and checkpoints).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The writer's page cache, as SQLite's `cache_size` pragma (negative: KiB), 64 MiB.
+const WRITER_CACHE_KIB: &str = "-65536";
 
 /// The name of the database file [`SqliteStore::open_in`] uses.
 pub const DATABASE_FILE: &str = "events.db";
@@ -49,7 +54,8 @@ pub struct SqliteOptions {
     /// `false` selects `NORMAL`: faster, but a committed turn may be lost on power failure
     /// (never on a process crash).
     pub synchronous_full: bool,
-    /// Size of the connection pool (readers run in parallel; writers still serialize).
+    /// Size of the pool of reading connections (they run in parallel); every write goes
+    /// through one more connection of its own.
     pub max_connections: u32,
 }
 
@@ -73,10 +79,23 @@ pub struct SqliteDurability {
     pub synchronous: i64,
 }
 
-/// The SQLite [`EventStore`]. Cheap to clone (a shared connection pool).
+/// What [`SqliteStore::storage`] reports: the size of the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqliteStorage {
+    /// Bytes of the pages in use (tables, indexes, free space inside pages; not the
+    /// free list), as of the last commit, WAL included.
+    pub used_bytes: u64,
+    /// Committed events.
+    pub events: u64,
+    /// Bytes of the events' bodies alone (their JSON text).
+    pub event_body_bytes: u64,
+}
+
+/// The SQLite [`EventStore`]. Cheap to clone (a shared reading pool and one writer).
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    writer: Arc<Writer>,
 }
 
 impl SqliteStore {
@@ -103,11 +122,27 @@ impl SqliteStore {
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
             .max_connections(options.max_connections.max(1))
-            .connect_with(connect)
+            .connect_with(connect.clone())
             .await?;
         MIGRATOR.run(&pool).await?;
+        // The writer's connection:
+        // - a page cache that holds the rows of the running invocations and the end of
+        //   the events table, which it rewrites over and over (SQLite's default: 2 MiB);
+        // - no automatic checkpoint: the writer has checkpoints run beside it;
+        // - statement journals (kept by multi-row statements in case they must be undone
+        //   halfway) in memory, which costs no system calls.
+        let writer = connect
+            .pragma("cache_size", WRITER_CACHE_KIB)
+            .pragma("wal_autocheckpoint", "0")
+            .pragma("temp_store", "memory")
+            .connect()
+            .await?;
+        let writer = Writer::start(writer, pool.clone());
         tracing::debug!(path = %options.path.display(), "event store opened");
-        Ok(SqliteStore { pool })
+        Ok(SqliteStore {
+            pool,
+            writer: Arc::new(writer),
+        })
     }
 
     /// Opens `<dir>/events.db` with the durable defaults.
@@ -130,14 +165,40 @@ impl SqliteStore {
         })
     }
 
-    /// Closes every connection (checkpointing the WAL); waits for ones in use.
+    /// Commits the writes already queued, then closes every connection (checkpointing
+    /// the WAL); waits for ones in use. Writes after this fail.
     pub async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 
-    /// Starts a write transaction holding SQLite's write lock from its first statement.
-    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    /// What the writer has done: commits (fsyncs), appends and other writes.
+    pub fn stats(&self) -> SqliteStats {
+        self.writer.stats()
+    }
+
+    /// The size of the database and of the events in it.
+    pub async fn storage(&self) -> Result<SqliteStorage, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let page_size: i64 = sqlx::query_scalar("PRAGMA page_size")
+            .fetch_one(&mut *conn)
+            .await?;
+        let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+            .fetch_one(&mut *conn)
+            .await?;
+        let free: i64 = sqlx::query_scalar("PRAGMA freelist_count")
+            .fetch_one(&mut *conn)
+            .await?;
+        let (events, body_bytes): (i64, i64) =
+            sqlx::query_as("SELECT count(*), coalesce(sum(length(body)), 0) FROM events")
+                .fetch_one(&mut *conn)
+                .await?;
+        let unsigned = |value: i64| u64::try_from(value).unwrap_or(0);
+        Ok(SqliteStorage {
+            used_bytes: unsigned(pages.saturating_sub(free)).saturating_mul(unsigned(page_size)),
+            events: unsigned(events),
+            event_body_bytes: unsigned(body_bytes),
+        })
     }
 }
 
@@ -145,56 +206,45 @@ impl SqliteStore {
 macro_rules! select_invocation {
     () => {
         "SELECT invocation_id, idempotency_key, request_digest, spec, state, version, \
-         lease_epoch, totals, end_record, created_at, updated_at FROM invocations"
+         lease_epoch, totals, end_record, cancel_requested_at, created_at, updated_at \
+         FROM invocations"
     };
 }
 
 #[async_trait]
 impl EventStore for SqliteStore {
     async fn create(&self, new: NewInvocation) -> Result<Created, StoreError> {
-        let id_text = new.invocation_id.hyphenated().to_string();
         let totals = to_json(&Totals::default())?;
-        let created_at = time_to_i64(new.created_at);
-        let mut last_error = None;
-        for _ in 0..CREATE_ATTEMPTS {
-            let mut tx = self.begin_write().await?;
-            if let Some(key) = &new.idempotency_key
-                && let Some(existing) = find_by_key(&mut tx, key).await?
-            {
-                return idempotent_answer(&new, key, existing);
-            }
-            let inserted = sqlx::query(
-                "INSERT INTO invocations (invocation_id, idempotency_key, request_digest, spec, \
-                 state, version, lease_epoch, totals, end_record, created_at, updated_at) \
-                 VALUES (?, ?, ?, ?, 'running', 0, 0, ?, NULL, ?, ?)",
-            )
-            .bind(&id_text)
-            .bind(new.idempotency_key.as_deref())
-            .bind(&new.request_digest)
-            .bind(&new.spec)
-            .bind(&totals)
-            .bind(created_at)
-            .bind(created_at)
-            .execute(&mut *tx)
-            .await;
-            match inserted {
-                Ok(_) => {
-                    tx.commit().await?;
-                    return Ok(Created::New(fresh_record(new)));
-                }
-                Err(error) if is_unique_violation(&error) && new.idempotency_key.is_some() => {
-                    // Another writer stored the same key between our lookup and insert
-                    // (impossible under BEGIN IMMEDIATE, kept for safety): look again.
-                    drop(tx);
-                    last_error = Some(error);
-                }
-                Err(error) => return Err(error.into()),
-            }
-        }
-        Err(match last_error {
-            Some(error) => error.into(),
-            None => StoreError::Corrupt("create retried without an error".to_owned()),
-        })
+        // The writer runs this alone on the only writing connection, so no other create
+        // can store the same key between the lookup and the insert.
+        self.writer
+            .session(move |conn| {
+                Box::pin(async move {
+                    if let Some(key) = &new.idempotency_key
+                        && let Some(existing) = find_by_key(conn, key).await?
+                    {
+                        return idempotent_answer(&new, key, existing);
+                    }
+                    let created_at = time_to_i64(new.created_at);
+                    sqlx::query(
+                        "INSERT INTO invocations (invocation_id, idempotency_key, \
+                         request_digest, spec, state, version, lease_epoch, totals, end_record, \
+                         created_at, updated_at) \
+                         VALUES (?, ?, ?, ?, 'running', 0, 0, ?, NULL, ?, ?)",
+                    )
+                    .bind(new.invocation_id.hyphenated().to_string())
+                    .bind(new.idempotency_key.as_deref())
+                    .bind(&new.request_digest)
+                    .bind(&new.spec)
+                    .bind(&totals)
+                    .bind(created_at)
+                    .bind(created_at)
+                    .execute(&mut *conn)
+                    .await?;
+                    Ok(Created::New(fresh_record(new)))
+                })
+            })
+            .await
     }
 
     async fn get(&self, invocation_id: Uuid) -> Result<InvocationRecord, StoreError> {
@@ -240,79 +290,7 @@ impl EventStore for SqliteStore {
     }
 
     async fn append(&self, invocation_id: Uuid, append: Append<'_>) -> Result<(), StoreError> {
-        // Everything that can be checked without the database is checked before the write
-        // lock is taken.
-        let rows = encode_events(&append)?;
-        let end = ended_record(append.events)?;
-        let lease_epoch = counter_to_i64(append.lease_epoch, "lease epoch")?;
-        let totals = to_json(&append.totals)?;
-        let end_json = end.map(to_json).transpose()?;
-        let committed_at = time_to_i64(append.committed_at);
-        let new_version = rows.last().map_or(0, |(seq, _)| *seq);
-        let id_text = invocation_id.hyphenated().to_string();
-
-        let mut tx = self.begin_write().await?;
-        let row = sqlx::query(
-            "SELECT state, version, lease_epoch FROM invocations WHERE invocation_id = ?",
-        )
-        .bind(&id_text)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            return Err(StoreError::NotFound(invocation_id));
-        };
-        let state = parse_state(&row.try_get::<String, _>("state")?, invocation_id)?;
-        let version = stored_u64(row.try_get("version")?, "version", invocation_id)?;
-        let current_epoch = stored_u64(row.try_get("lease_epoch")?, "lease_epoch", invocation_id)?;
-        match state {
-            InvocationState::Ended => return Err(StoreError::Ended(invocation_id)),
-            InvocationState::Running => {}
-        }
-        if append.lease_epoch < current_epoch {
-            return Err(StoreError::StaleEpoch {
-                invocation_id,
-                presented: append.lease_epoch,
-                current: current_epoch,
-            });
-        }
-        if append.expected_version != version {
-            return Err(StoreError::VersionConflict {
-                invocation_id,
-                expected: append.expected_version,
-                actual: version,
-            });
-        }
-        for (seq, body) in &rows {
-            sqlx::query(
-                "INSERT INTO events (invocation_id, seq, committed_at, body) VALUES (?, ?, ?, ?)",
-            )
-            .bind(&id_text)
-            .bind(*seq)
-            .bind(committed_at)
-            .bind(body)
-            .execute(&mut *tx)
-            .await?;
-        }
-        let state = if end_json.is_some() {
-            InvocationState::Ended
-        } else {
-            InvocationState::Running
-        };
-        sqlx::query(
-            "UPDATE invocations SET version = ?, lease_epoch = ?, totals = ?, state = ?, \
-             end_record = ?, updated_at = ? WHERE invocation_id = ?",
-        )
-        .bind(new_version)
-        .bind(lease_epoch)
-        .bind(&totals)
-        .bind(state_text(state))
-        .bind(end_json.as_deref())
-        .bind(committed_at)
-        .bind(&id_text)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
+        self.writer.append(invocation_id, &append).await
     }
 
     async fn events(
@@ -348,26 +326,101 @@ impl EventStore for SqliteStore {
             .collect()
     }
 
-    async fn running(&self, limit: u32) -> Result<Vec<Uuid>, StoreError> {
+    async fn running(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Uuid>, StoreError> {
         let limit = i64::from(limit.min(MAX_PAGE_SIZE));
+        // The empty string sorts before every hyphenated ID.
+        let after = after
+            .map(|id| id.hyphenated().to_string())
+            .unwrap_or_default();
         let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT invocation_id FROM invocations WHERE state = 'running' \
-             ORDER BY created_at, invocation_id LIMIT ?",
+            "SELECT invocation_id FROM invocations \
+             WHERE state = 'running' AND invocation_id > ? ORDER BY invocation_id LIMIT ?",
         )
+        .bind(after)
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
         ids.iter().map(|text| parse_id(text)).collect()
     }
+
+    async fn claim(
+        &self,
+        invocation_id: Uuid,
+        lease_epoch: u64,
+    ) -> Result<InvocationRecord, StoreError> {
+        let epoch = counter_to_i64(lease_epoch, "lease epoch")?;
+        self.writer
+            .session(move |conn| {
+                Box::pin(async move {
+                    let mut record = locked_record(conn, invocation_id).await?;
+                    match claim_check(&record, lease_epoch)? {
+                        Claim::Unchanged => return Ok(record),
+                        Claim::Raise => {}
+                    }
+                    sqlx::query("UPDATE invocations SET lease_epoch = ? WHERE invocation_id = ?")
+                        .bind(epoch)
+                        .bind(invocation_id.hyphenated().to_string())
+                        .execute(&mut *conn)
+                        .await?;
+                    record.lease_epoch = lease_epoch;
+                    Ok(record)
+                })
+            })
+            .await
+    }
+
+    async fn request_cancel(
+        &self,
+        invocation_id: Uuid,
+        at: UnixMillis,
+    ) -> Result<InvocationRecord, StoreError> {
+        self.writer
+            .session(move |conn| {
+                Box::pin(async move {
+                    let mut record = locked_record(conn, invocation_id).await?;
+                    if record.state == InvocationState::Ended
+                        || record.cancel_requested_at.is_some()
+                    {
+                        return Ok(record);
+                    }
+                    sqlx::query(
+                        "UPDATE invocations SET cancel_requested_at = ? WHERE invocation_id = ?",
+                    )
+                    .bind(time_to_i64(at))
+                    .bind(invocation_id.hyphenated().to_string())
+                    .execute(&mut *conn)
+                    .await?;
+                    record.cancel_requested_at = Some(at);
+                    Ok(record)
+                })
+            })
+            .await
+    }
+}
+
+/// The invocation, read on the writer's connection inside its transaction (which holds
+/// SQLite's write lock).
+async fn locked_record(
+    conn: &mut SqliteConnection,
+    invocation_id: Uuid,
+) -> Result<InvocationRecord, StoreError> {
+    let row = sqlx::query(concat!(select_invocation!(), " WHERE invocation_id = ?"))
+        .bind(invocation_id.hyphenated().to_string())
+        .fetch_optional(&mut *conn)
+        .await?;
+    match row {
+        Some(row) => decode_invocation(&row),
+        None => Err(StoreError::NotFound(invocation_id)),
+    }
 }
 
 async fn find_by_key(
-    tx: &mut Transaction<'static, Sqlite>,
+    conn: &mut SqliteConnection,
     key: &str,
 ) -> Result<Option<InvocationRecord>, StoreError> {
     let row = sqlx::query(concat!(select_invocation!(), " WHERE idempotency_key = ?"))
         .bind(key)
-        .fetch_optional(&mut **tx)
+        .fetch_optional(&mut *conn)
         .await?;
     row.as_ref().map(decode_invocation).transpose()
 }

@@ -119,7 +119,7 @@ async fn committed_events_survive_a_reconnect() {
         .collect();
     assert_eq!(read, events);
     assert_eq!((before.version, before.lease_epoch), (2, 4));
-    assert_eq!(reconnected.running(10).await.unwrap(), [id]);
+    assert_eq!(reconnected.running(None, 10).await.unwrap(), [id]);
     match reconnected.create(new).await.unwrap() {
         Created::Existing(record) => assert_eq!(record, before),
         Created::New(_) => panic!("the key was forgotten"),
@@ -206,7 +206,7 @@ async fn an_older_epoch_never_commits_after_a_newer_one() {
             .iter()
             .map(|stored| match &stored.event.body {
                 EventBody::Turn(turn) => turn.turn / 1_000,
-                EventBody::Ended(_) => panic!("no end was written"),
+                EventBody::Ended(_) | EventBody::BatchStarted(_) => panic!("no end was written"),
             })
             .collect();
         // The log is exactly what the two writers were told they committed.
@@ -354,7 +354,7 @@ async fn corrupt_rows_are_reported_with_the_invocation_and_seq() {
         other => panic!("expected Corrupt, got {other:?}"),
     }
     assert_eq!(
-        store.running(10).await.unwrap(),
+        store.running(None, 10).await.unwrap(),
         [id],
         "other reads still work"
     );

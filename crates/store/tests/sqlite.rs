@@ -66,7 +66,7 @@ async fn committed_events_survive_a_reopen() {
     assert_eq!(read, events);
     assert_eq!(before.version, 2);
     assert_eq!(before.lease_epoch, 4);
-    assert_eq!(reopened.running(10).await.unwrap(), [id]);
+    assert_eq!(reopened.running(None, 10).await.unwrap(), [id]);
     // The idempotency key survives too: the same request finds the same invocation.
     match reopened.create(new).await.unwrap() {
         Created::Existing(record) => assert_eq!(record, before),

@@ -272,7 +272,7 @@ pub fn turns(log: &[Event]) -> Vec<&TurnRecord> {
     log.iter()
         .filter_map(|event| match &event.body {
             EventBody::Turn(record) => Some(record),
-            EventBody::Ended(_) => None,
+            EventBody::BatchStarted(_) | EventBody::Ended(_) => None,
         })
         .collect()
 }

@@ -78,6 +78,9 @@ fn request(turn: u32) -> DecideRequest {
     }
 }
 
+/// Builds and serialises one adapter's request body: the work of a turn's prompt.
+type BodyOf<'a> = dyn Fn(&DecideRequest) -> Vec<u8> + 'a;
+
 fn bench(c: &mut Criterion) {
     let env = MapEnv::new([("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")]);
     let openai = openai_model(&env);
@@ -87,16 +90,27 @@ fn bench(c: &mut Criterion) {
         &AdapterDeps::default(),
     )
     .unwrap();
+    let adapters: [(&str, &BodyOf); 2] = [
+        ("openai", &|r| {
+            serde_json::to_vec(&openai.request_body(r)).unwrap()
+        }),
+        ("anthropic", &|r| {
+            serde_json::to_vec(&anthropic.request_body(r)).unwrap()
+        }),
+    ];
     let mut group = c.benchmark_group("context");
-    for turn in [10u32, 1000] {
-        let request = request(turn);
-        assert_eq!(request.history.len(), WINDOW as usize);
-        group.bench_function(format!("openai_prompt_turn_{turn}"), |b| {
-            b.iter(|| serde_json::to_vec(&openai.request_body(black_box(&request))).unwrap());
-        });
-        group.bench_function(format!("anthropic_prompt_turn_{turn}"), |b| {
-            b.iter(|| serde_json::to_vec(&anthropic.request_body(black_box(&request))).unwrap());
-        });
+    // Each adapter's two turns run back to back, so a change in the load of a shared
+    // machine between them skews the comparison as little as it can.
+    for (name, body) in adapters {
+        for turn in [10u32, 1000] {
+            let request = request(turn);
+            assert_eq!(request.history.len(), WINDOW as usize);
+            // The same work in bytes: only the digits of turn numbers and IDs differ.
+            eprintln!("{name} turn {turn}: {} bytes", body(&request).len());
+            group.bench_function(format!("{name}_prompt_turn_{turn}"), |b| {
+                b.iter(|| body(black_box(&request)));
+            });
+        }
     }
     group.finish();
 }

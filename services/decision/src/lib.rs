@@ -15,6 +15,9 @@
 //! `Retry-After`), then fail as UNAVAILABLE with the provider's status in the message.
 //! The prompt is built only from what the request carries (the goal, the summary, a
 //! bounded window of committed events), so its cost does not grow with the invocation.
+//! A model with an entry in the price table ([`DecisionConfig::prices`]) is wrapped in a
+//! [`PricedModel`], so its replies carry their cost in micro-dollars next to the tokens;
+//! other models report no cost, which the engine refuses under a cost budget.
 //!
 //! It is *not* the judge of decisions: it validates nothing about tool calls (unknown
 //! tools, non-object arguments and duplicate call IDs pass through untouched for the
@@ -35,6 +38,7 @@
 mod adapter;
 mod cache;
 mod model;
+mod price;
 mod script;
 
 use std::collections::BTreeMap;
@@ -57,6 +61,7 @@ pub use adapter::http::{RetryPolicy, Sleeper, TokioSleeper};
 pub use adapter::openai::OpenAiModel;
 pub use cache::{MAX_CACHED_BYTES, MAX_ENTRIES, ScriptCache};
 pub use model::{Model, ModelError, ModelReply, SCRIPTED_MODEL_NAME};
+pub use price::{Price, PricedModel};
 pub use script::{
     MAX_DELAY_MS, MAX_SCRIPT_BYTES, MAX_TURNS, ScriptError, ScriptedCall, ScriptedDecision,
     ScriptedModel, ScriptedTurn, ScriptedUsage,
@@ -80,6 +85,10 @@ pub struct DecisionConfig {
     pub model: Option<ModelConfig>,
     /// Per-profile settings, by the profile name the orchestrator sends.
     pub profiles: BTreeMap<String, ProfileConfig>,
+    /// The price table, by model name exactly as a `model` section names it. A model
+    /// without an entry reports no cost, and an invocation with a cost budget then ends
+    /// with `model_error` instead of running unmetered.
+    pub prices: BTreeMap<String, Price>,
 }
 
 impl Default for DecisionConfig {
@@ -89,6 +98,7 @@ impl Default for DecisionConfig {
             script_file: None,
             model: None,
             profiles: BTreeMap::new(),
+            prices: BTreeMap::new(),
         }
     }
 }
@@ -187,12 +197,16 @@ impl DecisionServer {
         deps: &AdapterDeps,
     ) -> Result<DecisionServer, SetupError> {
         let build = |profile: Option<&str>, model: &ModelConfig| {
-            model
+            let built = model
                 .build_with(env, deps)
                 .map_err(|source| SetupError::Model {
                     profile: profile.map(str::to_owned),
                     source,
-                })
+                })?;
+            Ok::<_, SetupError>(match config.prices.get(&model.model) {
+                Some(price) => Arc::new(PricedModel::new(built, *price)),
+                None => built,
+            })
         };
         let mut server = match &config.model {
             Some(model) if model.provider != Provider::Scripted => {

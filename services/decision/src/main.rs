@@ -1,4 +1,5 @@
-//! `agentloop-decision`: serves `DecisionService` (the scripted model for now).
+//! `agentloop-decision`: serves `DecisionService` with the configured models (scripted,
+//! OpenAI-compatible, Anthropic), priced by the config's price table.
 //!
 //! Configuration layers: defaults -> `--config` TOML file -> `AGENTLOOP_DECISION_*`
 //! environment -> flags. A bad configuration exits with `EXIT_BAD_CONFIG` (78).

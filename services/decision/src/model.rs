@@ -162,6 +162,7 @@ impl Model for ScriptedModel {
             usage: Usage {
                 input_tokens: turn.usage.input_tokens,
                 output_tokens: turn.usage.output_tokens,
+                cost_micro_usd: turn.usage.cost_micro_usd,
             },
             model: SCRIPTED_MODEL_NAME.into(),
             response_id: format!("scripted-{}-{}", request.invocation_id, request.turn),

@@ -127,6 +127,10 @@ pub struct ScriptedUsage {
     /// Output tokens.
     #[serde(default)]
     pub output_tokens: u64,
+    /// What the turn reports it cost, in micro-dollars; absent, the turn has no cost, as
+    /// from a model without a price (so scripts can exercise cost budgets).
+    #[serde(default)]
+    pub cost_micro_usd: Option<u64>,
 }
 
 /// One turn of a script: a decision, how long to wait before answering, what it cost.

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentloop_decision::{
-    AdapterDeps, DecisionConfig, DecisionServer, MapEnv, Model, ModelConfig, ModelError,
-    ModelReply, Provider, Sleeper,
+    AdapterDeps, AnthropicModel, DecisionConfig, DecisionServer, MAX_HISTORY_EVENTS, MapEnv, Model,
+    ModelConfig, ModelError, ModelReply, OpenAiModel, Provider, Sleeper,
 };
 use agentloop_proto::v1::decide_response::Outcome;
 use agentloop_proto::v1::decision::{Kind, ToolCalls};
@@ -956,4 +956,244 @@ async fn profiles_route_to_their_models_and_others_to_the_default() {
         Kind::Final(f) => assert_eq!(f.answer, "scripted"),
         other => panic!("{other:?}"),
     }
+}
+
+// ---------------------------------------------------------------- bounded context
+
+/// The prompt depends on a bounded suffix of the history only: a request that carries
+/// all 999 earlier turns gives exactly the body of one that carries the last
+/// `MAX_HISTORY_EVENTS`, for both adapters. So no work in the adapter grows with the
+/// invocation, whatever the caller sends (the context bench measures the time).
+#[tokio::test]
+async fn a_prompt_reads_only_a_bounded_suffix_of_the_history() {
+    let history: Vec<Event> = (1..1000u32)
+        .map(|t| {
+            let id = format!("call-{t}");
+            let args = format!(r#"{{"customer_id":"C-{t}"}}"#);
+            let result = output(&id, r#"{"tier":"gold"}"#);
+            turn_event(
+                u64::from(t),
+                calls_turn(t, vec![call(&id, "lookup_customer", &args)], vec![result]),
+            )
+        })
+        .collect();
+    let whole = DecideRequest {
+        turn: 1000,
+        history: history.clone(),
+        context_from_seq: 1,
+        ..request()
+    };
+    let tail = history[history.len() - MAX_HISTORY_EVENTS..].to_vec();
+    let suffix = DecideRequest {
+        context_from_seq: tail[0].seq,
+        history: tail,
+        ..whole.clone()
+    };
+    let env = MapEnv::new([("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")]);
+    let deps = AdapterDeps::default();
+    let openai =
+        OpenAiModel::from_config(&ModelConfig::from_spec("openai:m").unwrap(), &env, &deps)
+            .unwrap();
+    let anthropic =
+        AnthropicModel::from_config(&ModelConfig::from_spec("anthropic:m").unwrap(), &env, &deps)
+            .unwrap();
+    assert_eq!(openai.request_body(&whole), openai.request_body(&suffix));
+    assert_eq!(
+        anthropic.request_body(&whole),
+        anthropic.request_body(&suffix)
+    );
+    // And the window is what the config keeps: the last turns in full, the rest noted.
+    let body = anthropic.request_body(&whole).to_string();
+    assert!(body.contains("call-999") && !body.contains(r#""call-900""#));
+}
+
+// ---------------------------------------------------------------- prices
+
+/// A mock that answers both APIs: OpenAI with 80 prompt / 12 completion tokens,
+/// Anthropic with 200 + 10 cached input / 60 output tokens.
+async fn both_apis() -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(json_response(&openai_text_body(
+            json!("from openai"),
+            "stop",
+            Value::Null,
+        )))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/messages"))
+        .respond_with(json_response(&anthropic_body(
+            json!([{"type": "text", "text": "from anthropic"}]),
+            "end_turn",
+        )))
+        .mount(&server)
+        .await;
+    server
+}
+
+async fn cost_for(decision: &DecisionServer, profile: &str) -> (String, Option<u64>) {
+    let mut req = request();
+    req.profile = profile.into();
+    let reply = decision.decide(&req).await.unwrap();
+    (reply.model, reply.usage.cost_micro_usd)
+}
+
+#[tokio::test]
+async fn each_reply_costs_its_usage_at_the_price_of_its_configured_model() {
+    let server = both_apis().await;
+    let config: DecisionConfig = toml::from_str(&format!(
+        r#"
+        [model]
+        provider = "openai"
+        model = "gpt-4o"
+        base_url = "{uri}/v1"
+
+        [profiles.careful.model]
+        provider = "anthropic"
+        model = "claude-sonnet-4-5"
+        base_url = "{uri}"
+
+        [profiles.local.model]
+        provider = "openai"
+        model = "qwen2.5"
+        base_url = "{uri}/v1"
+
+        [prices."gpt-4o"]
+        input_usd_per_mtok = 2.50
+        output_usd_per_mtok = 10
+
+        [prices.claude-sonnet-4-5]
+        input_usd_per_mtok = "3.00"
+        output_usd_per_mtok = 15
+        "#,
+        uri = server.uri()
+    ))
+    .unwrap();
+    let decision =
+        DecisionServer::from_config_with(&config, &MapEnv::default(), &AdapterDeps::default())
+            .unwrap();
+    // 80 in at $2.50/M + 12 out at $10/M = 200 + 120 µ$. The provider answers as a dated
+    // snapshot; the price is the configured model's.
+    assert_eq!(
+        cost_for(&decision, "default").await,
+        ("gpt-4o-2024-08-06".into(), Some(320))
+    );
+    // Cached input counts as input: 210 in at $3/M + 60 out at $15/M = 630 + 900 µ$.
+    assert_eq!(
+        cost_for(&decision, "careful").await,
+        ("claude-sonnet-4-5-20250929".into(), Some(1_530))
+    );
+    // No price entry: no cost at all, which is not a cost of zero.
+    assert_eq!(
+        cost_for(&decision, "local").await,
+        ("gpt-4o-2024-08-06".into(), None)
+    );
+}
+
+/// The decision service's flags when none are given (as `main` passes them).
+#[derive(Debug, Default, serde::Serialize)]
+struct NoFlags {}
+
+#[tokio::test]
+async fn nested_model_profiles_and_prices_load_from_environment_variables() {
+    let server = both_apis().await;
+    let uri = server.uri();
+    let vars = [
+        ("AGENTLOOP_DECISION_MODEL__PROVIDER", "openai".to_owned()),
+        ("AGENTLOOP_DECISION_MODEL__MODEL", "gpt-4o".to_owned()),
+        ("AGENTLOOP_DECISION_MODEL__BASE_URL", format!("{uri}/v1")),
+        ("AGENTLOOP_DECISION_MODEL__MAX_RETRIES", "0".to_owned()),
+        (
+            "agentloop_decision_profiles__careful__model__provider",
+            "anthropic".to_owned(),
+        ),
+        (
+            "AGENTLOOP_DECISION_PROFILES__CAREFUL__MODEL__MODEL",
+            "claude-sonnet-4-5".to_owned(),
+        ),
+        (
+            "AGENTLOOP_DECISION_PROFILES__CAREFUL__MODEL__BASE_URL",
+            uri.clone(),
+        ),
+        (
+            "AGENTLOOP_DECISION_PROFILES__CAREFUL__MODEL__API_KEY_ENV",
+            "TEAM_KEY".to_owned(),
+        ),
+        (
+            "AGENTLOOP_DECISION_PRICES__GPT-4O__INPUT_USD_PER_MTOK",
+            "2.50".to_owned(),
+        ),
+        (
+            "AGENTLOOP_DECISION_PRICES__GPT-4O__OUTPUT_USD_PER_MTOK",
+            "10".to_owned(),
+        ),
+        ("OTHER_SERVICE_MODEL__PROVIDER", "anthropic".to_owned()),
+    ];
+    let env = vars.iter().map(|(k, v)| ((*k).to_owned(), v.clone()));
+    let from_env: DecisionConfig =
+        agentloop_server::config::load_from(None, env, "AGENTLOOP_DECISION_", NoFlags {}).unwrap();
+    let from_file: DecisionConfig = toml::from_str(&format!(
+        r#"
+        [model]
+        provider = "openai"
+        model = "gpt-4o"
+        base_url = "{uri}/v1"
+        max_retries = 0
+
+        [profiles.careful.model]
+        provider = "anthropic"
+        model = "claude-sonnet-4-5"
+        base_url = "{uri}"
+        api_key_env = "TEAM_KEY"
+
+        [prices."gpt-4o"]
+        input_usd_per_mtok = 2.5
+        output_usd_per_mtok = 10
+        "#
+    ))
+    .unwrap();
+    assert_eq!(from_env, from_file);
+
+    // And the loaded configuration works: each profile reaches its provider, priced.
+    let keys = MapEnv::new([("TEAM_KEY", "team-key")]);
+    let decision =
+        DecisionServer::from_config_with(&from_env, &keys, &AdapterDeps::default()).unwrap();
+    assert_eq!(cost_for(&decision, "default").await.1, Some(320));
+    assert_eq!(
+        cost_for(&decision, "careful").await,
+        ("claude-sonnet-4-5-20250929".into(), None)
+    );
+    let sent = server.received_requests().await.unwrap();
+    assert_eq!(
+        sent.iter().map(|r| r.url.path()).collect::<Vec<_>>(),
+        ["/v1/chat/completions", "/v1/messages"]
+    );
+    assert_eq!(
+        sent[1].headers.get("x-api-key").unwrap().to_str().unwrap(),
+        "team-key"
+    );
+
+    // A malformed price is refused when the configuration loads, naming the key.
+    let bad = [
+        (
+            "AGENTLOOP_DECISION_PRICES__M__INPUT_USD_PER_MTOK",
+            "0.0000001",
+        ),
+        ("AGENTLOOP_DECISION_PRICES__M__OUTPUT_USD_PER_MTOK", "1"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()));
+    let error = agentloop_server::config::load_from::<DecisionConfig>(
+        None,
+        bad,
+        "AGENTLOOP_DECISION_",
+        NoFlags {},
+    )
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("prices.m.input_usd_per_mtok")
+            && error.to_string().contains("micro-dollar"),
+        "{error}"
+    );
 }

@@ -21,7 +21,7 @@ use tonic::transport::Channel;
 
 const SCRIPT: &str = r#"{"turns": [
     {"tool_calls": [{"id": "c1", "name": "lookup", "arguments": {"n": 123456789012345678901234567890}}],
-     "usage": {"input_tokens": 7, "output_tokens": 2}},
+     "usage": {"input_tokens": 7, "output_tokens": 2, "cost_micro_usd": 40}},
     {"raw": "I think I will {call"},
     {"model_error": "rate limited"},
     {"final": "done"}
@@ -79,7 +79,14 @@ async fn turns_map_to_script_entries() {
         r#"{"n": 123456789012345678901234567890}"#
     );
     let usage = first.usage.unwrap();
-    assert_eq!((usage.input_tokens, usage.output_tokens), (7, 2));
+    assert_eq!(
+        (
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cost_micro_usd
+        ),
+        (7, 2, Some(40))
+    );
     assert_eq!(first.model, "scripted");
 
     let second = decide(&mut client, request(2, SCRIPT)).await.unwrap();

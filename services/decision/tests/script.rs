@@ -30,7 +30,7 @@ fn every_decision_kind_parses() {
         r#"{"turns": [
             {"tool_calls": [{"id": "c1", "name": "lookup", "arguments": {"key": "a"}}], "delay_ms": 5,
              "usage": {"input_tokens": 10, "output_tokens": 3}},
-            {"final": "42"},
+            {"final": "42", "usage": {"cost_micro_usd": 250}},
             {"request_approval": {"summary": "pay", "calls": [{"id": "p", "name": "pay", "arguments": {"amount": 5}}]}},
             {"clarification": "which one?"},
             {"cannot_continue": "no access"},
@@ -53,12 +53,19 @@ fn every_decision_kind_parses() {
         turns[0].usage,
         ScriptedUsage {
             input_tokens: 10,
-            output_tokens: 3
+            output_tokens: 3,
+            cost_micro_usd: None,
         }
     );
     assert_eq!(turns[1].decision, ScriptedDecision::Final("42".into()));
     assert_eq!(turns[1].delay, Duration::ZERO);
-    assert_eq!(turns[1].usage, ScriptedUsage::default());
+    assert_eq!(
+        turns[1].usage,
+        ScriptedUsage {
+            cost_micro_usd: Some(250),
+            ..ScriptedUsage::default()
+        }
+    );
     match &turns[2].decision {
         ScriptedDecision::RequestApproval { summary, calls } => {
             assert_eq!(summary, "pay");

@@ -95,7 +95,7 @@ impl Default for DemoConfig {
 /// Faults injected into `transfer`, for chaos tests. Each request rolls the dice once,
 /// in arrival order, from one RNG, so a fixed `seed` and a fixed request order give a
 /// fixed sequence of faults.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FaultConfig {
     /// Probability (0..=1) of failing with UNAVAILABLE before anything is applied.
@@ -106,8 +106,22 @@ pub struct FaultConfig {
     /// Delay after applying and before replying, so a caller's deadline can pass while
     /// the effect is already applied.
     pub reply_delay_ms: u64,
+    /// Probability (0..=1) that a reply is delayed by `reply_delay_ms` (1: every one).
+    pub slow_reply: f64,
     /// Seed of the fault RNG; unset seeds from the OS.
     pub seed: Option<u64>,
+}
+
+impl Default for FaultConfig {
+    fn default() -> Self {
+        FaultConfig {
+            fail_before_apply: 0.0,
+            drop_reply_after_apply: 0.0,
+            reply_delay_ms: 0,
+            slow_reply: 1.0,
+            seed: None,
+        }
+    }
 }
 
 impl FaultConfig {
@@ -115,6 +129,7 @@ impl FaultConfig {
         for (name, p) in [
             ("fail_before_apply", self.fail_before_apply),
             ("drop_reply_after_apply", self.drop_reply_after_apply),
+            ("slow_reply", self.slow_reply),
         ] {
             if !(0.0..=1.0).contains(&p) {
                 return Err(DemoError::InvalidConfig(format!(
@@ -164,6 +179,7 @@ struct Faults {
 struct FaultPlan {
     fail_before_apply: bool,
     drop_reply: bool,
+    slow_reply: bool,
 }
 
 impl Faults {
@@ -189,9 +205,11 @@ impl Faults {
         // sequence. `random::<f64>()` is in [0, 1): p = 0 never fires, p = 1 always does.
         let fail: f64 = rng.random();
         let drop: f64 = rng.random();
+        let slow: f64 = rng.random();
         FaultPlan {
             fail_before_apply: fail < self.config.fail_before_apply,
             drop_reply: drop < self.config.drop_reply_after_apply,
+            slow_reply: self.config.reply_delay_ms > 0 && slow < self.config.slow_reply,
         }
     }
 }
@@ -394,7 +412,7 @@ impl DemoExecutor {
 
         // 5. Faults that happen after the effect: a slow reply (the caller's deadline
         //    may pass; the effect stays applied) and a lost reply.
-        if self.inner.faults.config.reply_delay_ms > 0 {
+        if faults.slow_reply {
             self.count(|s| s.delayed_replies += 1);
             tokio::time::sleep(Duration::from_millis(
                 self.inner.faults.config.reply_delay_ms,

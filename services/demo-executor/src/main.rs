@@ -47,6 +47,10 @@ struct FaultFlags {
     #[arg(long = "reply-delay-ms")]
     #[serde(skip_serializing_if = "Option::is_none")]
     reply_delay_ms: Option<u64>,
+    /// Probability that a reply is delayed by --reply-delay-ms (default 1: every one).
+    #[arg(long = "slow-reply")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slow_reply: Option<f64>,
     /// Seed of the fault RNG.
     #[arg(long = "fault-seed")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -58,6 +62,7 @@ impl FaultFlags {
         self.fail_before_apply.is_none()
             && self.drop_reply_after_apply.is_none()
             && self.reply_delay_ms.is_none()
+            && self.slow_reply.is_none()
             && self.seed.is_none()
     }
 }

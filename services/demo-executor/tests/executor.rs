@@ -508,6 +508,43 @@ async fn a_reply_delayed_past_the_deadline_leaves_the_transfer_applied() {
     server.stop().await;
 }
 
+/// `slow_reply` decides which replies wait: none at 0, some (seeded) in between, and the
+/// fast ones answer at once while a delay of minutes is configured.
+#[tokio::test]
+async fn only_the_slow_share_of_replies_is_delayed() {
+    for (slow_reply, seed) in [(0.0, 1), (0.5, 7)] {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = FaultConfig {
+            reply_delay_ms: 300_000,
+            slow_reply,
+            seed: Some(seed),
+            ..FaultConfig::default()
+        };
+        let mut server = Server::start(DemoConfig {
+            faults,
+            ..config(dir.path())
+        })
+        .await;
+        let mut fast = 0;
+        for i in 0..20 {
+            let mut req = tonic::Request::new(request("transfer", TRANSFER_ARGS, &format!("s{i}")));
+            req.set_timeout(Duration::from_millis(500));
+            if server.client.execute(req).await.is_ok() {
+                fast += 1;
+            }
+        }
+        let stats = server.executor.stats();
+        assert_eq!(stats.applied, 20, "every transfer is applied, slow or not");
+        assert_eq!(stats.delayed_replies, 20 - fast);
+        if slow_reply == 0.0 {
+            assert_eq!(fast, 20);
+        } else {
+            assert!((1..20).contains(&fast), "{fast} fast replies of 20");
+        }
+        server.stop().await;
+    }
+}
+
 /// Outcome codes of 24 transfers with distinct keys under 50 % faults.
 async fn fault_pattern(seed: u64) -> Vec<Code> {
     let dir = tempfile::tempdir().unwrap();

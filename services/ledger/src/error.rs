@@ -110,7 +110,8 @@ impl From<LedgerError> for tonic::Status {
     }
 }
 
-/// Failures that a retry may cure (a locked database, an exhausted pool, I/O).
+/// Failures that a retry may cure (a lock held too long, an exhausted pool, I/O, a
+/// server that is restarting).
 fn is_transient(error: &sqlx::Error) -> bool {
     if matches!(
         error,
@@ -118,15 +119,28 @@ fn is_transient(error: &sqlx::Error) -> bool {
     ) {
         return true;
     }
-    // SQLITE_BUSY (5) and SQLITE_LOCKED (6), possibly as extended result codes.
-    if let sqlx::Error::Database(db) = error {
+    let sqlx::Error::Database(db) = error else {
+        return false;
+    };
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        // SQLITE_BUSY (5) and SQLITE_LOCKED (6), possibly as extended result codes.
         return db
             .code()
             .and_then(|code| code.parse::<i64>().ok())
             .is_some_and(|code| matches!(code & 0xff, 5 | 6));
     }
+    if let Some(postgres) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        return PG_TRANSIENT.contains(&postgres.code());
+    }
     false
 }
+
+/// PostgreSQL SQLSTATEs a retry may cure: serialization_failure, deadlock_detected,
+/// lock_not_available (our `lock_timeout`), too_many_connections, admin_shutdown,
+/// crash_shutdown, cannot_connect_now.
+const PG_TRANSIENT: [&str; 7] = [
+    "40001", "40P01", "55P03", "53300", "57P01", "57P02", "57P03",
+];
 
 #[cfg(test)]
 mod tests {

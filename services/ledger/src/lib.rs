@@ -7,9 +7,15 @@
 //! executor before going on, so no change is applied twice or silently lost.
 //!
 //! - [`state`]: the transition rules, a pure function;
-//! - [`store`]: [`LedgerStore`], SQLite (WAL, `synchronous=FULL`) with guarded writes;
+//! - [`store`]: [`LedgerStore`], one type over SQLite (WAL, `synchronous=FULL`, the
+//!   embedded default) and PostgreSQL (`synchronous_commit=on`, shared by several
+//!   processes), with the same guarded writes on both;
 //! - [`service`]: [`LedgerService`], the `agentloop.v1.EffectLedgerService` impl;
 //! - [`run`]: serve it on a listener until a shutdown future resolves.
+//!
+//! An effect whose executor cannot reconcile it is recorded RECONCILIATION_REQUIRED: it
+//! stays listed as unresolved (`agentloop effects --unresolved`) until an operator
+//! settles it with a guarded Record(COMMITTED | REJECTED).
 //!
 //! It is *not* the reconciler: it records what workers tell it and enforces the
 //! transitions, but it never calls executors. It does not store tool arguments or
@@ -25,6 +31,7 @@ pub mod store;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -34,10 +41,11 @@ use tokio::net::TcpListener;
 pub use error::LedgerError;
 pub use service::LedgerService;
 pub use state::{Action, EffectState, Outcome};
-pub use store::{Entry, LedgerStore, NewEffect, Page, StoreOptions};
+pub use store::{Backend, Entry, LedgerStore, NewEffect, Page, StoreOptions};
 
 /// Prefix of the environment variables that configure the ledger
-/// (`AGENTLOOP_LEDGER_LISTEN`, `AGENTLOOP_LEDGER_DATA_DIR`, ...).
+/// (`AGENTLOOP_LEDGER_LISTEN`, `AGENTLOOP_LEDGER_DATA_DIR`,
+/// `AGENTLOOP_LEDGER_DATABASE_URL`, ...).
 pub const ENV_PREFIX: &str = "AGENTLOOP_LEDGER_";
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "ledger.sqlite3";
@@ -70,11 +78,18 @@ pub fn effect_key(invocation_id: &str, call_id: &str) -> String {
 pub struct LedgerConfig {
     /// Address to listen on.
     pub listen: SocketAddr,
-    /// Directory holding the database file ([`DB_FILE`]); created if missing.
+    /// A PostgreSQL database, `postgres://user[:password]@host[:port]/database`, shared
+    /// by every ledger process of a deployment; the database must exist, its schema is
+    /// brought up to date on start. When unset, the ledger is the SQLite file in
+    /// `data_dir`.
+    pub database_url: Option<String>,
+    /// Directory holding the SQLite file ([`DB_FILE`]); created if missing. Unused
+    /// with `database_url`.
     pub data_dir: PathBuf,
-    /// How long a write waits for SQLite's lock, in milliseconds.
+    /// How long a write waits for another writer's lock, in milliseconds (SQLite's
+    /// busy timeout, PostgreSQL's `lock_timeout`).
     pub busy_timeout_ms: u64,
-    /// SQLite connection pool size.
+    /// Connection pool size.
     pub max_connections: u32,
 }
 
@@ -82,6 +97,7 @@ impl Default for LedgerConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50055)),
+            database_url: None,
             data_dir: PathBuf::from("data/ledger"),
             busy_timeout_ms: 5_000,
             max_connections: 4,
@@ -90,17 +106,55 @@ impl Default for LedgerConfig {
 }
 
 impl LedgerConfig {
-    /// Opens the store this configuration describes, creating the data directory.
+    /// Checks what serde cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_connections == 0 {
+            return Err("max_connections must be at least 1".into());
+        }
+        if let Some(url) = &self.database_url {
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return Err("database_url must be a postgres:// or postgresql:// URL \
+                     (leave it unset for the SQLite file in data_dir)"
+                    .into());
+            }
+            sqlx::postgres::PgConnectOptions::from_str(url)
+                .map_err(|error| format!("database_url is not a valid PostgreSQL URL: {error}"))?;
+        }
+        Ok(())
+    }
+
+    /// Where the entries are kept, for log lines: the SQLite file, or the PostgreSQL
+    /// host, port and database (never the URL, which may hold a password).
+    pub fn describe_backend(&self) -> String {
+        match &self.database_url {
+            None => format!("sqlite {}", self.data_dir.join(DB_FILE).display()),
+            Some(url) => match sqlx::postgres::PgConnectOptions::from_str(url) {
+                Ok(options) => format!(
+                    "postgres {}:{}/{}",
+                    options.get_host(),
+                    options.get_port(),
+                    options.get_database().unwrap_or_default()
+                ),
+                Err(_) => "postgres (invalid URL)".to_owned(),
+            },
+        }
+    }
+
+    /// Opens the store this configuration describes: PostgreSQL with `database_url`,
+    /// else the SQLite file in `data_dir` (creating the directory).
     pub async fn open_store(&self) -> Result<LedgerStore, LedgerError> {
-        std::fs::create_dir_all(&self.data_dir).map_err(|source| LedgerError::DataDir {
-            path: self.data_dir.clone(),
-            source,
-        })?;
         let options = StoreOptions {
             busy_timeout: Duration::from_millis(self.busy_timeout_ms),
             max_connections: self.max_connections,
         };
-        LedgerStore::open(&self.data_dir.join(DB_FILE), &options).await
+        if let Some(url) = &self.database_url {
+            return LedgerStore::connect_postgres(url, &options).await;
+        }
+        std::fs::create_dir_all(&self.data_dir).map_err(|source| LedgerError::DataDir {
+            path: self.data_dir.clone(),
+            source,
+        })?;
+        LedgerStore::open_sqlite(&self.data_dir.join(DB_FILE), &options).await
     }
 }
 
@@ -124,6 +178,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
     let store = config.open_store().await?;
+    let durability = store.durability().await?;
+    tracing::info!(backend = %config.describe_backend(), %durability, "effect ledger store open");
     let services = agentloop_server::ServiceSet::new().add(agentloop_proto::server::effect_ledger(
         LedgerService::new(store.clone()),
     ));

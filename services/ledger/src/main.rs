@@ -20,6 +20,11 @@ struct Flags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     listen: Option<SocketAddr>,
+    /// A PostgreSQL database (`postgres://...`) instead of the SQLite file. Prefer
+    /// AGENTLOOP_LEDGER_DATABASE_URL when the URL holds a password: flags show in `ps`.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    database_url: Option<String>,
     /// Directory of the SQLite database [default: data/ledger].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -41,11 +46,14 @@ async fn main() -> anyhow::Result<()> {
             Ok(config) => config,
             Err(error) => agentloop_server::exit_bad_config("agentloop-ledger", &error),
         };
+    if let Err(error) = config.validate() {
+        agentloop_server::exit_bad_config("agentloop-ledger", &error);
+    }
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
-    tracing::info!(listen = %config.listen, data_dir = %config.data_dir.display(), "effect ledger starting");
+    tracing::info!(listen = %config.listen, backend = %config.describe_backend(), "effect ledger starting");
     agentloop_ledger::run(listener, &config, agentloop_server::shutdown_signal()).await?;
     tracing::info!("effect ledger stopped");
     Ok(())

@@ -78,7 +78,10 @@ impl EffectLedgerService for LedgerService {
         let outcome = Outcome::from_state(state).ok_or_else(|| {
             LedgerError::invalid(
                 "state",
-                format!("{state} is not an outcome (COMMITTED, REJECTED or OUTCOME_UNKNOWN)"),
+                format!(
+                    "{state} is not an outcome (COMMITTED, REJECTED, OUTCOME_UNKNOWN or \
+                     RECONCILIATION_REQUIRED)"
+                ),
             )
         })?;
         let entry = self

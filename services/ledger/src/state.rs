@@ -6,7 +6,12 @@
 //!  ─────────▶ PREPARED ────────▶ DISPATCHED ──────────────▶ COMMITTED | REJECTED | OUTCOME_UNKNOWN
 //!                                    ▲                                                  │
 //!                                    └──── Dispatch (reconcile found it NOT applied) ───┤
-//!                                          Record(COMMITTED | REJECTED) (reconcile) ◀───┘
+//!                                          Record(COMMITTED | REJECTED) (reconcile) ◀───┤
+//!                                                                                       │
+//!                      Record(RECONCILIATION_REQUIRED) (reconcile could not tell) ◀─────┘
+//!                          │
+//!                          ▼
+//!               RECONCILIATION_REQUIRED ──── Record(COMMITTED | REJECTED) (operator) ──▶
 //! ```
 //!
 //! Decisions worth knowing:
@@ -16,12 +21,20 @@
 //!   OUTCOME_UNKNOWN because its outcome was lost, and the only way out of that state is
 //!   what the executor's reconcile answer justifies — `Record(COMMITTED | REJECTED)` when
 //!   it could tell, or `Dispatch` (attempt + 1) when it found the change not applied.
-//!   Recording OUTCOME_UNKNOWN again is refused: "still unknown" changes nothing and the
-//!   invocation must stop with `reconciliation_required` instead.
+//!   Recording OUTCOME_UNKNOWN again is refused: "still unknown" changes nothing; the
+//!   worker records RECONCILIATION_REQUIRED instead and the invocation stops with
+//!   `reconciliation_required`.
 //! - **No `DISPATCHED -> DISPATCHED` re-dispatch.** A worker that lost the outcome of a
 //!   dispatch cannot know whether the change was applied, so it must first record
 //!   OUTCOME_UNKNOWN and reconcile; allowing a blind re-dispatch would let two workers
 //!   (or one worker twice) apply the change twice with non-idempotent executors.
+//! - **An effect the executor cannot reconcile is handed to an operator.** Recording
+//!   RECONCILIATION_REQUIRED from OUTCOME_UNKNOWN flags it (the detail says why); it stays
+//!   unresolved, and only `Record(COMMITTED | REJECTED)` guarded by RECONCILIATION_REQUIRED
+//!   settles it — what the operator found in the executor's system. It is never
+//!   dispatched again: the runtime has already shown it cannot tell whether the first
+//!   dispatch took effect. It is a state rather than a flag beside OUTCOME_UNKNOWN so the
+//!   same compare-and-set on the state guards it.
 //! - Terminal states (COMMITTED, REJECTED) have no way out.
 
 use std::fmt;
@@ -40,23 +53,29 @@ pub enum EffectState {
     Rejected,
     /// Dispatched, but the outcome was lost; must be reconciled.
     OutcomeUnknown,
+    /// Reconciliation could not tell; waits for an operator.
+    ReconciliationRequired,
 }
 
 impl EffectState {
     /// Every state, for exhaustive tests.
-    pub const ALL: [EffectState; 5] = [
+    pub const ALL: [EffectState; 6] = [
         EffectState::Prepared,
         EffectState::Dispatched,
         EffectState::Committed,
         EffectState::Rejected,
         EffectState::OutcomeUnknown,
+        EffectState::ReconciliationRequired,
     ];
 
     /// Whether a resuming worker must still look at this effect (what ListUnresolved
     /// returns).
     pub fn is_unresolved(self) -> bool {
         match self {
-            EffectState::Prepared | EffectState::Dispatched | EffectState::OutcomeUnknown => true,
+            EffectState::Prepared
+            | EffectState::Dispatched
+            | EffectState::OutcomeUnknown
+            | EffectState::ReconciliationRequired => true,
             EffectState::Committed | EffectState::Rejected => false,
         }
     }
@@ -69,6 +88,7 @@ impl EffectState {
             EffectState::Committed => "COMMITTED",
             EffectState::Rejected => "REJECTED",
             EffectState::OutcomeUnknown => "OUTCOME_UNKNOWN",
+            EffectState::ReconciliationRequired => "RECONCILIATION_REQUIRED",
         }
     }
 
@@ -88,6 +108,7 @@ impl EffectState {
             EffectState::Committed => Wire::Committed,
             EffectState::Rejected => Wire::Rejected,
             EffectState::OutcomeUnknown => Wire::OutcomeUnknown,
+            EffectState::ReconciliationRequired => Wire::ReconciliationRequired,
         }
     }
 
@@ -101,6 +122,7 @@ impl EffectState {
             Wire::Committed => Some(EffectState::Committed),
             Wire::Rejected => Some(EffectState::Rejected),
             Wire::OutcomeUnknown => Some(EffectState::OutcomeUnknown),
+            Wire::ReconciliationRequired => Some(EffectState::ReconciliationRequired),
         }
     }
 }
@@ -121,14 +143,17 @@ pub enum Outcome {
     Rejected,
     /// Lost.
     OutcomeUnknown,
+    /// Reconciliation could not tell; an operator must.
+    ReconciliationRequired,
 }
 
 impl Outcome {
     /// Every outcome, for exhaustive tests.
-    pub const ALL: [Outcome; 3] = [
+    pub const ALL: [Outcome; 4] = [
         Outcome::Committed,
         Outcome::Rejected,
         Outcome::OutcomeUnknown,
+        Outcome::ReconciliationRequired,
     ];
 
     /// The state an entry is in after this outcome is recorded.
@@ -137,6 +162,7 @@ impl Outcome {
             Outcome::Committed => EffectState::Committed,
             Outcome::Rejected => EffectState::Rejected,
             Outcome::OutcomeUnknown => EffectState::OutcomeUnknown,
+            Outcome::ReconciliationRequired => EffectState::ReconciliationRequired,
         }
     }
 
@@ -146,6 +172,7 @@ impl Outcome {
             EffectState::Committed => Some(Outcome::Committed),
             EffectState::Rejected => Some(Outcome::Rejected),
             EffectState::OutcomeUnknown => Some(Outcome::OutcomeUnknown),
+            EffectState::ReconciliationRequired => Some(Outcome::ReconciliationRequired),
             EffectState::Prepared | EffectState::Dispatched => None,
         }
     }
@@ -162,11 +189,12 @@ pub enum Action {
 
 impl Action {
     /// Every action, for exhaustive tests.
-    pub const ALL: [Action; 4] = [
+    pub const ALL: [Action; 5] = [
         Action::Dispatch,
         Action::Record(Outcome::Committed),
         Action::Record(Outcome::Rejected),
         Action::Record(Outcome::OutcomeUnknown),
+        Action::Record(Outcome::ReconciliationRequired),
     ];
 }
 
@@ -207,12 +235,32 @@ pub fn next_state(from: EffectState, action: Action) -> Option<EffectState> {
         (EffectState::Prepared | EffectState::OutcomeUnknown, Action::Dispatch) => {
             Some(EffectState::Dispatched)
         }
-        (EffectState::Dispatched, Action::Record(outcome)) => Some(outcome.state()),
         (
+            EffectState::Dispatched,
+            Action::Record(
+                outcome @ (Outcome::Committed | Outcome::Rejected | Outcome::OutcomeUnknown),
+            ),
+        )
+        | (
             EffectState::OutcomeUnknown,
+            Action::Record(
+                outcome
+                @ (Outcome::Committed | Outcome::Rejected | Outcome::ReconciliationRequired),
+            ),
+        )
+        | (
+            EffectState::ReconciliationRequired,
             Action::Record(outcome @ (Outcome::Committed | Outcome::Rejected)),
         ) => Some(outcome.state()),
-        (EffectState::OutcomeUnknown, Action::Record(Outcome::OutcomeUnknown))
+        // A dispatch whose outcome was lost is first recorded OUTCOME_UNKNOWN and
+        // reconciled; only a reconcile can conclude that an operator is needed.
+        (EffectState::Dispatched, Action::Record(Outcome::ReconciliationRequired))
+        | (EffectState::OutcomeUnknown, Action::Record(Outcome::OutcomeUnknown))
+        | (
+            EffectState::ReconciliationRequired,
+            Action::Dispatch
+            | Action::Record(Outcome::OutcomeUnknown | Outcome::ReconciliationRequired),
+        )
         | (EffectState::Dispatched, Action::Dispatch)
         | (EffectState::Prepared, Action::Record(_))
         | (EffectState::Committed | EffectState::Rejected, Action::Dispatch | Action::Record(_)) => {
@@ -256,10 +304,12 @@ pub fn transition(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use EffectState::{Committed, Dispatched, OutcomeUnknown, Prepared, Rejected};
+    use EffectState::{
+        Committed, Dispatched, OutcomeUnknown, Prepared, ReconciliationRequired, Rejected,
+    };
 
     /// The whole table, written out: every (state, action) pair not listed is illegal.
-    const LEGAL: [(EffectState, Action, EffectState); 6] = [
+    const LEGAL: [(EffectState, Action, EffectState); 9] = [
         (Prepared, Action::Dispatch, Dispatched),
         (Dispatched, Action::Record(Outcome::Committed), Committed),
         (Dispatched, Action::Record(Outcome::Rejected), Rejected),
@@ -274,6 +324,21 @@ mod tests {
             Committed,
         ),
         (OutcomeUnknown, Action::Record(Outcome::Rejected), Rejected),
+        (
+            OutcomeUnknown,
+            Action::Record(Outcome::ReconciliationRequired),
+            ReconciliationRequired,
+        ),
+        (
+            ReconciliationRequired,
+            Action::Record(Outcome::Committed),
+            Committed,
+        ),
+        (
+            ReconciliationRequired,
+            Action::Record(Outcome::Rejected),
+            Rejected,
+        ),
     ];
     const RECONCILED_REDISPATCH: (EffectState, Action, EffectState) =
         (OutcomeUnknown, Action::Dispatch, Dispatched);
@@ -296,7 +361,7 @@ mod tests {
                 legal += usize::from(got.is_some());
             }
         }
-        assert_eq!(legal, 7);
+        assert_eq!(legal, 10);
     }
 
     #[test]

@@ -1,14 +1,25 @@
-//! The durable ledger: SQLite in WAL mode with `synchronous=FULL`, so an entry that a
-//! call returned survives a power loss (the whole point of the ledger), while readers
-//! do not block the writer.
+//! The durable ledger, on SQLite (the embedded default) or PostgreSQL (shared by several
+//! orchestrator processes on several machines). [`LedgerStore`] is one type over both:
+//! validation, the state machine and every SQL statement are the same text for both
+//! backends (sqlx binds `$N` placeholders on SQLite too); only connecting, the migration
+//! files (`migrations/sqlite`, `migrations/postgres`) and the durability settings differ.
+//!
+//! Durability: an entry that a call returned survives a power loss, which is the whole
+//! point of the ledger. SQLite runs in WAL mode with `synchronous=FULL`; every PostgreSQL
+//! session runs with `synchronous_commit=on` whatever the server's default.
 //!
 //! Every write is a single statement guarded by the state it expects (compare-and-set),
-//! so two workers — or two ledger processes on the same file — cannot both move the
-//! same effect, and a failed request leaves nothing behind.
+//! so two workers — or two ledger processes on the same database — cannot both move the
+//! same effect, and a failed request leaves nothing behind. On PostgreSQL a second
+//! `UPDATE` of the same row waits for the first to commit, then re-checks its `WHERE`
+//! against the row the first left, so the loser matches nothing: the same outcome as
+//! SQLite's single writer.
 
 use std::path::Path;
+use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -26,14 +37,21 @@ pub const MAX_DETAIL_BYTES: usize = 64 * 1024;
 pub const DEFAULT_PAGE_SIZE: u32 = 100;
 /// Largest page ListUnresolved returns, whatever the request asks.
 pub const MAX_PAGE_SIZE: u32 = 1000;
+/// The table of applied PostgreSQL migrations. Not sqlx's default, so the ledger can
+/// share a database with the event store, whose migrations are numbered independently.
+pub const PG_MIGRATIONS_TABLE: &str = "_agentloop_ledger_migrations";
 
-/// How the SQLite file is opened.
+/// How long an operation waits for a PostgreSQL connection from the pool (this also
+/// bounds the connect when the server is unreachable).
+const PG_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How the store is opened; the same knobs mean the same thing on both backends.
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
-    /// How long a writer waits for another writer's lock before failing with a
-    /// (retryable) busy error.
+    /// How long a write waits for another writer's lock before failing with a
+    /// (retryable) error: SQLite's busy timeout, PostgreSQL's `lock_timeout`.
     pub busy_timeout: Duration,
-    /// Pool size (SQLite serialises writers anyway; more only helps readers).
+    /// Pool size (SQLite serialises writers anyway; more only helps readers there).
     pub max_connections: u32,
 }
 
@@ -111,10 +129,53 @@ pub struct Page {
     pub next_page_token: Option<String>,
 }
 
-/// The effect ledger on one SQLite file. Cheap to clone (a pool handle).
+/// Which database a [`LedgerStore`] is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// One SQLite file.
+    Sqlite,
+    /// A PostgreSQL database.
+    Postgres,
+}
+
+/// The effect ledger on one database. Cheap to clone (a pool handle).
 #[derive(Debug, Clone)]
 pub struct LedgerStore {
-    pool: SqlitePool,
+    pool: Pool,
+}
+
+#[derive(Debug, Clone)]
+enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Runs `$body` with `$pool` bound to whichever pool the store has. The body is the same
+/// tokens for both arms and is type-checked once per backend, which is what keeps the
+/// two backends' statements identical.
+macro_rules! on_pool {
+    ($store:expr, |$pool:ident| $body:expr) => {
+        match &$store.pool {
+            Pool::Sqlite($pool) => $body,
+            Pool::Postgres($pool) => $body,
+        }
+    };
+}
+
+/// The columns [`Row`] reads, in one place for every statement that returns entries.
+macro_rules! columns {
+    () => {
+        "seq, effect_key, invocation_id, call_id, tool, state, attempt, \
+         receipt, detail, created_at_ms, updated_at_ms"
+    };
+}
+
+/// The unresolved states as an SQL list, the predicate of the partial indexes in both
+/// schemas; a unit test checks it against [`EffectState::is_unresolved`].
+macro_rules! unresolved_states {
+    () => {
+        "('PREPARED', 'DISPATCHED', 'OUTCOME_UNKNOWN', 'RECONCILIATION_REQUIRED')"
+    };
 }
 
 #[derive(sqlx::FromRow)]
@@ -133,9 +194,9 @@ struct Row {
 }
 
 impl LedgerStore {
-    /// Opens (creating if missing) the ledger file and applies pending migrations
-    /// from `services/ledger/migrations`.
-    pub async fn open(path: &Path, options: &StoreOptions) -> Result<Self, LedgerError> {
+    /// Opens (creating if missing) the ledger's SQLite file and applies pending
+    /// migrations from `migrations/sqlite`.
+    pub async fn open_sqlite(path: &Path, options: &StoreOptions) -> Result<Self, LedgerError> {
         let connect = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -147,13 +208,80 @@ impl LedgerStore {
             .max_connections(options.max_connections.max(1))
             .connect_with(connect)
             .await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self { pool })
+        sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+        Ok(Self {
+            pool: Pool::Sqlite(pool),
+        })
+    }
+
+    /// Connects to the PostgreSQL database at `url` (which must exist) and applies
+    /// pending migrations from `migrations/postgres`. sqlx takes an advisory lock while
+    /// migrating, so ledger processes starting together do not race.
+    pub async fn connect_postgres(url: &str, options: &StoreOptions) -> Result<Self, LedgerError> {
+        let lock_timeout = format!("{}ms", options.busy_timeout.as_millis().max(1));
+        let mut connect = PgConnectOptions::from_str(url)?.options([
+            ("synchronous_commit", "on"),
+            ("lock_timeout", lock_timeout.as_str()),
+        ]);
+        if connect.get_application_name().is_none() {
+            connect = connect.application_name("agentloop-ledger");
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections.max(1))
+            .acquire_timeout(PG_ACQUIRE_TIMEOUT)
+            .connect_with(connect)
+            .await?;
+        let mut migrator = sqlx::migrate!("./migrations/postgres");
+        migrator.dangerous_set_table_name(PG_MIGRATIONS_TABLE);
+        migrator.run(&pool).await?;
+        Ok(Self {
+            pool: Pool::Postgres(pool),
+        })
+    }
+
+    /// Which database this store is on.
+    pub fn backend(&self) -> Backend {
+        match self.pool {
+            Pool::Sqlite(_) => Backend::Sqlite,
+            Pool::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// The durability settings a connection of this store runs with, as the database
+    /// reports them (`journal_mode=wal synchronous=full`, `synchronous_commit=on`): for
+    /// the startup log line, so an operator sees what an `Ok` promises.
+    pub async fn durability(&self) -> Result<String, LedgerError> {
+        match &self.pool {
+            Pool::Sqlite(pool) => {
+                // One connection for both, since `synchronous` is per connection.
+                let mut conn = pool.acquire().await?;
+                let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+                    .fetch_one(&mut *conn)
+                    .await?;
+                let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                    .fetch_one(&mut *conn)
+                    .await?;
+                let synchronous = match synchronous {
+                    0 => "off",
+                    1 => "normal",
+                    2 => "full",
+                    3 => "extra",
+                    _ => "unknown",
+                };
+                Ok(format!("journal_mode={mode} synchronous={synchronous}"))
+            }
+            Pool::Postgres(pool) => {
+                let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+                    .fetch_one(pool)
+                    .await?;
+                Ok(format!("synchronous_commit={setting}"))
+            }
+        }
     }
 
     /// Waits for open connections to finish and closes them (for a clean shutdown).
     pub async fn close(&self) {
-        self.pool.close().await;
+        on_pool!(self, |pool| pool.close().await)
     }
 
     /// Records an effect as PREPARED. Idempotent: the same key for the same
@@ -166,10 +294,13 @@ impl LedgerStore {
         validate_id("tool", &new.tool)?;
 
         let now = now_ms();
-        let inserted = sqlx::query(
+        // A concurrent insert of the same key makes this one wait for it and then do
+        // nothing (both backends), so exactly one caller sees `created`.
+        let inserted = on_pool!(self, |pool| {
+            sqlx::query(
             "INSERT INTO effects \
                (effect_key, invocation_id, call_id, tool, state, attempt, created_at_ms, updated_at_ms) \
-             VALUES (?1, ?2, ?3, ?4, 'PREPARED', 0, ?5, ?5) \
+             VALUES ($1, $2, $3, $4, 'PREPARED', 0, $5, $5) \
              ON CONFLICT (effect_key) DO NOTHING",
         )
         .bind(&new.effect_key)
@@ -177,10 +308,10 @@ impl LedgerStore {
         .bind(&new.call_id)
         .bind(&new.tool)
         .bind(now)
-        .execute(&self.pool)
+        .execute(pool)
         .await?
         .rows_affected()
-            == 1;
+        }) == 1;
 
         let entry = self.get(&new.effect_key).await?;
         if !inserted
@@ -210,9 +341,11 @@ impl LedgerStore {
             .await
     }
 
-    /// Records an outcome. `expected` is DISPATCHED, or OUTCOME_UNKNOWN when
-    /// reconciliation settles the effect (see [`crate::state`]). A receipt may only
-    /// accompany COMMITTED.
+    /// Records an outcome. `expected` is DISPATCHED; OUTCOME_UNKNOWN when
+    /// reconciliation settles the effect or hands it to an operator
+    /// (RECONCILIATION_REQUIRED, which needs a `detail` saying why); or
+    /// RECONCILIATION_REQUIRED when the operator settles it (see [`crate::state`]). A
+    /// receipt may only accompany COMMITTED.
     pub async fn record(
         &self,
         effect_key: &str,
@@ -240,6 +373,13 @@ impl LedgerStore {
                 format!("longer than {MAX_DETAIL_BYTES} bytes"),
             ));
         }
+        if outcome == Outcome::ReconciliationRequired && detail.trim().is_empty() {
+            return Err(LedgerError::invalid(
+                "detail",
+                "required with RECONCILIATION_REQUIRED: the operator needs to know why \
+                 the executor could not tell",
+            ));
+        }
         self.apply(
             effect_key,
             expected,
@@ -261,11 +401,16 @@ impl LedgerStore {
             .into_entry()
     }
 
-    /// Lists unresolved entries (PREPARED, DISPATCHED, OUTCOME_UNKNOWN), oldest first,
-    /// optionally of one invocation. `page_size` 0 means [`DEFAULT_PAGE_SIZE`]; larger
-    /// than [`MAX_PAGE_SIZE`] is capped. `page_token` is the previous page's
-    /// `next_page_token`; it is a cursor, so entries resolved between pages do not
-    /// shift later pages.
+    /// Lists unresolved entries (PREPARED, DISPATCHED, OUTCOME_UNKNOWN,
+    /// RECONCILIATION_REQUIRED), oldest first, optionally of one invocation. `page_size`
+    /// 0 means [`DEFAULT_PAGE_SIZE`]; larger than [`MAX_PAGE_SIZE`] is capped.
+    /// `page_token` is the previous page's `next_page_token`; it is a cursor, so entries
+    /// resolved between pages do not shift later pages.
+    ///
+    /// On PostgreSQL, an entry prepared *while* a listing pages through may be missed by
+    /// that listing (sequence numbers are handed out before commit, so one can commit
+    /// behind the cursor); it shows in the next listing. A resuming worker is not
+    /// affected: it holds its invocation's lease, so nothing else prepares for it.
     pub async fn list_unresolved(
         &self,
         invocation_id: Option<&str>,
@@ -286,36 +431,29 @@ impl LedgerStore {
         // One extra row tells whether another page follows.
         let limit = i64::from(size) + 1;
         let mut rows: Vec<Row> = match invocation_id {
-            Some(invocation_id) => {
-                sqlx::query_as(
-                    "SELECT seq, effect_key, invocation_id, call_id, tool, state, attempt, \
-                            receipt, detail, created_at_ms, updated_at_ms \
-                     FROM effects \
-                     WHERE invocation_id = ?1 \
-                       AND state IN ('PREPARED', 'DISPATCHED', 'OUTCOME_UNKNOWN') \
-                       AND seq > ?2 \
-                     ORDER BY seq LIMIT ?3",
-                )
-                .bind(invocation_id)
-                .bind(after)
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await?
-            }
-            None => {
-                sqlx::query_as(
-                    "SELECT seq, effect_key, invocation_id, call_id, tool, state, attempt, \
-                            receipt, detail, created_at_ms, updated_at_ms \
-                     FROM effects \
-                     WHERE state IN ('PREPARED', 'DISPATCHED', 'OUTCOME_UNKNOWN') \
-                       AND seq > ?1 \
-                     ORDER BY seq LIMIT ?2",
-                )
-                .bind(after)
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await?
-            }
+            Some(invocation_id) => on_pool!(self, |pool| sqlx::query_as(concat!(
+                "SELECT ",
+                columns!(),
+                " FROM effects WHERE invocation_id = $1 AND state IN ",
+                unresolved_states!(),
+                " AND seq > $2 ORDER BY seq LIMIT $3"
+            ))
+            .bind(invocation_id)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?),
+            None => on_pool!(self, |pool| sqlx::query_as(concat!(
+                "SELECT ",
+                columns!(),
+                " FROM effects WHERE state IN ",
+                unresolved_states!(),
+                " AND seq > $1 ORDER BY seq LIMIT $2"
+            ))
+            .bind(after)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?),
         };
         let more = rows.len() > size as usize;
         rows.truncate(size as usize);
@@ -334,14 +472,14 @@ impl LedgerStore {
     }
 
     async fn find(&self, effect_key: &str) -> Result<Option<Row>, LedgerError> {
-        Ok(sqlx::query_as(
-            "SELECT seq, effect_key, invocation_id, call_id, tool, state, attempt, \
-                    receipt, detail, created_at_ms, updated_at_ms \
-             FROM effects WHERE effect_key = ?1",
-        )
+        Ok(on_pool!(self, |pool| sqlx::query_as(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM effects WHERE effect_key = $1"
+        ))
         .bind(effect_key)
-        .fetch_optional(&self.pool)
-        .await?)
+        .fetch_optional(pool)
+        .await?))
     }
 
     /// Decides with the pure state machine, then writes with a compare-and-set on the
@@ -362,23 +500,24 @@ impl LedgerStore {
                 source,
             }
         })?;
-        let updated: Option<Row> = sqlx::query_as(
+        let updated_at = now_ms().max(system_time_ms(current.updated_at));
+        let updated: Option<Row> = on_pool!(self, |pool| sqlx::query_as(concat!(
             "UPDATE effects \
-             SET state = ?1, attempt = attempt + ?2, receipt = ?3, detail = ?4, updated_at_ms = ?5 \
-             WHERE effect_key = ?6 AND state = ?7 AND attempt = ?8 \
-             RETURNING seq, effect_key, invocation_id, call_id, tool, state, attempt, \
-                       receipt, detail, created_at_ms, updated_at_ms",
-        )
+             SET state = $1, attempt = attempt + $2, receipt = $3, detail = $4, updated_at_ms = $5 \
+             WHERE effect_key = $6 AND state = $7 AND attempt = $8 \
+             RETURNING ",
+            columns!()
+        ))
         .bind(step.next.as_str())
         .bind(i64::from(step.increments_attempt))
         .bind(receipt)
         .bind(detail)
-        .bind(now_ms().max(system_time_ms(current.updated_at)))
+        .bind(updated_at)
         .bind(effect_key)
         .bind(current.state.as_str())
         .bind(i64::from(current.attempt))
-        .fetch_optional(&self.pool)
-        .await?;
+        .fetch_optional(pool)
+        .await?);
         match updated {
             Some(row) => row.into_entry(),
             None => {
@@ -493,6 +632,29 @@ mod tests {
                 ),
                 "{bad:?}"
             );
+        }
+    }
+
+    #[test]
+    fn the_unresolved_sql_list_is_the_unresolved_states_and_the_index_predicate() {
+        let listed: Vec<&str> = unresolved_states!()
+            .trim_matches(['(', ')'])
+            .split(", ")
+            .map(|name| name.trim_matches('\''))
+            .collect();
+        let unresolved: Vec<&str> = EffectState::ALL
+            .into_iter()
+            .filter(|state| state.is_unresolved())
+            .map(EffectState::as_str)
+            .collect();
+        assert_eq!(listed, unresolved);
+        // The partial indexes only serve ListUnresolved if their predicate is the same.
+        let predicate = concat!("WHERE state IN ", unresolved_states!());
+        for schema in [
+            include_str!("../migrations/sqlite/0002_reconciliation_required.sql"),
+            include_str!("../migrations/postgres/0001_effects.sql"),
+        ] {
+            assert_eq!(schema.matches(predicate).count(), 2, "{schema}");
         }
     }
 

@@ -1,4 +1,5 @@
-//! The ledger over real gRPC on 127.0.0.1 port 0, through `agentloop_ledger::run`.
+//! The ledger over real gRPC on 127.0.0.1 port 0, through `agentloop_ledger::run`, on
+//! the SQLite file of its data directory or on PostgreSQL when `database_url` is set.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -8,12 +9,13 @@
 
 use std::net::SocketAddr;
 
-use agentloop_ledger::{LedgerConfig, effect_key};
+use agentloop_ledger::{LedgerConfig, LedgerStore, StoreOptions, effect_key};
 use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
 use agentloop_proto::v1::{
     EffectState, GetRequest, ListUnresolvedRequest, MarkDispatchedRequest, PrepareRequest,
     RecordRequest,
 };
+use agentloop_store::testing::PostgresServer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tonic::Code;
@@ -27,11 +29,18 @@ struct Ledger {
 }
 
 async fn start() -> Ledger {
+    start_with(None).await
+}
+
+/// A ledger on a fresh data directory, or on `database_url` when given.
+async fn start_with(database_url: Option<String>) -> Ledger {
     let dir = tempfile::tempdir().unwrap();
     let config = LedgerConfig {
         data_dir: dir.path().join("data"),
+        database_url,
         ..LedgerConfig::default()
     };
+    config.validate().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
@@ -320,4 +329,149 @@ async fn list_unresolved_pages_through_grpc() {
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     ledger.stop().await;
+}
+
+fn record(key: &str, expected: EffectState, state: EffectState, detail: &str) -> RecordRequest {
+    RecordRequest {
+        effect_key: key.into(),
+        expected_state: expected as i32,
+        state: state as i32,
+        receipt: String::new(),
+        detail: detail.into(),
+    }
+}
+
+/// The whole operator path over the wire: a reconcile that cannot tell flags the effect,
+/// ListUnresolved shows it with the reason, and only a guarded Record settles it.
+async fn reconciliation_required_is_listed_until_an_operator_settles_it(ledger: &mut Ledger) {
+    let request = prepare("inv-op", "call-1");
+    let key = request.effect_key.clone();
+    ledger.client.prepare(request).await.unwrap();
+    ledger
+        .client
+        .mark_dispatched(MarkDispatchedRequest {
+            effect_key: key.clone(),
+            expected_state: EffectState::Prepared as i32,
+        })
+        .await
+        .unwrap();
+    ledger
+        .client
+        .record(record(
+            &key,
+            EffectState::Dispatched,
+            EffectState::OutcomeUnknown,
+            "deadline",
+        ))
+        .await
+        .unwrap();
+
+    let status = ledger
+        .client
+        .record(record(
+            &key,
+            EffectState::OutcomeUnknown,
+            EffectState::ReconciliationRequired,
+            "",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("detail"), "{status:?}");
+
+    let flagged = ledger
+        .client
+        .record(record(
+            &key,
+            EffectState::OutcomeUnknown,
+            EffectState::ReconciliationRequired,
+            "executor cannot tell",
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .entry
+        .unwrap();
+    assert_eq!(flagged.state, EffectState::ReconciliationRequired as i32);
+
+    let listed = ledger
+        .client
+        .list_unresolved(ListUnresolvedRequest {
+            invocation_id: "inv-op".into(),
+            ..ListUnresolvedRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.entries, std::slice::from_ref(&flagged));
+    assert_eq!(listed.entries[0].detail, "executor cannot tell");
+
+    let status = ledger
+        .client
+        .mark_dispatched(MarkDispatchedRequest {
+            effect_key: key.clone(),
+            expected_state: EffectState::ReconciliationRequired as i32,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(
+        status
+            .message()
+            .contains("illegal transition from RECONCILIATION_REQUIRED to DISPATCHED"),
+        "{status:?}"
+    );
+
+    let settled = ledger
+        .client
+        .record(record(
+            &key,
+            EffectState::ReconciliationRequired,
+            EffectState::Rejected,
+            "operator: not in the CRM",
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .entry
+        .unwrap();
+    assert_eq!(settled.state, EffectState::Rejected as i32);
+    let listed = ledger
+        .client
+        .list_unresolved(ListUnresolvedRequest {
+            invocation_id: "inv-op".into(),
+            ..ListUnresolvedRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.entries.is_empty());
+}
+
+#[tokio::test]
+async fn reconciliation_required_over_grpc_on_sqlite() {
+    let mut ledger = start().await;
+    reconciliation_required_is_listed_until_an_operator_settles_it(&mut ledger).await;
+    ledger.stop().await;
+}
+
+#[tokio::test]
+async fn database_url_serves_the_ledger_from_postgres() {
+    let Some(server) =
+        PostgresServer::for_test("database_url_serves_the_ledger_from_postgres").await
+    else {
+        return;
+    };
+    let database = server.create_database().await.unwrap();
+    let mut ledger = start_with(Some(database.url().to_owned())).await;
+    reconciliation_required_is_listed_until_an_operator_settles_it(&mut ledger).await;
+    ledger.stop().await;
+
+    // The entries are in PostgreSQL, not in the (unused) data directory.
+    let store = LedgerStore::connect_postgres(database.url(), &StoreOptions::default())
+        .await
+        .unwrap();
+    let entry = store.get(&effect_key("inv-op", "call-1")).await.unwrap();
+    assert_eq!(entry.state, agentloop_ledger::EffectState::Rejected);
+    store.close().await;
 }

@@ -4,7 +4,7 @@
 use std::num::NonZeroU32;
 use std::path::PathBuf;
 
-use agentloop_engine::{DecisionBounds, Limits, UnixMillis};
+use agentloop_engine::{DecisionBounds, Limits, MicroUsd, UnixMillis};
 use serde::{Deserialize, Serialize};
 
 /// Everything the orchestrator can be told.
@@ -13,18 +13,25 @@ use serde::{Deserialize, Serialize};
 pub struct OrchestratorConfig {
     /// Address to serve gRPC on.
     pub listen: String,
-    /// Where the embedded event store keeps its files.
+    /// Where the embedded event store keeps its files (unused with `database_url`).
     pub data_dir: PathBuf,
+    /// A PostgreSQL event store (`postgres://…`) shared by several orchestrator
+    /// processes; unset for the embedded SQLite store in `data_dir`.
+    pub database_url: Option<String>,
     /// The decision service.
     pub decision_endpoint: String,
     /// The policy service.
     pub policy_endpoint: String,
     /// The tool gateway.
     pub tools_endpoint: String,
+    /// The effect ledger.
+    pub ledger_endpoint: String,
     /// The default profile's budgets.
     pub limits: LimitsConfig,
     /// Bounds on requests.
     pub bounds: RequestBounds,
+    /// How this process shares invocations with other orchestrator processes.
+    pub workers: WorkersConfig,
 }
 
 impl Default for OrchestratorConfig {
@@ -35,8 +42,11 @@ impl Default for OrchestratorConfig {
             decision_endpoint: "http://127.0.0.1:50052".into(),
             policy_endpoint: "http://127.0.0.1:50053".into(),
             tools_endpoint: "http://127.0.0.1:50054".into(),
+            ledger_endpoint: "http://127.0.0.1:50055".into(),
+            database_url: None,
             limits: LimitsConfig::default(),
             bounds: RequestBounds::default(),
+            workers: WorkersConfig::default(),
         }
     }
 }
@@ -51,6 +61,10 @@ pub struct LimitsConfig {
     pub max_tool_calls: u32,
     /// Most tokens; unset for none.
     pub max_tokens: Option<u64>,
+    /// Most money the model calls may cost, in millionths of a US dollar; unset for none.
+    /// It needs priced models (the decision service's `prices`): an unpriced decision
+    /// under a cost budget ends the invocation with `model_error`.
+    pub max_cost_micro_usd: Option<u64>,
     /// Times in a row the same plan may run; 0 turns the repeat check off.
     pub max_repeated_plan: u32,
     /// Wall-clock budget in milliseconds; unset for none.
@@ -73,6 +87,7 @@ impl Default for LimitsConfig {
             max_steps: engine.max_steps,
             max_tool_calls: engine.max_tool_calls,
             max_tokens: engine.max_tokens,
+            max_cost_micro_usd: engine.max_cost.map(|max| max.0),
             max_repeated_plan: engine.max_repeated_plan.map_or(0, NonZeroU32::get),
             deadline_ms: None,
             decision_repairs: engine.decision_repairs,
@@ -90,11 +105,48 @@ impl LimitsConfig {
             max_steps: self.max_steps,
             max_tool_calls: self.max_tool_calls,
             max_tokens: self.max_tokens,
+            max_cost: self.max_cost_micro_usd.map(MicroUsd),
             max_repeated_plan: NonZeroU32::new(self.max_repeated_plan),
             deadline: self.deadline_ms.map(|ms| started.saturating_add(ms)),
             decision_repairs: self.decision_repairs,
             verification_repairs: self.verification_repairs,
             bounds: DecisionBounds::default(),
+        }
+    }
+}
+
+/// Worker leases: each running invocation is run by the one orchestrator process that holds
+/// its lease.
+///
+/// The TTL bounds how long an invocation waits after its worker dies (kill -9, power, a
+/// partition) before another takes it over: takeover comes at most `lease_ttl_ms +
+/// sweep_every_ms` after the last renewal. Renewals run every third of the TTL, so one
+/// renewal may fail (a Redis failover, a long pause) without the lease lapsing. 10 s keeps
+/// a dead worker's invocations waiting about 10 s while tolerating multi-second Redis or
+/// scheduler hiccups without handing live work over; lower it where faster takeover
+/// matters more than tolerance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkersConfig {
+    /// The Redis shared by the orchestrator processes (`redis://host:port/db`); unset for
+    /// in-process leases (one orchestrator process, the embedded default).
+    pub redis_url: Option<String>,
+    /// This worker's name in leases; unset for a fresh random one per process start.
+    pub worker_id: Option<String>,
+    /// Lease time-to-live, in milliseconds.
+    pub lease_ttl_ms: u64,
+    /// How often the store is swept for running invocations nobody holds, in milliseconds
+    /// (only with `redis_url`: a lone process orphans nothing while it lives).
+    pub sweep_every_ms: u64,
+}
+
+impl Default for WorkersConfig {
+    fn default() -> Self {
+        WorkersConfig {
+            redis_url: None,
+            worker_id: None,
+            lease_ttl_ms: 10_000,
+            sweep_every_ms: 2_000,
         }
     }
 }
@@ -145,6 +197,23 @@ impl OrchestratorConfig {
         if self.limits.tool_timeout_ms == 0 {
             return Err("limits.tool_timeout_ms must be at least 1".into());
         }
+        if self.workers.lease_ttl_ms < 30 {
+            return Err("workers.lease_ttl_ms must be at least 30".into());
+        }
+        if self.workers.sweep_every_ms == 0 {
+            return Err("workers.sweep_every_ms must be at least 1".into());
+        }
+        if let Some(url) = &self.database_url
+            && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+        {
+            // Not echoed: it may hold a password.
+            return Err("database_url must be a postgres:// URL".into());
+        }
+        if let Some(url) = &self.workers.redis_url
+            && !(url.starts_with("redis://") || url.starts_with("rediss://"))
+        {
+            return Err("workers.redis_url must be a redis:// or rediss:// URL".into());
+        }
         if self.bounds.max_running == 0 {
             return Err("bounds.max_running must be at least 1".into());
         }
@@ -152,6 +221,7 @@ impl OrchestratorConfig {
             ("decision_endpoint", &self.decision_endpoint),
             ("policy_endpoint", &self.policy_endpoint),
             ("tools_endpoint", &self.tools_endpoint),
+            ("ledger_endpoint", &self.ledger_endpoint),
         ] {
             if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
                 return Err(format!(

@@ -1,5 +1,6 @@
 //! The orchestrator's errors and their one mapping to gRPC status codes.
 
+use agentloop_lease::LeaseError;
 use agentloop_store::StoreError;
 use tonic::{Code, Status};
 
@@ -30,6 +31,9 @@ pub enum OrchestratorError {
     /// The event store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The lease backend failed.
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
 }
 
 impl From<OrchestratorError> for Status {
@@ -53,6 +57,13 @@ impl From<OrchestratorError> for Status {
                 | StoreError::Database(_)
                 | StoreError::Migrate(_) => Code::Internal,
             },
+            OrchestratorError::Lease(lease) => {
+                if lease.is_retryable() {
+                    Code::Unavailable
+                } else {
+                    Code::Internal
+                }
+            }
         };
         Status::new(code, error.to_string())
     }

@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 mod config;
+mod effects;
 mod error;
 mod hub;
 pub mod ports;
@@ -18,22 +19,26 @@ mod runner;
 mod service;
 mod spec;
 pub mod wire;
+mod workers;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use agentloop_engine::{Clock, Invocation, SystemClock};
+use agentloop_engine::{Clock, Input, Invocation, SystemClock};
+use agentloop_lease::{Keeper, Lease};
 use agentloop_proto::v1 as pb;
 use agentloop_store::{EventStore, InvocationRecord, InvocationState, StoreError};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use uuid::Uuid;
 
-pub use config::{LimitsConfig, OrchestratorConfig, RequestBounds};
+pub use config::{LimitsConfig, OrchestratorConfig, RequestBounds, WorkersConfig};
 pub use error::OrchestratorError;
-pub use ports::{DecisionPort, InProcess, PolicyPort, Ports, ToolsPort};
+pub use ports::{DecisionPort, InProcess, LedgerPort, PolicyPort, Ports, ToolsPort};
+pub use workers::Workers;
 
 use crate::runner::Runner;
 use crate::spec::InvocationSpec;
@@ -52,6 +57,12 @@ pub(crate) struct Shared {
     running: Mutex<HashMap<Uuid, Running>>,
     /// Every runner task; shutdown waits for them.
     tracker: TaskTracker,
+    /// Leases, hand-off and timings shared with other orchestrator processes.
+    workers: Workers,
+    /// Signalled when a runner ends, so a full worker's hand-off loop takes work again.
+    freed: Notify,
+    /// Set once the sweep and hand-off loops run.
+    started: AtomicBool,
     /// Fired on shutdown: runners stop at the next safe point (after an in-flight turn
     /// commits) and leave the invocation to be resumed.
     drain: CancellationToken,
@@ -63,6 +74,17 @@ impl Shared {
     fn forget(&self, invocation_id: Uuid) {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         running.remove(&invocation_id);
+        drop(running);
+        self.freed.notify_waiters();
+    }
+
+    fn runs(&self, invocation_id: Uuid) -> bool {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        running.contains_key(&invocation_id)
+    }
+
+    fn is_full(&self) -> bool {
+        self.running_count() >= self.config.bounds.max_running
     }
 
     fn running_count(&self) -> usize {
@@ -70,11 +92,6 @@ impl Shared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
-    }
-
-    fn cancel_token(&self, invocation_id: Uuid) -> Option<CancellationToken> {
-        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        running.get(&invocation_id).map(|r| r.cancel.clone())
     }
 
     /// Live progress of an invocation this process runs.
@@ -130,8 +147,8 @@ impl Shared {
 }
 
 /// Serves `orchestrator` on `listener` until `shutdown` resolves, then drains: new
-/// invocations are refused, in-flight turns commit, running invocations park (they
-/// resume on the next start) and in-flight RPCs finish.
+/// invocations are refused, in-flight turns commit, running invocations park (they are
+/// handed off to another worker, or resume on the next start) and in-flight RPCs finish.
 pub async fn run(
     listener: tokio::net::TcpListener,
     orchestrator: Orchestrator,
@@ -147,7 +164,6 @@ pub async fn run(
 
 /// What the process keeps of an invocation it runs.
 struct Running {
-    cancel: CancellationToken,
     progress: Arc<Progress>,
 }
 
@@ -161,6 +177,21 @@ pub(crate) struct Progress {
     pub(crate) in_flight: AtomicU32,
 }
 
+/// What [`Orchestrator::adopt`] did with an invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Adopted {
+    /// This worker now runs it.
+    Started,
+    /// It already runs here.
+    Here,
+    /// Another worker holds its lease (or a newer epoch committed).
+    Elsewhere,
+    /// It has ended.
+    Ended,
+    /// This worker runs as many invocations as it may.
+    Full,
+}
+
 /// An orchestrator: cheap to clone, one per process.
 #[derive(Clone)]
 pub struct Orchestrator {
@@ -170,28 +201,30 @@ pub struct Orchestrator {
 impl std::fmt::Debug for Orchestrator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Orchestrator")
+            .field("worker", &self.shared.workers.id)
             .field("running", &self.shared.running_count())
             .finish_non_exhaustive()
     }
 }
 
 impl Orchestrator {
-    /// An orchestrator over `store` and `ports`. Call [`Orchestrator::resume`] to pick up
-    /// invocations a previous process left running.
+    /// An orchestrator over `store` and `ports` with in-process leases (one orchestrator
+    /// process). Call [`Orchestrator::resume`] to pick up invocations left running.
     pub fn new(
         config: OrchestratorConfig,
         store: Arc<dyn EventStore>,
         ports: Ports,
     ) -> Orchestrator {
-        Orchestrator::with_clock(config, store, ports, Arc::new(SystemClock))
+        let workers = Workers::in_process(&config.workers);
+        Orchestrator::with_workers(config, store, ports, workers)
     }
 
-    /// Like [`Orchestrator::new`] with an injected clock.
-    pub fn with_clock(
+    /// An orchestrator that shares invocations with other processes through `workers`.
+    pub fn with_workers(
         config: OrchestratorConfig,
         store: Arc<dyn EventStore>,
         ports: Ports,
-        clock: Arc<dyn Clock>,
+        workers: Workers,
     ) -> Orchestrator {
         Orchestrator {
             shared: Arc::new(Shared {
@@ -199,30 +232,45 @@ impl Orchestrator {
                 store,
                 ports,
                 hub: hub::Hub::default(),
-                clock,
+                clock: Arc::new(SystemClock),
                 running: Mutex::new(HashMap::new()),
                 tracker: TaskTracker::new(),
                 drain: CancellationToken::new(),
                 descriptors: RwLock::new(None),
+                workers,
+                freed: Notify::new(),
+                started: AtomicBool::new(false),
             }),
         }
     }
 
-    /// Resumes every invocation the store says is running, from its last committed event.
-    /// Returns how many were resumed.
+    /// This worker's name in leases.
+    pub fn worker_id(&self) -> &str {
+        &self.shared.workers.id
+    }
+
+    /// Takes up every running invocation nobody holds (one sweep of the store), then,
+    /// when other processes share the leases, starts the periodic orphan sweep and the
+    /// hand-off loop, which run until shutdown.
+    /// Returns how many invocations the first sweep took up.
+    ///
+    /// A lease backend that is down does not fail it (the periodic sweep takes the
+    /// invocations up once it is back); an event store that cannot be read does.
     pub async fn resume(&self) -> Result<usize, OrchestratorError> {
-        let limit = u32::try_from(self.shared.config.bounds.max_running).unwrap_or(u32::MAX);
-        let ids = self.shared.store.running(limit).await?;
-        let mut resumed = 0;
-        for id in ids {
-            let record = self.shared.store.get(id).await?;
-            match self.launch(&record).await {
-                Ok(()) => resumed += 1,
-                Err(error) => warn!(invocation = %id, %error, "could not resume"),
+        let resumed = match self.sweep().await {
+            Ok(resumed) => resumed,
+            Err(OrchestratorError::Lease(error)) => {
+                warn!(%error, "leases unavailable at start; the sweep retries");
+                0
             }
-        }
+            Err(error) => return Err(error),
+        };
         if resumed > 0 {
             info!(resumed, "resumed running invocations");
+        }
+        if self.shared.workers.shared && !self.shared.started.swap(true, Ordering::SeqCst) {
+            self.shared.tracker.spawn(self.clone().sweep_loop());
+            self.shared.tracker.spawn(self.clone().handoff_loop());
         }
         Ok(resumed)
     }
@@ -235,19 +283,196 @@ impl Orchestrator {
     }
 
     /// Graceful shutdown: refuse new invocations, let in-flight turns commit, wait for
-    /// every runner to park or finish. Parked invocations resume on the next start.
+    /// every runner to park or finish. Parked invocations are released and handed off,
+    /// so another worker continues them at once (or this one on its next start).
     pub async fn shutdown(&self) {
         self.shared.drain.cancel();
         self.shared.tracker.close();
         self.shared.tracker.wait().await;
     }
 
-    /// Starts a runner for a stored, running invocation: restores the engine from the log.
-    async fn launch(&self, record: &InvocationRecord) -> Result<(), OrchestratorError> {
-        let id = record.invocation_id;
-        if record.state == InvocationState::Ended {
-            return Ok(());
+    /// One pass over the store's running invocations, adopting those nobody holds while
+    /// this worker has room. Returns how many it adopted.
+    async fn sweep(&self) -> Result<usize, OrchestratorError> {
+        let mut adopted = 0;
+        let mut after = None;
+        while !self.shared.drain.is_cancelled() {
+            let page = self
+                .shared
+                .store
+                .running(after, workers::SWEEP_PAGE)
+                .await?;
+            for &id in &page {
+                match self.adopt(id).await {
+                    Ok(Adopted::Started) => adopted += 1,
+                    Ok(Adopted::Full) => return Ok(adopted),
+                    Ok(Adopted::Here | Adopted::Elsewhere | Adopted::Ended) => {}
+                    // The backend is down: every other acquisition would wait out its
+                    // timeout too. The next sweep tries again.
+                    Err(error @ OrchestratorError::Lease(_)) => return Err(error),
+                    Err(error) => warn!(invocation = %id, %error, "sweep could not adopt"),
+                }
+            }
+            match page.last() {
+                Some(&last) if page.len() == workers::SWEEP_PAGE as usize => after = Some(last),
+                _ => break,
+            }
         }
+        Ok(adopted)
+    }
+
+    async fn sweep_loop(self) {
+        let mut every = tokio::time::interval(self.shared.workers.sweep_every);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick is immediate; `resume` just swept.
+        every.tick().await;
+        loop {
+            tokio::select! {
+                () = self.shared.drain.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            if let Err(error) = self.sweep().await {
+                warn!(%error, "orphan sweep failed");
+            }
+        }
+    }
+
+    /// Takes handed-off invocations while this worker has room.
+    async fn handoff_loop(self) {
+        let shared = &self.shared;
+        loop {
+            let freed = shared.freed.notified();
+            if shared.is_full() {
+                tokio::select! {
+                    () = shared.drain.cancelled() => return,
+                    () = freed => continue,
+                }
+            }
+            // Not raced against the drain: a Redis `BRPOP` that is dropped mid-wait still
+            // pops the next key on the server, and the key would be lost. The take ends
+            // within its wait bound; a key taken after the drain began goes back.
+            let taken = shared.workers.handoff.take().await;
+            if shared.drain.is_cancelled() {
+                if let Ok(Some(key)) = taken {
+                    self.hand_back(&key).await;
+                }
+                return;
+            }
+            match taken {
+                Ok(Some(key)) => match Uuid::parse_str(&key) {
+                    Ok(id) => match self.adopt(id).await {
+                        // Another worker may have room, or this one after its drain.
+                        Ok(Adopted::Full) => self.hand_back(&key).await,
+                        Ok(Adopted::Elsewhere) if shared.drain.is_cancelled() => {
+                            self.hand_back(&key).await;
+                        }
+                        Ok(adopted) => debug!(invocation = %id, ?adopted, "hand-off taken"),
+                        Err(error) => warn!(invocation = %id, %error, "could not adopt a hand-off"),
+                    },
+                    Err(_) => warn!(key, "ignoring a hand-off that is not an invocation ID"),
+                },
+                Ok(None) => {}
+                Err(error) => {
+                    warn!(%error, "the hand-off queue failed; the sweep still finds orphans");
+                    tokio::select! {
+                        () = shared.drain.cancelled() => return,
+                        () = tokio::time::sleep(workers::RETRY_PAUSE) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Offers a taken key again, for a worker that can run it.
+    async fn hand_back(&self, key: &str) {
+        if let Err(error) = self.shared.workers.handoff.offer(key).await {
+            warn!(key, %error, "could not hand a key back; the sweep finds it");
+        }
+    }
+
+    /// Takes over a stored invocation if nobody holds it: acquire its lease, claim the
+    /// lease's epoch in the store (from then on the previous holder cannot commit), and
+    /// run it from its last committed event.
+    pub(crate) async fn adopt(&self, id: Uuid) -> Result<Adopted, OrchestratorError> {
+        let shared = &self.shared;
+        if shared.runs(id) {
+            return Ok(Adopted::Here);
+        }
+        if shared.is_full() {
+            return Ok(Adopted::Full);
+        }
+        if shared.drain.is_cancelled() {
+            return Ok(Adopted::Elsewhere);
+        }
+        let workers = &shared.workers;
+        let Some(lease) = workers
+            .leases
+            .acquire(&id.to_string(), &workers.id, workers.ttl)
+            .await?
+        else {
+            return Ok(Adopted::Elsewhere);
+        };
+        let record = match shared.store.claim(id, lease.epoch).await {
+            Ok(record) if record.state == InvocationState::Running => record,
+            Ok(_ended) => {
+                self.let_go(&lease).await;
+                return Ok(Adopted::Ended);
+            }
+            Err(StoreError::StaleEpoch { .. }) => {
+                self.let_go(&lease).await;
+                return Ok(Adopted::Elsewhere);
+            }
+            Err(error) => {
+                self.let_go(&lease).await;
+                return Err(error.into());
+            }
+        };
+        if let Err(error) = self.launch(&record, lease.clone()).await {
+            self.let_go(&lease).await;
+            return Err(error);
+        }
+        Ok(Adopted::Started)
+    }
+
+    /// Releases a lease this worker will not use, so nobody waits out its TTL.
+    async fn let_go(&self, lease: &Lease) {
+        if let Err(error) = self.shared.workers.leases.release(lease).await {
+            debug!(key = %lease.key, %error, "lease left to expire");
+        }
+    }
+
+    /// Runs an invocation `StartInvocation` just stored. Its lease cannot be held by
+    /// anyone yet (a sweep that saw the new row may race us for it: then that worker runs
+    /// it). A lease backend that is down leaves it stored and running, for a sweep to
+    /// start once the backend is back; the error says so.
+    pub(crate) async fn start_new(
+        &self,
+        record: &InvocationRecord,
+        spec: InvocationSpec,
+    ) -> Result<(), OrchestratorError> {
+        let workers = &self.shared.workers;
+        let id = record.invocation_id;
+        let Some(lease) = workers
+            .leases
+            .acquire(&id.to_string(), &workers.id, workers.ttl)
+            .await?
+        else {
+            return Ok(());
+        };
+        // Nothing is committed yet: no log to read back.
+        let engine = Invocation::new(spec.limits, spec.catalog());
+        self.spawn_runner(id, spec, engine, VecDeque::new(), lease, false)
+            .await
+    }
+
+    /// Starts a runner for a stored, running invocation this worker holds the lease of:
+    /// restores the engine from the log.
+    async fn launch(
+        &self,
+        record: &InvocationRecord,
+        lease: Lease,
+    ) -> Result<(), OrchestratorError> {
+        let id = record.invocation_id;
         let spec: InvocationSpec = serde_json::from_str(&record.spec)
             .map_err(|e| StoreError::Corrupt(format!("invocation {id}: spec: {e}")))?;
         let mut events = Vec::new();
@@ -271,20 +496,30 @@ impl Orchestrator {
             .iter()
             .map(|stored| wire::event(&id_text, stored.committed_at, &stored.event))
             .collect();
-        self.spawn_runner(id, spec, engine, recent);
-        Ok(())
+        let cancel_requested = record.cancel_requested_at.is_some();
+        self.spawn_runner(id, spec, engine, recent, lease, cancel_requested)
+            .await
     }
 
-    /// Registers and starts the runner of an invocation this process now owns (a no-op
-    /// if it already runs here).
-    fn spawn_runner(
+    /// Keeps `lease` alive and starts the runner of an invocation this worker now holds.
+    async fn spawn_runner(
         &self,
         id: Uuid,
         spec: InvocationSpec,
         engine: Invocation,
         recent: VecDeque<pb::Event>,
-    ) {
-        let cancel = CancellationToken::new();
+        lease: Lease,
+        cancel_requested: bool,
+    ) -> Result<(), OrchestratorError> {
+        let workers = &self.shared.workers;
+        let lost = CancellationToken::new();
+        let keeper = Keeper::start(
+            workers.leases.clone(),
+            lease,
+            workers.keeper_config(),
+            lost.clone(),
+        )
+        .await?;
         let progress = Arc::new(Progress::default());
         {
             let mut running = self
@@ -293,12 +528,12 @@ impl Orchestrator {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             if running.contains_key(&id) {
-                return;
+                // Cannot happen (one lease, one runner); keep the running one.
+                return Ok(());
             }
             running.insert(
                 id,
                 Running {
-                    cancel: cancel.clone(),
                     progress: progress.clone(),
                 },
             );
@@ -309,10 +544,17 @@ impl Orchestrator {
             id,
             spec: Arc::new(spec),
             engine,
-            cancel,
+            keeper: Some(keeper),
+            lost,
+            first: if cancel_requested {
+                Input::Cancel
+            } else {
+                Input::Start
+            },
             recent,
             progress,
         };
         self.shared.tracker.spawn(runner.run());
+        Ok(())
     }
 }

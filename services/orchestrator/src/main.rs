@@ -1,5 +1,7 @@
-//! `agentloop-orchestrator`: serves `OrchestratorService` over the embedded SQLite event
-//! store, reaching the decision, policy and tool services over gRPC.
+//! `agentloop-orchestrator`: serves `OrchestratorService`, reaching the decision, policy
+//! and tool services over gRPC. Alone it keeps events in SQLite under `data_dir` with
+//! in-process leases; several processes share a PostgreSQL event store (`database_url`)
+//! and Redis leases (`workers.redis_url`), and any of them may die at any moment.
 //!
 //! Configuration layers: defaults -> `--config` TOML file -> `AGENTLOOP_ORCHESTRATOR_*`
 //! environment -> flags. A bad configuration exits with `EXIT_BAD_CONFIG` (78).
@@ -9,9 +11,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Ports};
+use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Ports, Workers};
 use agentloop_proto::client::{ClientConfig, connect};
-use agentloop_store::SqliteStore;
+use agentloop_store::{EventStore, PgOptions, PgStore, SqliteStore};
 use clap::Parser;
 use serde::Serialize;
 
@@ -31,10 +33,14 @@ struct Flags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     listen: Option<String>,
-    /// Directory of the event store.
+    /// Directory of the embedded event store.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     data_dir: Option<PathBuf>,
+    /// A PostgreSQL event store shared by several orchestrators (postgres://…).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    database_url: Option<String>,
     /// The decision service, e.g. http://127.0.0.1:50052.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -47,6 +53,10 @@ struct Flags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     tools_endpoint: Option<String>,
+    /// The effect ledger, e.g. http://127.0.0.1:50055.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ledger_endpoint: Option<String>,
 }
 
 fn bad_config(error: &dyn std::fmt::Display) -> ! {
@@ -81,15 +91,23 @@ async fn main() -> anyhow::Result<()> {
         channel(config.tools_endpoint.clone())
             .await
             .unwrap_or_else(|e| bad_config(&e)),
+        channel(config.ledger_endpoint.clone())
+            .await
+            .unwrap_or_else(|e| bad_config(&e)),
     );
-    let store = SqliteStore::open_in(&config.data_dir).await?;
+    let store: Arc<dyn EventStore> = match &config.database_url {
+        Some(url) => Arc::new(PgStore::connect(PgOptions::new(url.clone())).await?),
+        None => Arc::new(SqliteStore::open_in(&config.data_dir).await?),
+    };
+    let workers = Workers::from_config(&config.workers).unwrap_or_else(|e| bad_config(&e));
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .unwrap_or_else(|error| {
             bad_config(&format!("cannot listen on {}: {error}", config.listen))
         });
 
-    let orchestrator = Orchestrator::new(config.clone(), Arc::new(store), ports);
+    let orchestrator = Orchestrator::with_workers(config.clone(), store, ports, workers);
+    tracing::info!(worker = orchestrator.worker_id(), "worker started");
     orchestrator.resume().await?;
     tracing::info!(address = %config.listen, "serving OrchestratorService");
     agentloop_orchestrator::run(listener, orchestrator, agentloop_server::shutdown_signal())

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::decision_service_client::DecisionServiceClient;
 use agentloop_proto::v1::decision_service_server::DecisionService;
+use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
+use agentloop_proto::v1::effect_ledger_service_server::EffectLedgerService;
 use agentloop_proto::v1::policy_service_client::PolicyServiceClient;
 use agentloop_proto::v1::policy_service_server::PolicyService;
 use agentloop_proto::v1::tool_gateway_service_client::ToolGatewayServiceClient;
@@ -55,6 +57,20 @@ pub trait ToolsPort: Send + Sync + 'static {
     ) -> Result<pb::ToolGatewayServiceReconcileResponse, Status>;
 }
 
+/// The effect ledger: every write is recorded before it is dispatched and after.
+#[async_trait]
+pub trait LedgerPort: Send + Sync + 'static {
+    /// Records an effect before dispatch (idempotent on the effect key).
+    async fn prepare(&self, request: pb::PrepareRequest) -> Result<pb::PrepareResponse, Status>;
+    /// Records that the effect is about to be sent.
+    async fn mark_dispatched(
+        &self,
+        request: pb::MarkDispatchedRequest,
+    ) -> Result<pb::MarkDispatchedResponse, Status>;
+    /// Records an outcome.
+    async fn record(&self, request: pb::RecordRequest) -> Result<pb::RecordResponse, Status>;
+}
+
 /// The ports one orchestrator uses.
 #[derive(Clone)]
 pub struct Ports {
@@ -64,6 +80,8 @@ pub struct Ports {
     pub policy: Arc<dyn PolicyPort>,
     /// The tool gateway.
     pub tools: Arc<dyn ToolsPort>,
+    /// The effect ledger.
+    pub ledger: Arc<dyn LedgerPort>,
 }
 
 impl std::fmt::Debug for Ports {
@@ -74,11 +92,12 @@ impl std::fmt::Debug for Ports {
 
 impl Ports {
     /// Ports over gRPC channels (the distributed deployment).
-    pub fn grpc(decision: Channel, policy: Channel, tools: Channel) -> Ports {
+    pub fn grpc(decision: Channel, policy: Channel, tools: Channel, ledger: Channel) -> Ports {
         Ports {
             decision: Arc::new(agentloop_proto::client::decision(decision)),
             policy: Arc::new(agentloop_proto::client::policy(policy)),
             tools: Arc::new(agentloop_proto::client::tool_gateway(tools)),
+            ledger: Arc::new(agentloop_proto::client::effect_ledger(ledger)),
         }
     }
 }
@@ -205,6 +224,57 @@ impl<S: ToolGatewayService> ToolsPort for InProcess<S> {
     ) -> Result<pb::ToolGatewayServiceReconcileResponse, Status> {
         self.0
             .reconcile(Request::new(request))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+}
+
+#[async_trait]
+impl LedgerPort for EffectLedgerServiceClient<Channel> {
+    async fn prepare(&self, request: pb::PrepareRequest) -> Result<pb::PrepareResponse, Status> {
+        EffectLedgerServiceClient::prepare(&mut self.clone(), request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn mark_dispatched(
+        &self,
+        request: pb::MarkDispatchedRequest,
+    ) -> Result<pb::MarkDispatchedResponse, Status> {
+        EffectLedgerServiceClient::mark_dispatched(&mut self.clone(), request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn record(&self, request: pb::RecordRequest) -> Result<pb::RecordResponse, Status> {
+        EffectLedgerServiceClient::record(&mut self.clone(), request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+}
+
+#[async_trait]
+impl<S: EffectLedgerService> LedgerPort for InProcess<S> {
+    async fn prepare(&self, request: pb::PrepareRequest) -> Result<pb::PrepareResponse, Status> {
+        self.0
+            .prepare(Request::new(request))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn mark_dispatched(
+        &self,
+        request: pb::MarkDispatchedRequest,
+    ) -> Result<pb::MarkDispatchedResponse, Status> {
+        self.0
+            .mark_dispatched(Request::new(request))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn record(&self, request: pb::RecordRequest) -> Result<pb::RecordResponse, Status> {
+        self.0
+            .record(Request::new(request))
             .await
             .map(tonic::Response::into_inner)
     }

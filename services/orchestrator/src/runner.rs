@@ -4,6 +4,13 @@
 //! Every in-flight operation is a task in a `JoinSet` owned by the runner that reports
 //! back over a bounded channel; when the invocation ends, the set is dropped and whatever
 //! still runs is aborted, which drops its RPC, which cancels it at the far end.
+//!
+//! The runner holds the invocation's lease through a [`Keeper`], and every commit carries
+//! the lease's epoch. When the lease goes, the running calls are cancelled at once. A
+//! revoked lease means a caller asked to cancel (`CancelInvocation` records the request,
+//! then revokes): the runner takes the lease again and ends the invocation `cancelled`,
+//! committing what the interrupted calls did. A lease lost any other way (renewals failed,
+//! another worker took over) stops the runner without committing anything more.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -11,14 +18,14 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use agentloop_engine::{
-    Action, CallId, CallOutcome, ErrorType, Event, EventBody, ExecutionPlan, Input, Invocation,
-    NextAction, Outcome, ToolCall, ToolError, Totals, UnixMillis, Verdict, Verification,
+    Action, CallId, CallOutcome, Event, EventBody, ExecutionPlan, Input, Invocation, Outcome,
+    SideEffect, ToolCall, Totals, UnixMillis, Verdict, Verification,
 };
+use agentloop_lease::{Keeper, KeeperExit};
 use agentloop_proto::v1 as pb;
-use agentloop_store::Append;
+use agentloop_store::{Append, StoreError};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -26,54 +33,88 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use crate::spec::{InvocationSpec, ToolEntry};
-use crate::wire;
 use crate::{Progress, Shared};
+use crate::{effects, wire};
 
 /// Committed events kept to show the model (bounded context; older turns are in the log).
 pub(crate) const HISTORY: usize = 16;
 /// Inputs waiting for the runner: a batch's results plus a few answers.
 const INPUT_BOUND: usize = 64;
-/// The lease epoch of the embedded deployment, where one process owns every invocation.
-/// Distributed leases replace it with the epoch of a real lease.
-const EMBEDDED_EPOCH: u64 = 1;
 
 pub(crate) struct Runner {
     pub(crate) shared: Arc<Shared>,
     pub(crate) id: Uuid,
     pub(crate) spec: Arc<InvocationSpec>,
     pub(crate) engine: Invocation,
-    pub(crate) cancel: CancellationToken,
+    /// Keeps the lease; `None` only while it is being replaced after a revocation.
+    pub(crate) keeper: Option<Keeper>,
+    /// Fired by the keeper when the lease is revoked or lost.
+    pub(crate) lost: CancellationToken,
+    /// The first input: `Start`, or `Cancel` when a cancel request is on record.
+    pub(crate) first: Input,
     pub(crate) recent: VecDeque<pb::Event>,
     pub(crate) progress: Arc<Progress>,
 }
 
 impl Runner {
-    /// Runs to the end, or until the orchestrator drains (the invocation stays running in
-    /// the store and resumes from its last committed event on the next start).
+    /// Runs to the end, until the orchestrator drains (the invocation stays running in
+    /// the store; it is handed off to another worker, or resumes on the next start), or
+    /// until the lease is lost (whoever holds it now continues).
     pub(crate) async fn run(mut self) {
-        let outcome = self.drive().await;
+        let exit = self.drive().await;
         self.shared.hub.close(self.id);
-        self.shared.forget(self.id);
-        match outcome {
-            Some(outcome) => info!(
-                invocation = %self.id,
-                reason = %outcome.reason,
-                steps = outcome.totals.steps,
-                tool_calls = outcome.totals.tool_calls,
-                "invocation ended"
-            ),
-            None => {
-                info!(invocation = %self.id, "invocation parked by shutdown; it resumes on restart")
+        let keeper = self.keeper.take();
+        match &exit {
+            Exit::Ended(outcome) => {
+                info!(
+                    invocation = %self.id,
+                    reason = %outcome.reason,
+                    steps = outcome.totals.steps,
+                    tool_calls = outcome.totals.tool_calls,
+                    "invocation ended"
+                );
+                if let Some(keeper) = keeper {
+                    let _ = keeper.release().await;
+                }
+            }
+            Exit::Parked => {
+                if let Some(keeper) = keeper {
+                    let _ = keeper.release().await;
+                }
+                match self
+                    .shared
+                    .workers
+                    .handoff
+                    .offer(&self.id.to_string())
+                    .await
+                {
+                    Ok(()) => {
+                        info!(invocation = %self.id, "invocation parked by shutdown and handed off")
+                    }
+                    Err(error) => info!(
+                        invocation = %self.id,
+                        %error,
+                        "invocation parked by shutdown; a sweep or the next start resumes it"
+                    ),
+                }
+            }
+            Exit::Lost(why) => {
+                if let Some(keeper) = keeper {
+                    let _ = keeper.stop().await;
+                }
+                warn!(invocation = %self.id, why = %why, "lease lost: stopped without committing more");
             }
         }
+        self.shared.forget(self.id);
     }
 
-    async fn drive(&mut self) -> Option<Outcome> {
+    async fn drive(&mut self) -> Exit {
         let (tx, mut rx) = mpsc::channel::<Input>(INPUT_BOUND);
         let mut tasks = JoinSet::new();
-        let mut queue = VecDeque::from([Input::Start]);
+        let first = std::mem::replace(&mut self.first, Input::Start);
+        let mut queue = VecDeque::from([first]);
         let mut batch: Option<CancellationToken> = None;
-        let mut cancel_sent = false;
+        let mut lost = self.lost.clone();
         let deadline = self
             .engine
             .limits()
@@ -90,15 +131,28 @@ impl Runner {
                 Some(input) => input,
                 None => tokio::select! {
                     biased;
-                    () = self.cancel.cancelled(), if !cancel_sent => {
-                        cancel_sent = true;
-                        Input::Cancel
+                    () = lost.cancelled() => {
+                        // Stop the running calls first: whoever runs the invocation next
+                        // must not find this worker's side effects still starting.
+                        if let Some(token) = &batch {
+                            token.cancel();
+                        }
+                        match self.regain().await {
+                            Ok(token) => {
+                                lost = token;
+                                Input::Cancel
+                            }
+                            Err(why) => {
+                                tasks.abort_all();
+                                return Exit::Lost(why);
+                            }
+                        }
                     }
                     () = sleep_until(deadline), if tick_armed => {
                         tick_armed = false;
                         Input::Tick
                     }
-                    () = self.shared.drain.cancelled(), if !executing => return None,
+                    () = self.shared.drain.cancelled(), if !executing => return Exit::Parked,
                     () = self.shared.drain.cancelled(), if executing && drain_cutoff.is_none() && !drain_cut => {
                         let timeout = Duration::from_millis(self.shared.config.limits.drain_timeout_ms);
                         drain_cutoff = Some(tokio::time::Instant::now() + timeout);
@@ -122,6 +176,9 @@ impl Runner {
                     .in_flight
                     .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
             }
+            // Finished tasks keep their output in the set until joined: reap them, so a
+            // long invocation holds only what is in flight.
+            while tasks.try_join_next().is_some() {}
             let actions = match self.engine.step(input, self.shared.clock.now()) {
                 Ok(actions) => actions,
                 Err(error) => {
@@ -134,7 +191,7 @@ impl Runner {
                 match action {
                     Action::Decide { turn } => {
                         if self.shared.drain.is_cancelled() {
-                            return None;
+                            return Exit::Parked;
                         }
                         self.progress.turn.store(turn, Relaxed);
                         tasks.spawn(self.decide(turn, tx.clone()));
@@ -143,7 +200,7 @@ impl Runner {
                         tasks.spawn(self.authorize(turn, &calls, tx.clone()));
                     }
                     Action::Execute { turn, calls, plan } => {
-                        let token = self.cancel.child_token();
+                        let token = CancellationToken::new();
                         batch = Some(token.clone());
                         executing = true;
                         let count = u32::try_from(calls.len()).unwrap_or(u32::MAX);
@@ -176,7 +233,13 @@ impl Runner {
                         totals,
                     } => {
                         let ends = events.iter().any(|e| matches!(e.body, EventBody::Ended(_)));
-                        let input = self.commit(expected_version, events, totals).await;
+                        let input = match self.commit(expected_version, events, totals).await {
+                            Ok(input) => input,
+                            Err(why) => {
+                                tasks.abort_all();
+                                return Exit::Lost(why);
+                            }
+                        };
                         executing = false;
                         batch = None;
                         self.progress.in_flight.store(0, Relaxed);
@@ -187,7 +250,7 @@ impl Runner {
                     }
                     Action::Finish(outcome) => {
                         tasks.abort_all();
-                        return Some(outcome);
+                        return Exit::Ended(outcome);
                     }
                 }
             }
@@ -301,22 +364,11 @@ impl Runner {
         calls: Vec<ToolCall>,
         tx: mpsc::Sender<Input>,
     ) -> impl Future<Output = ()> + use<> {
-        let port = self.shared.ports.tools.clone();
+        let shared = self.shared.clone();
         let id = self.id;
         async move {
             for call in calls {
-                let request = pb::ToolGatewayServiceReconcileRequest {
-                    tool: call.tool.clone(),
-                    effect_key: effect_key(id, turn, &call),
-                };
-                let call_id = call.call_id.clone();
-                let input = match port.reconcile(request).await {
-                    Ok(answer) => reconciled(call_id, answer),
-                    Err(status) => Input::ReconciliationFailed {
-                        call_id,
-                        detail: format!("{:?}: {}", status.code(), status.message()),
-                    },
-                };
+                let input = effects::reconcile(&shared, id, turn, &call).await;
                 if tx.send(input).await.is_err() {
                     return;
                 }
@@ -324,11 +376,72 @@ impl Runner {
         }
     }
 
-    async fn commit(&mut self, expected_version: u64, events: Vec<Event>, totals: Totals) -> Input {
+    /// After the keeper fired: if the lease was revoked (a cancel request), take it again
+    /// and return the new keeper's token, so the runner can end the invocation `cancelled`
+    /// under a fresh epoch. Any other loss, or another worker winning the lease first,
+    /// is `Err` with why: this runner must stop.
+    async fn regain(&mut self) -> Result<CancellationToken, String> {
+        let Some(keeper) = self.keeper.take() else {
+            return Err("no lease".into());
+        };
+        let exit = keeper.stop().await;
+        if exit != KeeperExit::Revoked {
+            return Err(format!("{exit:?}"));
+        }
+        let workers = &self.shared.workers;
+        let lease = match workers
+            .leases
+            .acquire(&self.id.to_string(), &workers.id, workers.ttl)
+            .await
+        {
+            Ok(Some(lease)) => lease,
+            Ok(None) => return Err("revoked, and another worker holds the lease now".into()),
+            Err(error) => {
+                return Err(format!(
+                    "revoked, and the lease could not be taken again: {error}"
+                ));
+            }
+        };
+        match self.shared.store.claim(self.id, lease.epoch).await {
+            Ok(record) if record.state == agentloop_store::InvocationState::Running => {}
+            Ok(_ended) => {
+                let _ = workers.leases.release(&lease).await;
+                return Err("revoked, and the invocation has ended".into());
+            }
+            Err(error) => {
+                let _ = workers.leases.release(&lease).await;
+                return Err(format!("revoked, and the claim failed: {error}"));
+            }
+        }
+        let token = CancellationToken::new();
+        let keeper = Keeper::start(
+            workers.leases.clone(),
+            lease,
+            workers.keeper_config(),
+            token.clone(),
+        )
+        .await
+        .map_err(|error| format!("revoked, and the lease could not be kept: {error}"))?;
+        self.keeper = Some(keeper);
+        Ok(token)
+    }
+
+    /// Appends a commit under the current lease epoch. `Err` when the store says another
+    /// worker owns the invocation now (a newer epoch, a moved version, an end it wrote):
+    /// the runner must stop. Other failures go to the engine as `CommitFailed`.
+    async fn commit(
+        &mut self,
+        expected_version: u64,
+        events: Vec<Event>,
+        totals: Totals,
+    ) -> Result<Input, String> {
+        let Some(lease_epoch) = self.keeper.as_ref().map(|keeper| keeper.lease().epoch) else {
+            return Err("no lease".into());
+        };
         let committed_at = self.shared.clock.now();
         let append = Append {
             expected_version,
-            lease_epoch: EMBEDDED_EPOCH,
+            lease_epoch,
             events: &events,
             totals,
             committed_at,
@@ -347,46 +460,31 @@ impl Runner {
                     self.recent.push_back(event.clone());
                 }
                 self.shared.hub.publish(self.id, wire);
-                Input::Committed
+                Ok(Input::Committed)
             }
+            Err(
+                error @ (StoreError::StaleEpoch { .. }
+                | StoreError::VersionConflict { .. }
+                | StoreError::Ended(_)),
+            ) => Err(format!("fenced off by the store: {error}")),
             Err(error) => {
                 warn!(invocation = %self.id, %error, "commit failed");
-                Input::CommitFailed {
+                Ok(Input::CommitFailed {
                     message: error.to_string(),
-                }
+                })
             }
         }
     }
 }
 
-fn reconciled(call_id: CallId, answer: pb::ToolGatewayServiceReconcileResponse) -> Input {
-    match answer.status() {
-        pb::ReconcileStatus::Applied => Input::Reconciled {
-            call_id,
-            outcome: CallOutcome::Output {
-                output_json: answer.output_json,
-            },
-        },
-        pb::ReconcileStatus::NotApplied => Input::Reconciled {
-            call_id,
-            outcome: CallOutcome::Error(ToolError {
-                error_type: ErrorType::Unavailable,
-                message: "the executor's records show the effect was not applied".into(),
-                retryable: true,
-                next_allowed_action: NextAction::Retry,
-            }),
-        },
-        pb::ReconcileStatus::Unknown | pb::ReconcileStatus::Unspecified => {
-            Input::ReconciliationFailed {
-                call_id,
-                detail: if answer.detail.is_empty() {
-                    "the executor cannot tell".into()
-                } else {
-                    answer.detail
-                },
-            }
-        }
-    }
+/// How a runner stopped.
+enum Exit {
+    /// The invocation ended.
+    Ended(Outcome),
+    /// The orchestrator drains; the invocation is still running in the store.
+    Parked,
+    /// The lease is gone; why.
+    Lost(String),
 }
 
 /// Runs a batch stage by stage; the calls of a stage run together, and each result is
@@ -428,76 +526,27 @@ async fn run_call(
     call: &ToolCall,
     token: &CancellationToken,
 ) -> (CallId, CallOutcome) {
-    let call_id = call.call_id.clone();
-    if token.is_cancelled() {
-        return (call_id, CallOutcome::NotStarted);
-    }
-    let (writes, timeout_ms) = match spec.tool(&call.tool) {
+    let (side_effect, timeout_ms) = match spec.tool(&call.tool) {
         Some(ToolEntry {
             side_effect,
             timeout_ms,
             ..
-        }) => (side_effect.writes(), *timeout_ms),
+        }) => (*side_effect, *timeout_ms),
         // The engine only executes catalog tools; treat a mismatch as the riskier kind.
-        None => (true, shared.config.limits.tool_timeout_ms),
+        None => (SideEffect::Write, shared.config.limits.tool_timeout_ms),
     };
-    let request = pb::ToolGatewayServiceExecuteRequest {
-        invocation_id: id.to_string(),
-        call: Some(wire::tool_call(call)),
-        effect_key: if writes {
-            effect_key(id, turn, call)
-        } else {
-            String::new()
-        },
-        attempt: 1,
-        timeout: Some(prost_types::Duration {
-            seconds: i64::try_from(timeout_ms / 1000).unwrap_or(i64::MAX),
-            nanos: i32::try_from((timeout_ms % 1000) * 1_000_000).unwrap_or(0),
-        }),
-    };
-    let tools = shared.ports.tools.clone();
-    let outcome = tokio::select! {
-        biased;
-        // Dropping the RPC cancels it at the executor. A write may already have been
-        // applied, so its outcome is unknown and gets reconciled, never assumed.
-        () = token.cancelled() => if writes {
-            CallOutcome::Unknown { detail: "cancelled while in flight".into() }
-        } else {
-            CallOutcome::Cancelled
-        },
-        result = tools.execute(request) => match result {
-            Ok(response) => match response.result {
-                Some(result) => wire::call_outcome(result, writes),
-                None => wire::unanswered(writes, "the tool gateway sent no result".into()),
-            },
-            Err(status) => wire::unanswered(
-                writes,
-                format!("the tool gateway failed: {:?}: {}", status.code(), status.message()),
-            ),
-        },
-    };
-    (call_id, outcome)
-}
-
-/// The effect key of a write: stable for the same call of the same turn of the same
-/// invocation, across retries, restarts and takeovers. Call IDs are only unique within a
-/// batch, so the turn is part of the key; the tool and the exact arguments are too, so a
-/// turn that is decided again after a crash with a *different* call under the same ID
-/// gets a different key instead of being mistaken for the first.
-pub(crate) fn effect_key(invocation_id: Uuid, turn: u32, call: &ToolCall) -> String {
-    let mut hasher = Sha256::new();
-    for part in [
-        invocation_id.as_bytes().as_slice(),
-        &turn.to_be_bytes(),
-        call.call_id.as_str().as_bytes(),
-        call.tool.as_bytes(),
-        call.arguments_json.as_bytes(),
-    ] {
-        hasher.update((part.len() as u64).to_be_bytes());
-        hasher.update(part);
+    let outcome = effects::Call {
+        shared,
+        invocation: id,
+        turn,
+        call,
+        side_effect,
+        timeout_ms,
+        token,
     }
-    let digest = hasher.finalize();
-    digest.iter().map(|byte| format!("{byte:02x}")).collect()
+    .run()
+    .await;
+    (call.call_id.clone(), outcome)
 }
 
 fn instant_of(at: UnixMillis, now: UnixMillis) -> tokio::time::Instant {
@@ -508,45 +557,5 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn call(id: &str, args: &str) -> ToolCall {
-        ToolCall {
-            call_id: CallId::new(id),
-            tool: "transfer".into(),
-            arguments_json: args.into(),
-        }
-    }
-
-    #[test]
-    fn effect_keys_are_stable_and_tell_calls_apart() {
-        let invocation = Uuid::from_u128(7);
-        let key = effect_key(invocation, 1, &call("c1", r#"{"amount":5}"#));
-        assert_eq!(
-            key,
-            effect_key(invocation, 1, &call("c1", r#"{"amount":5}"#))
-        );
-        assert_eq!(key.len(), 64);
-        assert_ne!(
-            key,
-            effect_key(invocation, 2, &call("c1", r#"{"amount":5}"#))
-        );
-        assert_ne!(
-            key,
-            effect_key(invocation, 1, &call("c2", r#"{"amount":5}"#))
-        );
-        assert_ne!(
-            key,
-            effect_key(invocation, 1, &call("c1", r#"{"amount":6}"#))
-        );
-        assert_ne!(
-            key,
-            effect_key(Uuid::from_u128(8), 1, &call("c1", r#"{"amount":5}"#))
-        );
     }
 }

@@ -1,11 +1,10 @@
 //! The public gRPC API: request validation, idempotent start, watch, cancel.
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use agentloop_engine::{Invocation, TerminalReason};
+use agentloop_engine::{MicroUsd, TerminalReason};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
 use agentloop_store::{
@@ -28,6 +27,8 @@ const DEFAULT_PAGE: u32 = 50;
 const WATCH_PAGE: u32 = 256;
 /// Responses buffered per watcher before the stream applies backpressure.
 const WATCH_BUFFER: usize = 64;
+/// How often a watcher reads the store while another worker runs the invocation.
+const WATCH_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 /// Largest cancellation reason, in bytes.
 const MAX_REASON_BYTES: usize = 1024;
 
@@ -135,6 +136,9 @@ impl Orchestrator {
             if let Some(max_tokens) = overrides.max_tokens {
                 limits.max_tokens = Some(max_tokens);
             }
+            if let Some(max_cost) = overrides.max_cost_micro_usd {
+                limits.max_cost = Some(MicroUsd(max_cost));
+            }
             if let Some(repeats) = overrides.max_repeated_plan {
                 limits.max_repeated_plan = std::num::NonZeroU32::new(repeats);
             }
@@ -204,9 +208,12 @@ impl Orchestrator {
         };
         let (record, created) = match shared.store.create(new).await? {
             Created::New(record) => {
-                // Nothing is committed yet: no log to read back.
-                let engine = Invocation::new(spec.limits, spec.catalog());
-                self.spawn_runner(record.invocation_id, spec, engine, VecDeque::new());
+                if let Err(error) = self.start_new(&record, spec).await {
+                    // Stored and running: the sweep starts it once the lease backend
+                    // answers again. The caller gets the invocation, not an error, so a
+                    // retry does not look like a different request.
+                    tracing::warn!(invocation = %record.invocation_id, %error, "stored, not started yet");
+                }
                 (record, true)
             }
             Created::Existing(record) => (record, false),
@@ -382,23 +389,26 @@ impl OrchestratorService for Orchestrator {
     ) -> Result<Response<pb::CancelInvocationResponse>, Status> {
         let request = request.into_inner();
         bounded("reason", &request.reason, MAX_REASON_BYTES)?;
-        let record = self.record(&request.invocation_id).await?;
+        let id = parse_id(&request.invocation_id)?;
+        // First durable, then announced: whichever worker runs the invocation next (its
+        // current holder after taking the lease again, or any worker after a crash) finds
+        // the request and ends it `cancelled`. Cancelling an ended invocation changes
+        // nothing and is not an error.
+        let now = self.shared.clock.now();
+        let record = self
+            .shared
+            .store
+            .request_cancel(id, now)
+            .await
+            .map_err(OrchestratorError::from)?;
         if record.state == InvocationState::Running {
-            match self.shared.cancel_token(record.invocation_id) {
-                Some(token) => {
-                    tracing::info!(invocation = %record.invocation_id, reason = %request.reason, "cancel requested");
-                    token.cancel();
-                }
-                None => {
-                    return Err(OrchestratorError::FailedPrecondition(format!(
-                        "invocation {} is not running in this orchestrator",
-                        record.invocation_id
-                    ))
-                    .into());
-                }
+            tracing::info!(invocation = %id, reason = %request.reason, "cancel requested");
+            if let Err(error) = self.shared.workers.leases.revoke(&id.to_string()).await {
+                // Recorded all the same: the holder stops when its lease lapses, and the
+                // next worker ends the invocation `cancelled`.
+                tracing::warn!(invocation = %id, %error, "cancel recorded; revocation failed");
             }
         }
-        // Cancelling an ended invocation changes nothing and is not an error.
         Ok(Response::new(pb::CancelInvocationResponse {
             invocation: Some(self.invocation(&record)?),
         }))
@@ -437,24 +447,44 @@ enum Caught {
     Over,
 }
 
-/// Streams committed events from `next` on: subscribe first (so nothing committed
-/// meanwhile is missed), replay the store, then follow live events.
+/// Streams committed events from `next` on until the `Ended` event, the watcher leaving
+/// or a drain. While this process runs the invocation: subscribe first (so nothing
+/// committed meanwhile is missed), replay the store, then follow live events. While
+/// another worker runs it (or none does yet): read the store every [`WATCH_POLL`].
 async fn watch(shared: Arc<Shared>, id: Uuid, mut next: u64, tx: WatchSender) {
-    let live = shared.hub.subscribe(id);
-    if let Caught::Over = catch_up(&shared, id, &mut next, &tx).await {
-        return;
+    loop {
+        let live = shared.hub.subscribe(id);
+        if let Caught::Over = catch_up(&shared, id, &mut next, &tx).await {
+            return;
+        }
+        let caught = match live {
+            Some(live) => follow(&shared, id, &mut next, &tx, live).await,
+            None => tokio::select! {
+                () = shared.drain.cancelled() => Caught::Over,
+                () = tx.closed() => Caught::Over,
+                () = tokio::time::sleep(WATCH_POLL) => Caught::Up,
+            },
+        };
+        if let Caught::Over = caught {
+            return;
+        }
     }
-    let Some(mut live) = live else {
-        // Not running here when we subscribed, and not ended in the log: it ended
-        // between the two reads, or it is parked. One more read settles the first case.
-        let _ = catch_up(&shared, id, &mut next, &tx).await;
-        return;
-    };
+}
+
+/// Follows the live channel of an invocation this process runs, until it ends or the
+/// channel closes (the runner stopped here: `Up`, and the caller looks again).
+async fn follow(
+    shared: &Shared,
+    id: Uuid,
+    next: &mut u64,
+    tx: &WatchSender,
+    mut live: broadcast::Receiver<Arc<pb::Event>>,
+) -> Caught {
     loop {
         let caught = match live.recv().await {
-            Ok(event) if event.seq < next => Caught::Up,
-            Ok(event) if event.seq == next => {
-                next += 1;
+            Ok(event) if event.seq < *next => Caught::Up,
+            Ok(event) if event.seq == *next => {
+                *next += 1;
                 let over = matches!(event.body, Some(pb::event::Body::Ended(_)));
                 let response = pb::WatchInvocationResponse {
                     event: Some(event.as_ref().clone()),
@@ -467,15 +497,12 @@ async fn watch(shared: Arc<Shared>, id: Uuid, mut next: u64, tx: WatchSender) {
             }
             // A gap (this watcher lagged): the store has what it missed.
             Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                catch_up(&shared, id, &mut next, &tx).await
+                catch_up(shared, id, next, tx).await
             }
-            Err(broadcast::error::RecvError::Closed) => {
-                let _ = catch_up(&shared, id, &mut next, &tx).await;
-                Caught::Over
-            }
+            Err(broadcast::error::RecvError::Closed) => return Caught::Up,
         };
         if let Caught::Over = caught {
-            return;
+            return Caught::Over;
         }
     }
 }

@@ -5,9 +5,9 @@
 //! so a new engine variant fails to compile here until it has a wire form.
 
 use agentloop_engine::{
-    CallOutcome, EndRecord, ErrorType, Event, EventBody, Limits, NextAction, ProposedCall,
-    ProposedDecision, Rejection, RejectionKind, SideEffect, TerminalReason, ToolCall, ToolError,
-    Totals, TurnRecord, UnixMillis, Usage, Verdict, Verification,
+    CallOutcome, EndRecord, ErrorType, Event, EventBody, Limits, MicroUsd, NextAction,
+    ProposedCall, ProposedDecision, Rejection, RejectionKind, SideEffect, TerminalReason, ToolCall,
+    ToolError, Totals, TurnRecord, UnixMillis, Usage, Verdict, Verification,
 };
 use agentloop_proto::v1 as pb;
 
@@ -147,6 +147,7 @@ fn usage_from(usage: pb::Usage) -> Usage {
     Usage {
         input_tokens: usage.input_tokens,
         output_tokens: usage.output_tokens,
+        cost: usage.cost_micro_usd.map(MicroUsd),
     }
 }
 
@@ -154,6 +155,7 @@ fn usage(usage: Usage) -> pb::Usage {
     pb::Usage {
         input_tokens: usage.input_tokens,
         output_tokens: usage.output_tokens,
+        cost_micro_usd: usage.cost.map(|cost| cost.0),
     }
 }
 
@@ -351,6 +353,7 @@ pub fn event(invocation_id: &str, committed_at: UnixMillis, event: &Event) -> pb
     use pb::event::Body;
     let body = match &event.body {
         EventBody::Turn(record) => Body::Turn(turn(record)),
+        EventBody::BatchStarted(record) => Body::BatchStarted(turn(record)),
         EventBody::Ended(end) => Body::Ended(ended(end)),
     };
     pb::Event {
@@ -376,6 +379,7 @@ pub fn budget_usage(totals: &Totals) -> pb::BudgetUsage {
         tool_calls: totals.tool_calls,
         input_tokens: totals.input_tokens,
         output_tokens: totals.output_tokens,
+        cost_micro_usd: totals.cost.0,
     }
 }
 
@@ -385,6 +389,7 @@ pub fn budget(limits: &Limits, started: UnixMillis) -> pb::Budget {
         max_steps: limits.max_steps,
         max_tool_calls: limits.max_tool_calls,
         max_tokens: limits.max_tokens,
+        max_cost_micro_usd: limits.max_cost.map(|max| max.0),
         max_repeated_plan: limits.max_repeated_plan.map_or(0, |n| n.get()),
         deadline: limits.deadline.map(|deadline| {
             let millis = deadline.0.saturating_sub(started.0);
@@ -475,6 +480,7 @@ mod tests {
                 usage: Some(pb::Usage {
                     input_tokens: 3,
                     output_tokens: 4,
+                    cost_micro_usd: Some(9),
                 }),
                 ..Default::default()
             };
@@ -483,6 +489,7 @@ mod tests {
             };
             assert_eq!(decision, proposal);
             assert_eq!(usage.total(), 7);
+            assert_eq!(usage.cost, Some(MicroUsd(9)));
         }
         let invalid = pb::DecideResponse {
             outcome: Some(pb::decide_response::Outcome::Invalid(pb::InvalidOutput {

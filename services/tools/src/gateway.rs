@@ -7,6 +7,7 @@ use std::time::Duration;
 use agentloop_engine::SideEffect;
 use agentloop_proto::client::{self, ClientConfig};
 use agentloop_proto::v1::tool_executor_service_client::ToolExecutorServiceClient;
+use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use agentloop_proto::v1::{
     ListToolsRequest, ListToolsResponse, ToolDescriptor, ToolExecutorServiceExecuteRequest,
@@ -52,11 +53,34 @@ impl Default for GatewayLimits {
     }
 }
 
-/// One executor endpoint: a lazily connected channel (cheap to clone, multiplexed)
-/// and its concurrency slots.
+/// Executors that run in the gateway's own process, by the endpoint the registry names
+/// them with. Calls to their tools skip the network: the executor's service is called
+/// directly, under the same deadline, slots and result mapping as over gRPC, and
+/// dropping the call still cancels it. For embedding and benchmarks; a deployment
+/// reaches its executors over gRPC.
+pub type InProcessExecutors = Vec<(String, Arc<dyn ToolExecutorService>)>;
+
+/// How the gateway reaches one executor endpoint.
+enum Route {
+    /// A lazily connected channel (cheap to clone, multiplexed).
+    Grpc(ToolExecutorServiceClient<Channel>),
+    /// The executor's service implementation, in this process.
+    InProcess(Arc<dyn ToolExecutorService>),
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Route::Grpc(client) => f.debug_tuple("Grpc").field(client).finish(),
+            Route::InProcess(_) => f.write_str("InProcess"),
+        }
+    }
+}
+
+/// One executor endpoint: its route and its concurrency slots.
 #[derive(Debug)]
 struct Executor {
-    client: ToolExecutorServiceClient<Channel>,
+    route: Route,
     slots: Arc<Semaphore>,
 }
 
@@ -90,6 +114,20 @@ impl Gateway {
     /// [`GatewayError::Config`] if the registry or limits are invalid,
     /// [`GatewayError::Connect`] if an endpoint cannot be turned into a channel.
     pub async fn new(tools: ToolsConfig, limits: GatewayLimits) -> Result<Gateway, GatewayError> {
+        Gateway::with_in_process(tools, limits, InProcessExecutors::new()).await
+    }
+
+    /// Like [`Gateway::new`], with the tools of the endpoints in `in_process` routed to
+    /// those executors without a network (see [`InProcessExecutors`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Gateway::new`].
+    pub async fn with_in_process(
+        tools: ToolsConfig,
+        limits: GatewayLimits,
+        in_process: InProcessExecutors,
+    ) -> Result<Gateway, GatewayError> {
         tools.validate()?;
         if limits.max_concurrent_calls_per_executor == 0
             || limits.max_concurrent_calls_per_executor > Semaphore::MAX_PERMITS
@@ -115,9 +153,17 @@ impl Gateway {
             let executor = match executors.get(&entry.endpoint) {
                 Some(executor) => Arc::clone(executor),
                 None => {
-                    let channel = client::connect(&entry.endpoint, client_config.clone()).await?;
+                    let local = in_process
+                        .iter()
+                        .find(|(endpoint, _)| *endpoint == entry.endpoint);
+                    let route = match local {
+                        Some((_, service)) => Route::InProcess(Arc::clone(service)),
+                        None => Route::Grpc(client::tool_executor(
+                            client::connect(&entry.endpoint, client_config.clone()).await?,
+                        )),
+                    };
                     let executor = Arc::new(Executor {
-                        client: client::tool_executor(channel),
+                        route,
                         slots: Arc::new(Semaphore::new(limits.max_concurrent_calls_per_executor)),
                     });
                     executors.insert(entry.endpoint.clone(), Arc::clone(&executor));
@@ -292,7 +338,6 @@ impl Gateway {
                 detail: "executor slots closed".to_owned(),
             });
         };
-        let mut client = tool.executor.client.clone();
         let mut grpc_request = Request::new(request);
         // Tell the executor the deadline too (grpc-timeout), so it can stop in time.
         grpc_request.set_timeout(
@@ -300,7 +345,14 @@ impl Gateway {
                 .saturating_duration_since(Instant::now())
                 .min(timeout),
         );
-        let result = tokio::time::timeout_at(deadline, client.execute(grpc_request)).await;
+        let result = match &tool.executor.route {
+            Route::Grpc(client) => {
+                tokio::time::timeout_at(deadline, client.clone().execute(grpc_request)).await
+            }
+            Route::InProcess(service) => {
+                tokio::time::timeout_at(deadline, service.execute(grpc_request)).await
+            }
+        };
         drop(slot);
         match result {
             Err(_elapsed) => Err(CallFailure::DeadlineExceeded),
@@ -323,14 +375,21 @@ impl Gateway {
             SideEffect::ReadOnly => return Err(GatewayError::NotReconcilable(request.tool)),
             SideEffect::IdempotentWrite | SideEffect::Write => {}
         }
-        let mut client = tool.executor.client.clone();
         let mut grpc_request = Request::new(ToolExecutorServiceReconcileRequest {
             tool: request.tool,
             effect_key: request.effect_key,
         });
         grpc_request.set_timeout(tool.entry.timeout());
-        let reply = tokio::time::timeout(tool.entry.timeout(), client.reconcile(grpc_request))
-            .await
+        let timeout = tool.entry.timeout();
+        let reply = match &tool.executor.route {
+            Route::Grpc(client) => {
+                tokio::time::timeout(timeout, client.clone().reconcile(grpc_request)).await
+            }
+            Route::InProcess(service) => {
+                tokio::time::timeout(timeout, service.reconcile(grpc_request)).await
+            }
+        };
+        let reply = reply
             .map_err(|_| GatewayError::Executor(Status::deadline_exceeded("reconcile timed out")))?
             .map_err(GatewayError::Executor)?
             .into_inner();

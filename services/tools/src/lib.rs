@@ -7,7 +7,8 @@
 //! - [`Gateway`]: the `ToolGatewayService`. It forwards each call to the executor that
 //!   owns the tool, under the smaller of the tool's and the request's timeout, with a
 //!   bounded number of calls in flight per executor, and cancels the forwarded call
-//!   when its own caller goes away.
+//!   when its own caller goes away. Executors in the same process can be called
+//!   without a network ([`InProcessExecutors`]), with the same limits and results.
 //! - [`outcome`]: how a failed forward becomes the call's one terminal result. A write
 //!   whose request may have reached the executor is `unknown`, never a plain error.
 //!
@@ -29,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 pub use config::{ConfigError, ToolEntry, ToolsConfig};
 pub use error::GatewayError;
-pub use gateway::{Gateway, GatewayLimits, MAX_ID_BYTES, MAX_LIST_NAMES};
+pub use gateway::{Gateway, GatewayLimits, InProcessExecutors, MAX_ID_BYTES, MAX_LIST_NAMES};
 
 /// Configuration of the tools service (file, `AGENTLOOP_TOOLS_*` env, flags).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

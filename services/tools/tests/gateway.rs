@@ -393,3 +393,66 @@ async fn invalid_registries_and_limits_are_refused() {
         ))
     ));
 }
+
+/// An in-process executor answers like a served one: same results, the gateway's
+/// deadline still cancels its call, and no network is involved (its endpoint is not
+/// served at all).
+#[tokio::test]
+async fn an_in_process_executor_is_called_without_a_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let executor = DemoExecutor::open(DemoConfig {
+        data_dir: dir.path().to_owned(),
+        ..DemoConfig::default()
+    })
+    .unwrap();
+    let endpoint = "http://in-process.localhost";
+    let registry =
+        ToolsConfig::from_descriptors(endpoint, agentloop_demo_executor::descriptors()).unwrap();
+    let service: std::sync::Arc<
+        dyn agentloop_proto::v1::tool_executor_service_server::ToolExecutorService,
+    > = std::sync::Arc::new(executor.clone());
+    let gateway = Gateway::with_in_process(
+        registry,
+        GatewayLimits::default(),
+        vec![(endpoint.to_owned(), service)],
+    )
+    .await
+    .unwrap();
+    let (_served, mut client) = serve_gateway(gateway).await;
+
+    match execute(&mut client, request("lookup", r#"{"key":"profile"}"#, ""))
+        .await
+        .unwrap()
+    {
+        Outcome::Output(output) => assert!(output.output_json.contains("active")),
+        other => panic!("{other:?}"),
+    }
+    let applied = execute(&mut client, request("transfer", TRANSFER_ARGS, "e1"))
+        .await
+        .unwrap();
+    assert!(matches!(applied, Outcome::Output(_)), "{applied:?}");
+    assert_eq!(executor.stats().applied, 1);
+    let reconciled = client
+        .reconcile(ToolGatewayServiceReconcileRequest {
+            tool: "transfer".into(),
+            effect_key: "e1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reconciled.status(), ReconcileStatus::Applied);
+
+    let mut stats = executor.watch_stats();
+    let late = with_timeout(request("sleep", r#"{"ms":60000}"#, ""), 200);
+    match execute(&mut client, late).await.unwrap() {
+        Outcome::Error(e) => assert_eq!(e.error_type, ErrorType::Timeout as i32),
+        other => panic!("{other:?}"),
+    }
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        stats.wait_for(|s| s.sleeps_cancelled == 1),
+    )
+    .await
+    .expect("the in-process call was not dropped at the deadline")
+    .unwrap();
+}

@@ -191,6 +191,8 @@ pub(crate) fn parse(
                 + tokens(usage, "cache_creation_input_tokens")
                 + tokens(usage, "cache_read_input_tokens"),
             output_tokens: tokens(usage, "output_tokens"),
+            // Set by the price table (`PricedModel`), which knows what the tokens cost.
+            cost_micro_usd: None,
         },
         model: body
             .get("model")

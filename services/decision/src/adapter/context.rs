@@ -133,6 +133,9 @@ pub(crate) fn build(request: &DecideRequest, config: &ContextConfig) -> Prompt {
                     truncate(&ended.detail, 512)
                 )));
             }
+            // The same decision comes again, with its results, in the turn's `Turn`
+            // event; the model needs it once.
+            Body::BatchStarted(_) => {}
             Body::ApprovalResolved(resolved) => {
                 flush_elided(&mut items, &mut elided, limit);
                 let verdict = match resolved.verdict() {
@@ -295,7 +298,12 @@ pub(crate) fn history_call_ids(request: &DecideRequest) -> HashSet<&str> {
         .iter()
         .filter_map(|e| match &e.body {
             Some(Body::Turn(turn)) => turn.decision.as_ref(),
-            Some(Body::Ended(_) | Body::ApprovalResolved(_) | Body::ClarificationAnswered(_))
+            Some(
+                Body::Ended(_)
+                | Body::BatchStarted(_)
+                | Body::ApprovalResolved(_)
+                | Body::ClarificationAnswered(_),
+            )
             | None => None,
         })
         .flat_map(|d| match &d.kind {

@@ -175,6 +175,8 @@ pub(crate) fn parse(
         usage: Usage {
             input_tokens: tokens(usage, "prompt_tokens"),
             output_tokens: tokens(usage, "completion_tokens"),
+            // Set by the price table (`PricedModel`), which knows what the tokens cost.
+            cost_micro_usd: None,
         },
         model: body
             .get("model")

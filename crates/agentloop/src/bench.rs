@@ -1,0 +1,1037 @@
+//! `agentloop bench`: the standard workload, measured the same way every time.
+//!
+//! **The workload.** N invocations run at once, T turns each. On turns 1..T-1 the model
+//! proposes two parallel read-only `lookup` calls (call IDs unique per turn, keys that
+//! change from turn to turn so the repeat check never fires); on turn T it answers with
+//! text built from the last turn's results ("orders=3 open; invoices=2 unpaid"), which
+//! the bench checks. Every turn is committed durably (SQLite, WAL, `synchronous=FULL`,
+//! fsync'd by group commit) before the next decision. The store lives in a fresh
+//! temporary directory on disk, removed afterwards.
+//!
+//! **The model** is a bench model rather than a scripted-model JSON: a script travels
+//! with every `Decide` request and is hashed per turn, so its cost grows with T, which
+//! would measure the test model instead of the runtime. It answers at once, so every
+//! millisecond measured is the runtime's.
+//!
+//! **Modes.** `embedded`: one process, the orchestrator calls decision, policy and the
+//! tool gateway in-process, and the gateway calls the demo executor in-process too
+//! (`agentloop_tools::InProcessExecutors`); the bench calls the orchestrator's API
+//! in-process. `distributed`: decision, policy, tool gateway, effect ledger and
+//! orchestrator, plus the demo executor, are gRPC servers on distinct 127.0.0.1 ports,
+//! talking gRPC to each other with the shared client and server settings (gzip
+//! included); the bench is a gRPC client. They share one process (and its two cores), so
+//! loopback gRPC is measured, not a network. The workload only reads, so the ledger is
+//! wired but never written.
+//!
+//! **Figures.**
+//! - `turns_per_s`: turns committed / wall time from the first start request to the
+//!   last `Ended` event.
+//! - `turn_latency`: for each invocation and each turn after its first, the time
+//!   between the watcher receiving the previous turn's committed event and this one's:
+//!   commit to commit, i.e. decide + policy + two tool calls + durable commit +
+//!   delivery, with N invocations sharing the machine.
+//! - `invocation_latency`: start request sent → `Ended` event received.
+//! - `cpu_us_per_turn`: user + system CPU time of the whole process (all threads:
+//!   runtime, SQLite, bench client) divided by the turns: the orchestration overhead of
+//!   one turn, independent of concurrency.
+//! - `peak_rss`: `VmHWM` of the process.
+//! - `stored_bytes_per_turn`: database pages in use (events, invocation rows, indexes)
+//!   after the run, divided by the turns; `event_bytes_per_turn` counts the event bodies
+//!   alone.
+//! - `fsyncs_per_turn`: fsyncs the store asked for, divided by the turns: one per write
+//!   transaction committed (group commit; creates included) and two per WAL checkpoint.
+//!
+//! **Park mode** (`--park`) measures what a waiting invocation costs: all N invocations
+//! start and park in their first model call; once all of them wait, the resident set
+//! grown since before the first start, divided by N, is the memory per parked
+//! invocation. Then they are released and run to the end.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use agentloop_decision::{DecisionServer, Model, ModelError, ModelReply};
+use agentloop_demo_executor::{DemoConfig, DemoExecutor};
+use agentloop_orchestrator::{InProcess, Orchestrator, OrchestratorConfig, Ports};
+use agentloop_policy::{PolicyConfig, PolicyServer};
+use agentloop_proto::client::{ClientConfig, connect};
+use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
+use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
+use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
+use agentloop_server::ServeError;
+use agentloop_store::{EventStore, SqliteStore};
+use agentloop_tools::{Gateway, GatewayLimits, ToolsConfig};
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+/// Most invocations one run may start.
+pub const MAX_INVOCATIONS: u32 = 1_000_000;
+/// Most turns per invocation (the orchestrator's highest step cap).
+pub const MAX_TURNS: u32 = 10_000;
+/// Start requests in flight at once in park mode (a bounded set of starters, so the
+/// bench's own bookkeeping stays out of the memory it measures).
+const PARK_STARTERS: usize = 64;
+/// How often park mode looks whether every released invocation has ended.
+const PARK_POLL: Duration = Duration::from_millis(50);
+/// How long a run may take before the bench gives up.
+const RUN_TIMEOUT: Duration = Duration::from_secs(3_600);
+/// The demo executor's read-only lookup tool.
+const LOOKUP: &str = "lookup";
+/// The endpoint the embedded tool registry names the in-process demo executor by.
+const IN_PROCESS_EXECUTOR: &str = "http://demo-executor.in-process.localhost";
+
+/// Lookup keys (and the demo executor's values for them); each turn takes the next two.
+const KEYS: [(&str, &str); 8] = [
+    ("profile", "active"),
+    ("policy", "refund-under-100"),
+    ("orders", "3 open"),
+    ("invoices", "2 unpaid"),
+    ("address", "Lisbon"),
+    ("plan", "pro"),
+    ("usage", "71%"),
+    ("tickets", "1 open"),
+];
+
+/// How the services are wired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// One process, in-process ports and executor.
+    Embedded,
+    /// Five gRPC servers on loopback ports (in this process).
+    Distributed,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Invocations, all running at once.
+    pub invocations: u32,
+    /// Turns per invocation (the last one answers).
+    pub turns: u32,
+    /// The wiring.
+    pub mode: Mode,
+    /// Park every invocation in its first model call and measure memory.
+    pub park: bool,
+    /// Where the temporary data directory goes (the system's temp directory if unset).
+    pub dir: Option<PathBuf>,
+}
+
+/// Two percentiles, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+/// What park mode measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ParkReport {
+    /// Invocations waiting at once.
+    pub parked: u64,
+    /// Resident set before the first start.
+    pub rss_before_bytes: u64,
+    /// Resident set once all of them waited.
+    pub rss_parked_bytes: u64,
+    /// (parked − before) / parked.
+    pub bytes_per_parked_invocation: f64,
+}
+
+/// The figures of one run (see the module documentation for their definitions).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// The wiring.
+    pub mode: Mode,
+    /// Invocations started.
+    pub invocations: u32,
+    /// Turns per invocation.
+    pub turns_per_invocation: u32,
+    /// Invocations that ended `completed` with the expected answer after exactly T turns.
+    pub completed: u64,
+    /// The others.
+    pub failed: u64,
+    /// The first failure, if any.
+    pub first_failure: Option<String>,
+    /// Turns committed.
+    pub turns: u64,
+    /// Wall time of the run, in seconds.
+    pub elapsed_s: f64,
+    /// Turns committed per second.
+    pub turns_per_s: f64,
+    /// Commit-to-commit time of consecutive turns of one invocation; zero in park mode.
+    pub turn_latency_ms: Percentiles,
+    /// Start request to `Ended` event; zero in park mode.
+    pub invocation_latency_ms: Percentiles,
+    /// CPU time (user + system, all threads) per turn, in microseconds.
+    pub cpu_us_per_turn: f64,
+    /// Peak resident set (`VmHWM`), in bytes.
+    pub peak_rss_bytes: u64,
+    /// Database bytes in use per turn.
+    pub stored_bytes_per_turn: f64,
+    /// Event body bytes per turn.
+    pub event_bytes_per_turn: f64,
+    /// Fsyncs: one per write transaction committed, two per WAL checkpoint.
+    pub fsyncs: u64,
+    /// Write transactions committed (each carries many invocations' turns).
+    pub commits: u64,
+    /// `fsyncs` / `turns`.
+    pub fsyncs_per_turn: f64,
+    /// The most writes one transaction carried.
+    pub largest_group: u64,
+    /// Park mode's figures.
+    pub park: Option<ParkReport>,
+}
+
+/// Runs the workload and reports.
+///
+/// # Errors
+///
+/// When the options are out of range or the services cannot start; invocations that do
+/// not complete are reported (`failed`), not errors.
+pub async fn run(options: BenchOptions) -> anyhow::Result<Report> {
+    if !(1..=MAX_INVOCATIONS).contains(&options.invocations) {
+        bail!("--invocations must be within 1..={MAX_INVOCATIONS}");
+    }
+    if !(1..=MAX_TURNS).contains(&options.turns) {
+        bail!("--turns must be within 1..={MAX_TURNS}");
+    }
+    let dir = match &options.dir {
+        Some(parent) => tempfile::tempdir_in(parent),
+        None => tempfile::tempdir(),
+    }
+    .context("cannot create the bench's temporary directory")?;
+    let gate = options.park.then(|| Arc::new(Gate::new()));
+    let model = Arc::new(BenchModel {
+        turns: options.turns,
+        gate: gate.clone(),
+    });
+    let deployment = Deployment::start(dir.path(), &options, model).await?;
+    let result = match &gate {
+        Some(gate) => park(&deployment, &options, gate).await,
+        None => drive(&deployment, &options).await,
+    };
+    let figures = match result {
+        Ok(figures) => figures,
+        Err(error) => {
+            deployment.stop().await;
+            return Err(error);
+        }
+    };
+    let storage = deployment.store.storage().await?;
+    let stats = deployment.store.stats();
+    deployment.stop().await;
+    drop(dir);
+
+    let turns = figures.turns.max(1) as f64;
+    let fsyncs = stats.commits + 2 * stats.checkpoints;
+    Ok(Report {
+        mode: options.mode,
+        invocations: options.invocations,
+        turns_per_invocation: options.turns,
+        completed: figures.completed,
+        failed: u64::from(options.invocations).saturating_sub(figures.completed),
+        first_failure: figures.first_failure,
+        turns: figures.turns,
+        elapsed_s: figures.elapsed.as_secs_f64(),
+        turns_per_s: figures.turns as f64 / figures.elapsed.as_secs_f64().max(1e-9),
+        turn_latency_ms: figures.turn_latency.percentiles(),
+        invocation_latency_ms: figures.invocation_latency.percentiles(),
+        cpu_us_per_turn: figures.cpu.as_secs_f64() * 1e6 / turns,
+        peak_rss_bytes: process_status("VmHWM:").unwrap_or(0),
+        stored_bytes_per_turn: storage.used_bytes as f64 / turns,
+        event_bytes_per_turn: storage.event_body_bytes as f64 / turns,
+        fsyncs,
+        commits: stats.commits,
+        fsyncs_per_turn: fsyncs as f64 / turns,
+        largest_group: stats.largest_group,
+        park: figures.park,
+    })
+}
+
+impl Report {
+    /// The report as text, one figure per line.
+    pub fn text(&self) -> String {
+        let mode = match self.mode {
+            Mode::Embedded => "embedded (in-process ports and executor)",
+            Mode::Distributed => "distributed (five gRPC servers on loopback)",
+        };
+        let mut text = format!(
+            "agentloop bench, {mode}: {} invocations x {} turns\n\
+             completed        {} of {}\n\
+             turns            {} in {:.2} s: {:.0} turns/s\n",
+            self.invocations,
+            self.turns_per_invocation,
+            self.completed,
+            self.invocations,
+            self.turns,
+            self.elapsed_s,
+            self.turns_per_s,
+        );
+        if self.park.is_none() {
+            text.push_str(&format!(
+                "turn latency     p50 {:.2} ms, p99 {:.2} ms (commit to commit)\n\
+                 invocation       p50 {:.2} ms, p99 {:.2} ms (start to end)\n",
+                self.turn_latency_ms.p50,
+                self.turn_latency_ms.p99,
+                self.invocation_latency_ms.p50,
+                self.invocation_latency_ms.p99,
+            ));
+        }
+        text.push_str(&format!(
+            "cpu              {:.1} us per turn (all threads)\n\
+             peak RSS         {:.1} MiB\n\
+             stored           {:.0} B per turn ({:.0} B of event bodies)\n\
+             fsyncs           {:.4} per turn ({} in all: {} group commits, largest group {})\n",
+            self.cpu_us_per_turn,
+            self.peak_rss_bytes as f64 / (1024.0 * 1024.0),
+            self.stored_bytes_per_turn,
+            self.event_bytes_per_turn,
+            self.fsyncs_per_turn,
+            self.fsyncs,
+            self.commits,
+            self.largest_group,
+        ));
+        if let Some(park) = &self.park {
+            text.push_str(&format!(
+                "parked           {} at once: {:.0} B each ({:.1} -> {:.1} MiB resident)\n",
+                park.parked,
+                park.bytes_per_parked_invocation,
+                park.rss_before_bytes as f64 / (1024.0 * 1024.0),
+                park.rss_parked_bytes as f64 / (1024.0 * 1024.0),
+            ));
+        }
+        if let Some(failure) = &self.first_failure {
+            text.push_str(&format!("first failure    {failure}\n"));
+        }
+        text
+    }
+}
+
+/// What a run measured, before the store's figures are added.
+struct Figures {
+    completed: u64,
+    first_failure: Option<String>,
+    turns: u64,
+    elapsed: Duration,
+    cpu: Duration,
+    turn_latency: Histogram,
+    invocation_latency: Histogram,
+    park: Option<ParkReport>,
+}
+
+// ---------------------------------------------------------------------------------------
+// The model.
+
+/// Holds first-turn decisions until released, counting the ones waiting.
+#[derive(Debug)]
+struct Gate {
+    waiting: watch::Sender<u64>,
+    released: watch::Sender<bool>,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        Gate {
+            waiting: watch::Sender::new(0),
+            released: watch::Sender::new(false),
+        }
+    }
+
+    async fn pass(&self) {
+        let mut released = self.released.subscribe();
+        self.waiting.send_modify(|n| *n += 1);
+        // An error means the gate is gone, which only happens at shutdown.
+        let _ = released.wait_for(|open| *open).await;
+    }
+}
+
+/// The standard workload's model: two lookups per turn, then an answer from the results.
+#[derive(Debug)]
+struct BenchModel {
+    turns: u32,
+    gate: Option<Arc<Gate>>,
+}
+
+/// The keys turn `turn` looks up: the next two, so consecutive plans always differ.
+fn keys_of(turn: u32) -> [(&'static str, &'static str); 2] {
+    let first = (turn as usize * 2) % KEYS.len();
+    [KEYS[first], KEYS[(first + 1) % KEYS.len()]]
+}
+
+/// The answer of an invocation of `turns` turns: what its last lookups returned.
+fn expected_answer(turns: u32) -> String {
+    match turns {
+        0 | 1 => "nothing was looked up".to_owned(),
+        _ => keys_of(turns - 1)
+            .iter()
+            .map(|(key, value)| format!("{key}={value}"))
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct LookupOutput {
+    key: String,
+    value: String,
+}
+
+/// "key=value; key=value" from the results of the newest turn in the history.
+fn answer_from(history: &[pb::Event]) -> String {
+    use pb::tool_result::Outcome;
+    let last = history.iter().rev().find_map(|event| match &event.body {
+        Some(pb::event::Body::Turn(turn)) if !turn.results.is_empty() => Some(turn),
+        Some(_) | None => None,
+    });
+    let Some(turn) = last else {
+        return expected_answer(1);
+    };
+    turn.results
+        .iter()
+        .map(|result| match &result.outcome {
+            Some(Outcome::Output(output)) => {
+                match serde_json::from_str::<LookupOutput>(&output.output_json) {
+                    Ok(found) => format!("{}={}", found.key, found.value),
+                    Err(_) => format!("{}=?", result.call_id),
+                }
+            }
+            Some(_) | None => format!("{}=failed", result.call_id),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[async_trait::async_trait]
+impl Model for BenchModel {
+    async fn decide(&self, request: &pb::DecideRequest) -> Result<ModelReply, ModelError> {
+        use pb::decision::{Final, Kind, ToolCalls};
+        if request.turn == 1
+            && let Some(gate) = &self.gate
+        {
+            gate.pass().await;
+        }
+        let kind = if request.turn < self.turns {
+            let calls = keys_of(request.turn)
+                .iter()
+                .zip(["a", "b"])
+                .map(|((key, _), suffix)| pb::ToolCall {
+                    call_id: format!("call-{}-{suffix}", request.turn),
+                    tool: LOOKUP.to_owned(),
+                    arguments_json: format!(r#"{{"key":"{key}"}}"#),
+                })
+                .collect();
+            Kind::ToolCalls(ToolCalls { calls })
+        } else {
+            Kind::Final(Final {
+                answer: answer_from(&request.history),
+            })
+        };
+        Ok(ModelReply {
+            outcome: pb::decide_response::Outcome::Decision(pb::Decision { kind: Some(kind) }),
+            usage: pb::Usage::default(),
+            model: "bench".to_owned(),
+            response_id: String::new(),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The deployment.
+
+/// How the bench reaches the orchestrator.
+#[derive(Clone)]
+enum Client {
+    InProcess(Orchestrator),
+    Grpc(OrchestratorServiceClient<Channel>),
+}
+
+type Events = BoxStream<'static, Result<pb::WatchInvocationResponse, tonic::Status>>;
+
+impl Client {
+    async fn start(&self, request: pb::StartInvocationRequest) -> Result<String, tonic::Status> {
+        let response = match self {
+            Client::InProcess(orchestrator) => {
+                orchestrator
+                    .start_invocation(tonic::Request::new(request))
+                    .await?
+            }
+            Client::Grpc(client) => client.clone().start_invocation(request).await?,
+        };
+        response
+            .into_inner()
+            .invocation
+            .map(|invocation| invocation.invocation_id)
+            .ok_or_else(|| tonic::Status::internal("the start response names no invocation"))
+    }
+
+    async fn watch(&self, invocation_id: String) -> Result<Events, tonic::Status> {
+        let request = pb::WatchInvocationRequest {
+            invocation_id,
+            from_seq: 1,
+        };
+        Ok(match self {
+            Client::InProcess(orchestrator) => orchestrator
+                .watch_invocation(tonic::Request::new(request))
+                .await?
+                .into_inner(),
+            Client::Grpc(client) => client
+                .clone()
+                .watch_invocation(request)
+                .await?
+                .into_inner()
+                .boxed(),
+        })
+    }
+}
+
+struct Deployment {
+    client: Client,
+    /// In embedded mode, for the shutdown; distributed mode drains it with its server.
+    orchestrator: Option<Orchestrator>,
+    store: SqliteStore,
+    stop: CancellationToken,
+    servers: Vec<JoinHandle<Result<(), ServeError>>>,
+}
+
+impl Deployment {
+    async fn start(
+        dir: &Path,
+        options: &BenchOptions,
+        model: Arc<BenchModel>,
+    ) -> anyhow::Result<Deployment> {
+        let data_file = dir.join("lookup.json");
+        let table: std::collections::BTreeMap<_, _> = KEYS.into_iter().collect();
+        std::fs::write(&data_file, serde_json::to_vec(&table)?)?;
+        let executor = DemoExecutor::open(DemoConfig {
+            data_dir: dir.join("executor"),
+            data_file: Some(data_file),
+            ..DemoConfig::default()
+        })?;
+        let limits = GatewayLimits {
+            // Every invocation's two lookups may be in flight at once.
+            max_concurrent_calls_per_executor: (2 * options.invocations as usize).max(64),
+            ..GatewayLimits::default()
+        };
+        let store = SqliteStore::open_in(&dir.join("orchestrator")).await?;
+        // The workload only reads, so the ledger is never written; it is wired all the
+        // same, as in every deployment.
+        let ledger_config = agentloop_ledger::LedgerConfig {
+            data_dir: dir.join("ledger"),
+            ..agentloop_ledger::LedgerConfig::default()
+        };
+        let config = orchestrator_config(options);
+        let stop = CancellationToken::new();
+        let mut servers = Vec::new();
+        let deployment = match options.mode {
+            Mode::Embedded => {
+                let tools = ToolsConfig::from_descriptors(
+                    IN_PROCESS_EXECUTOR,
+                    agentloop_demo_executor::descriptors(),
+                )?;
+                let executor: Arc<dyn ToolExecutorService> = Arc::new(executor);
+                let gateway = Gateway::with_in_process(
+                    tools.clone(),
+                    limits,
+                    vec![(IN_PROCESS_EXECUTOR.to_owned(), executor)],
+                )
+                .await?;
+                let policy =
+                    PolicyServer::from_descriptors(&tools.descriptors(), &PolicyConfig::default())?;
+                let ports = Ports {
+                    decision: Arc::new(InProcess(Arc::new(DecisionServer::new(Some(model))))),
+                    policy: Arc::new(InProcess(Arc::new(policy))),
+                    tools: Arc::new(InProcess(Arc::new(gateway))),
+                    ledger: Arc::new(InProcess(Arc::new(agentloop_ledger::LedgerService::new(
+                        ledger_config.open_store().await?,
+                    )))),
+                };
+                let orchestrator = Orchestrator::new(config, Arc::new(store.clone()), ports);
+                orchestrator.resume().await?;
+                Deployment {
+                    client: Client::InProcess(orchestrator.clone()),
+                    orchestrator: Some(orchestrator),
+                    store,
+                    stop,
+                    servers,
+                }
+            }
+            Mode::Distributed => {
+                let (listener, executor_endpoint) = listen().await?;
+                let stopped = stop.clone().cancelled_owned();
+                servers.push(tokio::spawn(agentloop_demo_executor::run(
+                    listener, executor, stopped,
+                )));
+                let tools = ToolsConfig::from_descriptors(
+                    &executor_endpoint,
+                    agentloop_demo_executor::descriptors(),
+                )?;
+                let policy =
+                    PolicyServer::from_descriptors(&tools.descriptors(), &PolicyConfig::default())?;
+                let gateway = Gateway::new(tools, limits).await?;
+                let (listener, tools_endpoint) = listen().await?;
+                let stopped = stop.clone().cancelled_owned();
+                servers.push(tokio::spawn(agentloop_tools::run(
+                    listener, gateway, stopped,
+                )));
+                let (listener, policy_endpoint) = listen().await?;
+                let stopped = stop.clone().cancelled_owned();
+                servers.push(tokio::spawn(agentloop_policy::run(
+                    listener, policy, stopped,
+                )));
+                let (listener, decision_endpoint) = listen().await?;
+                let stopped = stop.clone().cancelled_owned();
+                servers.push(tokio::spawn(agentloop_decision::run(
+                    listener,
+                    DecisionServer::new(Some(model)),
+                    stopped,
+                )));
+                let (listener, ledger_endpoint) = listen().await?;
+                let stopped = stop.clone().cancelled_owned();
+                let ledger =
+                    agentloop_ledger::LedgerService::new(ledger_config.open_store().await?);
+                servers.push(tokio::spawn(agentloop_server::serve(
+                    listener,
+                    agentloop_server::ServiceSet::new()
+                        .add(agentloop_proto::server::effect_ledger(ledger)),
+                    stopped,
+                )));
+                let ports = Ports::grpc(
+                    channel(&decision_endpoint).await?,
+                    channel(&policy_endpoint).await?,
+                    channel(&tools_endpoint).await?,
+                    channel(&ledger_endpoint).await?,
+                );
+                let orchestrator = Orchestrator::new(config, Arc::new(store.clone()), ports);
+                orchestrator.resume().await?;
+                let (listener, endpoint) = listen().await?;
+                let stopped = stop.clone().cancelled_owned();
+                servers.push(tokio::spawn(agentloop_orchestrator::run(
+                    listener,
+                    orchestrator,
+                    stopped,
+                )));
+                Deployment {
+                    client: Client::Grpc(agentloop_proto::client::orchestrator(
+                        channel(&endpoint).await?,
+                    )),
+                    orchestrator: None,
+                    store,
+                    stop,
+                    servers,
+                }
+            }
+        };
+        Ok(deployment)
+    }
+
+    /// Drains the orchestrator, stops the servers and closes the store.
+    async fn stop(self) {
+        if let Some(orchestrator) = &self.orchestrator {
+            orchestrator.shutdown().await;
+        }
+        self.stop.cancel();
+        for server in self.servers {
+            match server.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::warn!(%error, "a bench server failed"),
+                Err(error) => tracing::warn!(%error, "a bench server task failed"),
+            }
+        }
+        self.store.close().await;
+    }
+}
+
+/// The orchestrator's configuration for the workload: budgets that fit T turns exactly,
+/// and room for N invocations at once.
+fn orchestrator_config(options: &BenchOptions) -> OrchestratorConfig {
+    let mut config = OrchestratorConfig::default();
+    let tool_calls = 2 * options.turns.saturating_sub(1);
+    config.limits.max_steps = options.turns;
+    config.limits.max_tool_calls = tool_calls;
+    config.bounds.max_steps_cap = config.bounds.max_steps_cap.max(options.turns);
+    config.bounds.max_tool_calls_cap = config.bounds.max_tool_calls_cap.max(tool_calls);
+    config.bounds.max_running = config.bounds.max_running.max(options.invocations as usize);
+    config
+}
+
+async fn listen() -> anyhow::Result<(tokio::net::TcpListener, String)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let endpoint = format!("http://{}", listener.local_addr()?);
+    Ok((listener, endpoint))
+}
+
+async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
+    let config = ClientConfig::default()
+        .with_lazy(true)
+        // Watches last as long as their invocation.
+        .with_request_timeout(None);
+    Ok(connect(endpoint, config).await?)
+}
+
+fn start_request() -> pb::StartInvocationRequest {
+    pb::StartInvocationRequest {
+        goal: "Look up the customer's records, two at a time, and summarise the last two."
+            .to_owned(),
+        allowed_tools: vec![LOOKUP.to_owned()],
+        ..pb::StartInvocationRequest::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Driving.
+
+/// What one invocation showed its watcher.
+struct Observed {
+    turns: u64,
+    /// Commit-to-commit gaps, in microseconds.
+    gaps: Vec<u64>,
+    total: Duration,
+    failure: Option<String>,
+}
+
+/// Starts one invocation, follows it to its end and checks it.
+async fn follow(client: Client, turns: u32) -> Observed {
+    let started = Instant::now();
+    let mut observed = Observed {
+        turns: 0,
+        gaps: Vec::with_capacity(turns as usize),
+        total: Duration::ZERO,
+        failure: None,
+    };
+    let stream = match client.start(start_request()).await {
+        Ok(id) => client.watch(id).await,
+        Err(status) => Err(status),
+    };
+    let mut stream = match stream {
+        Ok(stream) => stream,
+        Err(status) => {
+            observed.failure = Some(format!("start or watch failed: {status}"));
+            return observed;
+        }
+    };
+    let mut last: Option<Instant> = None;
+    let mut end = None;
+    while let Some(item) = stream.next().await {
+        let now = Instant::now();
+        let event = match item {
+            Ok(response) => response.event,
+            Err(status) => {
+                observed.failure = Some(format!("watch failed: {status}"));
+                return observed;
+            }
+        };
+        // The last turn commits its `Turn` and the `Ended` event together.
+        match event.and_then(|event| event.body) {
+            Some(pb::event::Body::Turn(_)) => {
+                observed.turns += 1;
+                if let Some(previous) = last {
+                    let gap = now.duration_since(previous).as_micros();
+                    observed.gaps.push(u64::try_from(gap).unwrap_or(u64::MAX));
+                }
+                last = Some(now);
+            }
+            Some(pb::event::Body::Ended(ended)) => {
+                end = Some(ended);
+                break;
+            }
+            Some(_) | None => {}
+        }
+    }
+    observed.total = started.elapsed();
+    let expected = expected_answer(turns);
+    observed.failure = match end {
+        None => Some("the watch ended before the invocation did".to_owned()),
+        Some(ended) if ended.reason() != pb::TerminalReason::Completed => {
+            Some(format!("ended {:?}: {}", ended.reason(), ended.detail))
+        }
+        Some(ended) if ended.answer.as_deref() != Some(expected.as_str()) => {
+            Some(format!("answer {:?}, expected {expected:?}", ended.answer))
+        }
+        Some(_) if observed.turns != u64::from(turns) => Some(format!(
+            "{} turns committed, expected {turns}",
+            observed.turns
+        )),
+        Some(_) => None,
+    };
+    observed
+}
+
+async fn drive(deployment: &Deployment, options: &BenchOptions) -> anyhow::Result<Figures> {
+    let cpu_before = cpu_time()?;
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for _ in 0..options.invocations {
+        tasks.spawn(follow(deployment.client.clone(), options.turns));
+    }
+    let mut figures = Figures {
+        completed: 0,
+        first_failure: None,
+        turns: 0,
+        elapsed: Duration::ZERO,
+        cpu: Duration::ZERO,
+        turn_latency: Histogram::default(),
+        invocation_latency: Histogram::default(),
+        park: None,
+    };
+    let collect = async {
+        while let Some(joined) = tasks.join_next().await {
+            let observed = joined.context("an invocation's driver panicked")?;
+            figures.turns += observed.turns;
+            for gap in &observed.gaps {
+                figures.turn_latency.record(*gap);
+            }
+            figures
+                .invocation_latency
+                .record(u64::try_from(observed.total.as_micros()).unwrap_or(u64::MAX));
+            match observed.failure {
+                None => figures.completed += 1,
+                Some(failure) => {
+                    figures.first_failure.get_or_insert(failure);
+                }
+            }
+        }
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(RUN_TIMEOUT, collect)
+        .await
+        .context("the run took longer than an hour")??;
+    figures.elapsed = started.elapsed();
+    figures.cpu = cpu_time()?.saturating_sub(cpu_before);
+    Ok(figures)
+}
+
+/// Park mode: start all, wait until all wait, measure, release, wait for the end.
+async fn park(
+    deployment: &Deployment,
+    options: &BenchOptions,
+    gate: &Gate,
+) -> anyhow::Result<Figures> {
+    let total = u64::from(options.invocations);
+    let rss_before = process_status("VmRSS:").context("cannot read VmRSS")?;
+    let cpu_before = cpu_time()?;
+    let started = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let mut starters = JoinSet::new();
+    for _ in 0..PARK_STARTERS {
+        let (client, next) = (deployment.client.clone(), Arc::clone(&next));
+        starters.spawn(async move {
+            while next.fetch_add(1, Relaxed) < total {
+                client.start(start_request()).await?;
+            }
+            Ok::<(), tonic::Status>(())
+        });
+    }
+    while let Some(joined) = starters.join_next().await {
+        joined.context("a starter panicked")??;
+    }
+    let mut waiting = gate.waiting.subscribe();
+    tokio::time::timeout(RUN_TIMEOUT, waiting.wait_for(|n| *n >= total))
+        .await
+        .context("the invocations did not all park within an hour")??;
+    let rss_parked = process_status("VmRSS:").context("cannot read VmRSS")?;
+    gate.released.send_replace(true);
+
+    // T turns, the last one committed with the `Ended` event.
+    let expected_events = total * (u64::from(options.turns) + 1);
+    let finished = async {
+        loop {
+            let stats = deployment.store.stats();
+            if deployment.store.running(None, 1).await?.is_empty() {
+                return anyhow::Ok(stats);
+            }
+            tokio::time::sleep(PARK_POLL).await;
+        }
+    };
+    tokio::time::timeout(RUN_TIMEOUT, finished)
+        .await
+        .context("the released invocations did not end within an hour")??;
+    let elapsed = started.elapsed();
+    let storage = deployment.store.storage().await?;
+    // Each invocation commits at most T + 1 events (its step budget is T); all of them
+    // means every invocation got to its answer.
+    let complete = storage.events == expected_events;
+    Ok(Figures {
+        completed: if complete { total } else { 0 },
+        first_failure: (!complete).then(|| {
+            format!(
+                "{} events committed, expected {expected_events}",
+                storage.events
+            )
+        }),
+        turns: storage.events.saturating_sub(total),
+        elapsed,
+        cpu: cpu_time()?.saturating_sub(cpu_before),
+        turn_latency: Histogram::default(),
+        invocation_latency: Histogram::default(),
+        park: Some(ParkReport {
+            parked: total,
+            rss_before_bytes: rss_before,
+            rss_parked_bytes: rss_parked,
+            bytes_per_parked_invocation: rss_parked.saturating_sub(rss_before) as f64
+                / total as f64,
+        }),
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Measuring.
+
+/// Latencies in microseconds in log-linear buckets: exact below 64 µs, then 32 buckets
+/// per power of two (at most 3% off), so its size is fixed whatever the sample count.
+#[derive(Debug, Clone)]
+struct Histogram {
+    counts: Vec<u64>,
+    total: u64,
+}
+
+const SUB_BITS: u32 = 5;
+const LINEAR: u64 = 2 << SUB_BITS;
+const BUCKETS: usize = LINEAR as usize + (64 - SUB_BITS as usize - 1) * (1 << SUB_BITS);
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            counts: vec![0; BUCKETS],
+            total: 0,
+        }
+    }
+}
+
+impl Histogram {
+    fn bucket(value: u64) -> usize {
+        if value < LINEAR {
+            return value as usize;
+        }
+        let exponent = 63 - value.leading_zeros();
+        let mantissa = (value >> (exponent - SUB_BITS)) - (1 << SUB_BITS);
+        LINEAR as usize + ((exponent - SUB_BITS - 1) as usize) * (1 << SUB_BITS) + mantissa as usize
+    }
+
+    /// The smallest value of a bucket.
+    fn lowest(bucket: usize) -> u64 {
+        let bucket = bucket as u64;
+        if bucket < LINEAR {
+            return bucket;
+        }
+        let offset = bucket - LINEAR;
+        let exponent = offset / (1 << SUB_BITS) + u64::from(SUB_BITS) + 1;
+        let mantissa = offset % (1 << SUB_BITS) + (1 << SUB_BITS);
+        mantissa << (exponent - u64::from(SUB_BITS))
+    }
+
+    fn record(&mut self, value: u64) {
+        if let Some(count) = self.counts.get_mut(Histogram::bucket(value)) {
+            *count += 1;
+            self.total += 1;
+        }
+    }
+
+    /// The value at quantile `q` (0..=1), in microseconds; 0 when empty.
+    fn quantile(&self, q: f64) -> u64 {
+        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total.max(1));
+        let mut seen = 0;
+        for (bucket, count) in self.counts.iter().enumerate() {
+            seen += count;
+            if seen >= rank && *count > 0 {
+                return Histogram::lowest(bucket);
+            }
+        }
+        0
+    }
+
+    fn percentiles(&self) -> Percentiles {
+        Percentiles {
+            p50: self.quantile(0.50) as f64 / 1000.0,
+            p99: self.quantile(0.99) as f64 / 1000.0,
+        }
+    }
+}
+
+/// A `kB` line of `/proc/self/status`, in bytes.
+fn process_status(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with(field))?;
+    let kib: u64 = line[field.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// User + system CPU time of the process so far (`/proc/self/stat`, in USER_HZ = 100
+/// ticks per second on Linux).
+fn cpu_time() -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").context("cannot read /proc/self/stat")?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("/proc/self/stat has no command name")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |index: usize| -> anyhow::Result<u64> {
+        let field = fields.get(index).context("/proc/self/stat is too short")?;
+        Ok(field.parse()?)
+    };
+    // utime and stime are fields 14 and 15 of the line; 12 and 13 after the name.
+    let ticks = tick(11)? + tick(12)?;
+    Ok(Duration::from_millis(ticks * 10))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_round_trip_within_three_percent() {
+        for value in [
+            0,
+            1,
+            63,
+            64,
+            65,
+            100,
+            1_000,
+            12_345,
+            1_000_000,
+            u64::MAX / 2,
+        ] {
+            let lowest = Histogram::lowest(Histogram::bucket(value));
+            assert!(lowest <= value, "{value}: {lowest}");
+            assert!(
+                (value - lowest) as f64 <= value as f64 * 0.032,
+                "{value}: {lowest}"
+            );
+        }
+        assert!(Histogram::bucket(u64::MAX) < BUCKETS);
+        let mut histogram = Histogram::default();
+        for value in 1..=1_000 {
+            histogram.record(value);
+        }
+        assert_eq!(histogram.quantile(0.5), 496);
+        assert!(histogram.quantile(0.99) >= 960 && histogram.quantile(0.99) <= 990);
+        assert_eq!(Histogram::default().quantile(0.5), 0);
+    }
+
+    #[test]
+    fn each_turn_looks_up_other_keys_and_the_answer_names_the_last_two() {
+        for turn in 1..20 {
+            assert_ne!(keys_of(turn), keys_of(turn + 1));
+        }
+        assert_eq!(expected_answer(10), "orders=3 open; invoices=2 unpaid");
+        assert_eq!(expected_answer(1), "nothing was looked up");
+    }
+}

@@ -1,0 +1,166 @@
+//! `agentloop bench` as a user runs it: a small workload in each mode, and the reported
+//! figures agree with each other and with the workload.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn bench(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_agentloop"))
+        .arg("bench")
+        .arg("--dir")
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn report(output: &Output) -> Value {
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn number(report: &Value, field: &str) -> f64 {
+    report[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{field} is not a number in {report}"))
+}
+
+/// The figures every run must satisfy, whatever the machine.
+fn check_consistent(report: &Value, invocations: u64, turns: u64) {
+    assert_eq!(report["invocations"], invocations);
+    assert_eq!(report["turns_per_invocation"], turns);
+    assert_eq!(report["completed"], invocations, "{report}");
+    assert_eq!(report["failed"], 0);
+    assert!(report["first_failure"].is_null());
+    assert_eq!(report["turns"], invocations * turns);
+    let elapsed = number(report, "elapsed_s");
+    let rate = number(report, "turns_per_s");
+    assert!(elapsed > 0.0);
+    let expected_rate = (invocations * turns) as f64 / elapsed;
+    assert!(
+        (rate - expected_rate).abs() <= expected_rate * 1e-6,
+        "{report}"
+    );
+    let fsyncs = number(report, "fsyncs");
+    assert!(fsyncs > 0.0, "every turn is committed durably");
+    let per_turn = number(report, "fsyncs_per_turn");
+    assert!((per_turn - fsyncs / (invocations * turns) as f64).abs() < 1e-9);
+    assert!(number(report, "largest_group") >= 1.0);
+    let stored = number(report, "stored_bytes_per_turn");
+    let bodies = number(report, "event_bytes_per_turn");
+    assert!(bodies > 100.0 && stored > bodies, "{report}");
+    assert!(number(report, "cpu_us_per_turn") > 0.0);
+    assert!(number(report, "peak_rss_bytes") > 1_000_000.0);
+}
+
+fn check_latencies(report: &Value) {
+    for field in ["turn_latency_ms", "invocation_latency_ms"] {
+        let p50 = report[field]["p50"].as_f64().unwrap();
+        let p99 = report[field]["p99"].as_f64().unwrap();
+        assert!(p50 > 0.0 && p50 <= p99, "{field}: {report}");
+    }
+    // An invocation takes at least its turns after the first.
+    assert!(
+        report["invocation_latency_ms"]["p99"].as_f64().unwrap()
+            >= report["turn_latency_ms"]["p50"].as_f64().unwrap()
+    );
+}
+
+#[test]
+fn embedded_bench_reports_consistent_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(
+        dir.path(),
+        &["--invocations", "12", "--turns", "4", "--json"],
+    );
+    let report = report(&output);
+    assert_eq!(report["mode"], "embedded");
+    check_consistent(&report, 12, 4);
+    check_latencies(&report);
+    assert!(report["park"].is_null());
+    // Twelve invocations in flight share commits: fewer fsyncs than commits of turns.
+    assert!(number(&report, "fsyncs") < 12.0 * 4.0, "{report}");
+    // The temporary data directory is gone afterwards.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn distributed_bench_reports_consistent_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(
+        dir.path(),
+        &[
+            "--invocations",
+            "6",
+            "--turns",
+            "3",
+            "--mode",
+            "distributed",
+            "--json",
+        ],
+    );
+    let report = report(&output);
+    assert_eq!(report["mode"], "distributed");
+    check_consistent(&report, 6, 3);
+    check_latencies(&report);
+}
+
+#[test]
+fn park_mode_reports_memory_per_parked_invocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(
+        dir.path(),
+        &["--invocations", "50", "--turns", "2", "--park", "--json"],
+    );
+    let report = report(&output);
+    check_consistent(&report, 50, 2);
+    let park = &report["park"];
+    assert_eq!(park["parked"], 50);
+    let before = park["rss_before_bytes"].as_f64().unwrap();
+    let parked = park["rss_parked_bytes"].as_f64().unwrap();
+    let each = park["bytes_per_parked_invocation"].as_f64().unwrap();
+    assert!(before > 0.0 && parked > 0.0);
+    assert!(
+        (each - (parked - before).max(0.0) / 50.0).abs() < 1e-6,
+        "{report}"
+    );
+}
+
+#[test]
+fn text_output_names_each_figure() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(dir.path(), &["--invocations", "3", "--turns", "2"]);
+    assert_eq!(output.status.code(), Some(0));
+    let text = String::from_utf8(output.stdout).unwrap();
+    for expected in [
+        "3 invocations x 2 turns",
+        "completed        3 of 3",
+        "turns            6 in",
+        "turns/s",
+        "commit to commit",
+        "per turn (all threads)",
+        "peak RSS",
+        "B per turn",
+        "fsyncs",
+    ] {
+        assert!(text.contains(expected), "{expected:?} missing from\n{text}");
+    }
+}
+
+#[test]
+fn out_of_range_workloads_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let zero = bench(dir.path(), &["--invocations", "0"]);
+    assert_eq!(zero.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&zero.stderr).contains("--invocations"));
+    let mode = bench(dir.path(), &["--mode", "sideways"]);
+    assert_eq!(mode.status.code(), Some(2));
+}

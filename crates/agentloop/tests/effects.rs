@@ -1,0 +1,496 @@
+//! `agentloop effects --unresolved` as an operator runs it: the real binary against a real
+//! ledger gRPC server on 127.0.0.1 port 0, against the embedded stack (`agentloop dev`'s
+//! one port), and on an embedded data directory's ledger file.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use agentloop::embedded::{Stack, StackOptions};
+use agentloop_ledger::{LedgerConfig, LedgerStore, NewEffect, Outcome, effect_key};
+use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+/// Runs the binary off the runtime's worker threads, so the in-process server keeps
+/// serving while the test waits for it.
+async fn agentloop(data_dir: &Path, args: &[&str]) -> Output {
+    let data_dir = data_dir.to_owned();
+    let args: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_agentloop"))
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+fn json_lines(output: &Output) -> Vec<Value> {
+    stdout(output)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+struct Ledger {
+    endpoint: String,
+    client: EffectLedgerServiceClient<Channel>,
+    stop: oneshot::Sender<()>,
+    handle: tokio::task::JoinHandle<Result<(), agentloop_ledger::RunError>>,
+}
+
+/// The ledger service as deployed: `agentloop_ledger::run` on a free loopback port.
+async fn start_ledger(data_dir: &Path) -> Ledger {
+    let config = LedgerConfig {
+        data_dir: data_dir.to_owned(),
+        ..LedgerConfig::default()
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let handle = tokio::spawn(async move {
+        agentloop_ledger::run(listener, &config, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let endpoint = format!("http://{addr}");
+    let client = connect(&endpoint).await;
+    Ledger {
+        endpoint,
+        client,
+        stop,
+        handle,
+    }
+}
+
+async fn connect(endpoint: &str) -> EffectLedgerServiceClient<Channel> {
+    let channel = Channel::from_shared(endpoint.to_owned())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    EffectLedgerServiceClient::new(channel)
+}
+
+impl Ledger {
+    async fn stop(self) {
+        drop(self.client);
+        self.stop.send(()).unwrap();
+        self.handle.await.unwrap().unwrap();
+    }
+}
+
+/// Where an entry is left, driven through the ledger's own RPCs.
+#[derive(Debug, Clone, Copy)]
+enum Leave {
+    Prepared,
+    Dispatched,
+    Unknown,
+    Flagged,
+    Committed,
+}
+
+async fn leave(
+    client: &mut EffectLedgerServiceClient<Channel>,
+    invocation: &str,
+    call: &str,
+    at: Leave,
+) {
+    let key = effect_key(invocation, call);
+    client
+        .prepare(pb::PrepareRequest {
+            invocation_id: invocation.into(),
+            call_id: call.into(),
+            effect_key: key.clone(),
+            tool: "transfer".into(),
+        })
+        .await
+        .unwrap();
+    if matches!(at, Leave::Prepared) {
+        return;
+    }
+    client
+        .mark_dispatched(pb::MarkDispatchedRequest {
+            effect_key: key.clone(),
+            expected_state: pb::EffectState::Prepared as i32,
+        })
+        .await
+        .unwrap();
+    let record =
+        |expected: pb::EffectState, state: pb::EffectState, detail: &str| pb::RecordRequest {
+            effect_key: key.clone(),
+            expected_state: expected as i32,
+            state: state as i32,
+            receipt: String::new(),
+            detail: detail.into(),
+        };
+    let outcome = match at {
+        Leave::Prepared | Leave::Dispatched => return,
+        Leave::Committed => pb::EffectState::Committed,
+        Leave::Unknown | Leave::Flagged => pb::EffectState::OutcomeUnknown,
+    };
+    client
+        .record(record(
+            pb::EffectState::Dispatched,
+            outcome,
+            "deadline exceeded",
+        ))
+        .await
+        .unwrap();
+    if matches!(at, Leave::Flagged) {
+        client
+            .record(record(
+                pb::EffectState::OutcomeUnknown,
+                pb::EffectState::ReconciliationRequired,
+                "executor cannot tell\nwhether it applied",
+            ))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_unresolved_entries_of_a_ledger_over_grpc() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ledger = start_ledger(&dir.path().join("ledger-service")).await;
+    leave(&mut ledger.client, "inv-a", "c1", Leave::Prepared).await;
+    leave(&mut ledger.client, "inv-a", "c2", Leave::Dispatched).await;
+    leave(&mut ledger.client, "inv-b", "c3", Leave::Flagged).await;
+    leave(&mut ledger.client, "inv-b", "c4", Leave::Committed).await;
+    leave(&mut ledger.client, "inv-b", "c5", Leave::Unknown).await;
+    let endpoint = ledger.endpoint.clone();
+    // The CLI must not read the (empty) data directory when --ledger is given.
+    let empty = dir.path().join("unused");
+
+    let output = agentloop(&empty, &["effects", "--unresolved", "--ledger", &endpoint]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let text = stdout(&output);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 6, "{text}");
+    assert!(lines[0].starts_with("STATE"), "{text}");
+    let states: Vec<&str> = lines[1..5]
+        .iter()
+        .map(|line| line.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(
+        states,
+        [
+            "prepared",
+            "dispatched",
+            "reconciliation_required",
+            "outcome_unknown"
+        ]
+    );
+    assert!(
+        lines[3].contains(&effect_key("inv-b", "c3")),
+        "the operator sees the key the executor dedupes on: {text}"
+    );
+    assert!(
+        lines[3].ends_with("executor cannot tell whether it applied"),
+        "{text}"
+    );
+    assert!(
+        !text.contains(" c4 "),
+        "committed entries are not listed: {text}"
+    );
+    assert_eq!(
+        lines[5],
+        "4 unresolved; 1 need an operator (reconciliation_required)"
+    );
+
+    let output = agentloop(
+        &empty,
+        &["effects", "--unresolved", "--ledger", &endpoint, "--json"],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let entries = json_lines(&output);
+    let calls: Vec<&str> = entries
+        .iter()
+        .map(|e| e["call_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(calls, ["c1", "c2", "c3", "c5"]);
+    assert_eq!(entries[2]["state"], "reconciliation_required");
+    assert_eq!(
+        entries[2]["detail"],
+        "executor cannot tell\nwhether it applied"
+    );
+    assert_eq!(entries[2]["effect_key"], effect_key("inv-b", "c3"));
+    assert_eq!(entries[2]["attempt"], 1);
+    assert!(entries[2]["updated_at_ms"].as_i64().unwrap() > 0);
+
+    let output = agentloop(
+        &empty,
+        &[
+            "effects",
+            "--unresolved",
+            "--ledger",
+            &endpoint,
+            "--invocation",
+            "inv-b",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let calls: Vec<String> = json_lines(&output)
+        .iter()
+        .map(|e| e["call_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(calls, ["c3", "c5"]);
+
+    // The operator settles c3; it leaves the listing.
+    ledger
+        .client
+        .record(pb::RecordRequest {
+            effect_key: effect_key("inv-b", "c3"),
+            expected_state: pb::EffectState::ReconciliationRequired as i32,
+            state: pb::EffectState::Committed as i32,
+            receipt: "txn-9".into(),
+            detail: "operator: found in the bank statement".into(),
+        })
+        .await
+        .unwrap();
+    let output = agentloop(
+        &empty,
+        &[
+            "effects",
+            "--unresolved",
+            "--ledger",
+            &endpoint,
+            "--invocation",
+            "inv-b",
+        ],
+    )
+    .await;
+    let text = stdout(&output);
+    assert!(
+        text.ends_with("1 unresolved; 0 need an operator (reconciliation_required)\n"),
+        "{text}"
+    );
+    let output = agentloop(
+        &empty,
+        &[
+            "effects",
+            "--unresolved",
+            "--ledger",
+            &endpoint,
+            "--invocation",
+            "inv-none",
+        ],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(stdout(&output), "no unresolved effects\n");
+    assert!(!empty.exists(), "--ledger left the data directory alone");
+    ledger.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_through_more_entries_than_one_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ledger = start_ledger(&dir.path().join("ledger-service")).await;
+    // More than one page of the CLI's (500), and more than the server's default (100).
+    let total = 520;
+    for i in 0..total {
+        leave(
+            &mut ledger.client,
+            "inv-many",
+            &format!("c{i:04}"),
+            Leave::Prepared,
+        )
+        .await;
+    }
+    leave(&mut ledger.client, "inv-other", "x", Leave::Prepared).await;
+    let output = agentloop(
+        dir.path(),
+        &[
+            "effects",
+            "--unresolved",
+            "--ledger",
+            &ledger.endpoint,
+            "--invocation",
+            "inv-many",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let calls: Vec<String> = json_lines(&output)
+        .iter()
+        .map(|e| e["call_id"].as_str().unwrap().to_owned())
+        .collect();
+    let expected: Vec<String> = (0..total).map(|i| format!("c{i:04}")).collect();
+    assert_eq!(calls, expected, "every entry once, oldest first");
+    ledger.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn works_with_the_embedded_stack_and_its_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let stack = Stack::start(StackOptions::embedded(data_dir.clone(), None))
+        .await
+        .unwrap();
+    // `agentloop dev` serves the ledger on its one port.
+    let endpoint = stack.endpoint();
+    let mut client = connect(&endpoint).await;
+    leave(&mut client, "inv-dev", "c1", Leave::Flagged).await;
+    leave(&mut client, "inv-dev", "c2", Leave::Committed).await;
+    drop(client);
+
+    let remote = agentloop(
+        dir.path(),
+        &["effects", "--unresolved", "--ledger", &endpoint, "--json"],
+    )
+    .await;
+    assert_eq!(remote.status.code(), Some(0), "{}", stderr(&remote));
+    // The data directory's file, read while the stack still runs (WAL lets readers in).
+    let local = agentloop(&data_dir, &["effects", "--unresolved", "--json"]).await;
+    assert_eq!(local.status.code(), Some(0), "{}", stderr(&local));
+    assert_eq!(stdout(&local), stdout(&remote));
+    let entries = json_lines(&local);
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0]["call_id"], "c1");
+    assert_eq!(entries[0]["state"], "reconciliation_required");
+    stack.stop().await.unwrap();
+
+    // And after it stopped, as a table.
+    let local = agentloop(&data_dir, &["effects", "--unresolved"]).await;
+    assert_eq!(local.status.code(), Some(0), "{}", stderr(&local));
+    assert!(stdout(&local).contains("reconciliation_required"));
+}
+
+#[tokio::test]
+async fn reads_a_ledger_file_written_by_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LedgerConfig {
+        data_dir: dir.path().join(agentloop::embedded::LEDGER_DIR),
+        ..LedgerConfig::default()
+    }
+    .open_store()
+    .await
+    .unwrap();
+    write_flagged(&store, "inv-file", "c1").await;
+    store.close().await;
+
+    let output = agentloop(
+        dir.path(),
+        &[
+            "effects",
+            "--unresolved",
+            "--invocation",
+            "inv-file",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let entries = json_lines(&output);
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0]["detail"], "cannot tell");
+}
+
+async fn write_flagged(store: &LedgerStore, invocation: &str, call: &str) {
+    let new = NewEffect {
+        invocation_id: invocation.into(),
+        call_id: call.into(),
+        effect_key: effect_key(invocation, call),
+        tool: "transfer".into(),
+    };
+    store.prepare(&new).await.unwrap();
+    store
+        .mark_dispatched(&new.effect_key, agentloop_ledger::EffectState::Prepared)
+        .await
+        .unwrap();
+    store
+        .record(
+            &new.effect_key,
+            agentloop_ledger::EffectState::Dispatched,
+            Outcome::OutcomeUnknown,
+            "",
+            "lost",
+        )
+        .await
+        .unwrap();
+    store
+        .record(
+            &new.effect_key,
+            agentloop_ledger::EffectState::OutcomeUnknown,
+            Outcome::ReconciliationRequired,
+            "",
+            "cannot tell",
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn mistakes_are_reported_with_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    // A directory without a ledger: said so, and nothing is created there.
+    let missing = dir.path().join("nothing-here");
+    let output = agentloop(&missing, &["effects", "--unresolved"]).await;
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("no effect ledger in"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!missing.exists());
+
+    // A ledger nobody serves.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let output = agentloop(
+        dir.path(),
+        &[
+            "effects",
+            "--unresolved",
+            "--ledger",
+            &format!("http://127.0.0.1:{port}"),
+        ],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("cannot reach the effect ledger"),
+        "{}",
+        stderr(&output)
+    );
+
+    // Usage: the listing must be named, and an empty filter is refused.
+    let output = agentloop(dir.path(), &["effects"]).await;
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("--unresolved"),
+        "{}",
+        stderr(&output)
+    );
+    let output = agentloop(dir.path(), &["effects", "--unresolved", "--invocation", ""]).await;
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("--invocation must not be empty"),
+        "{}",
+        stderr(&output)
+    );
+}

@@ -1,0 +1,731 @@
+//! The one writer of a SQLite store: group commit.
+//!
+//! SQLite has a single write lock and, with `synchronous=FULL`, one fsync of the WAL per
+//! committed transaction. One transaction per append would cap a store at one turn per
+//! fsync (a few milliseconds on ordinary disks), however many invocations run. So every
+//! write of a [`crate::SqliteStore`] goes through one task that owns the only writing
+//! connection: it takes whatever jobs have queued up (at most [`MAX_GROUP`]), runs them
+//! in one `BEGIN IMMEDIATE` transaction and commits it with one fsync. Nothing is
+//! acknowledged before that commit returns, so a caller that got `Ok` has a durable write.
+//!
+//! Each job still gets its own result:
+//! - appends are checked one by one, in queue order, against the invocation rows read
+//!   inside the transaction and updated in memory as the group goes, so a version
+//!   conflict, a stale epoch or an ended invocation fails that append alone (a second
+//!   append to the same invocation in the same group sees the first one). The accepted
+//!   appends are then written by multi-row `INSERT` and `UPDATE` statements of up to 64
+//!   rows, so a group of a thousand turns takes a few dozen statements, not thousands.
+//!   If those statements fail anyway (a row changed behind the store's back), the group
+//!   is rolled back and its appends replayed one by one, each under a savepoint, so only
+//!   the culprit fails;
+//! - other writes (`create`, `claim`, `request_cancel`) are sessions: a function run on
+//!   the connection under its own savepoint, rolled back alone when it returns an error.
+//!
+//! Only a failed `COMMIT` (I/O error, full disk) fails the whole group. Routing every
+//! write through this task also means no writer ever waits in SQLite's busy handler,
+//! which sleeps and could starve behind a busy group writer.
+//!
+//! The queue is bounded ([`QUEUE_BOUND`]): when the disk cannot keep up, callers wait to
+//! enqueue instead of piling up memory.
+//!
+//! WAL checkpoints (copying the log into the database file) mostly do not run on the
+//! writer's connection, where SQLite would run them inside a commit and stall every
+//! writer: the writer's automatic checkpoint is off, and after every [`CHECKPOINT_EVERY`]
+//! writes it asks a checkpointer task to run a `PASSIVE` checkpoint on a reading
+//! connection, which proceeds alongside the writer's next groups. That one can never copy
+//! the frames committed while it ran, and SQLite only restarts the log from its start once
+//! every frame is copied; so after each, the writer copies that short tail itself between
+//! two groups, and the log stays a few MiB instead of growing for ever.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry::{Occupied, Vacant};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::future::BoxFuture;
+use sqlx::sqlite::{SqliteConnection, SqlitePool};
+use sqlx::{AssertSqlSafe, Connection, Row};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use crate::codec::{
+    counter_to_i64, encode_events, ended_record, parse_state, state_text, stored_u64, time_to_i64,
+    to_json,
+};
+use crate::{Append, InvocationState, StoreError};
+
+/// Most jobs one transaction carries. Bounds the latency a group adds to its jobs and
+/// the memory it holds.
+pub(crate) const MAX_GROUP: usize = 1_024;
+/// Most jobs waiting for the writer; senders wait beyond it.
+pub(crate) const QUEUE_BOUND: usize = 4_096;
+/// Writes between two checkpoint requests: a few MiB of log, like SQLite's default of
+/// 1,000 pages.
+pub(crate) const CHECKPOINT_EVERY: u64 = 1_024;
+
+/// What the writer has done since the store was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SqliteStats {
+    /// Write transactions committed. Under `synchronous=FULL` each one is one fsync of
+    /// the WAL.
+    pub commits: u64,
+    /// Checkpoints that found the log holding copied frames (the background ones and
+    /// the writer's tails): about two fsyncs each (the log, then the database file).
+    pub checkpoints: u64,
+    /// Appends acknowledged.
+    pub appends: u64,
+    /// Other writes acknowledged (`create`, `claim`, `request_cancel`).
+    pub sessions: u64,
+    /// The most jobs one transaction carried.
+    pub largest_group: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    commits: AtomicU64,
+    checkpoints: AtomicU64,
+    appends: AtomicU64,
+    sessions: AtomicU64,
+    largest_group: AtomicU64,
+}
+
+/// A session's work: runs on the writer's connection inside the group transaction.
+pub(crate) type SessionFn<T> = Box<
+    dyn for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, StoreError>> + Send,
+>;
+
+/// Hands a finished session's result to its caller once the group's fate is known.
+type Deliver = Box<dyn FnOnce(Result<(), &sqlx::Error>) + Send>;
+
+/// A type-erased session: runs, then says whether it succeeded and how to deliver.
+trait Session: Send {
+    fn run<'c>(self: Box<Self>, conn: &'c mut SqliteConnection) -> BoxFuture<'c, (bool, Deliver)>;
+}
+
+struct Typed<T> {
+    work: SessionFn<T>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T: Send + 'static> Session for Typed<T> {
+    fn run<'c>(self: Box<Self>, conn: &'c mut SqliteConnection) -> BoxFuture<'c, (bool, Deliver)> {
+        let Typed { work, reply } = *self;
+        Box::pin(async move {
+            let result = work(conn).await;
+            let succeeded = result.is_ok();
+            let deliver: Deliver = Box::new(move |commit| {
+                let answer = match commit {
+                    Ok(()) => result,
+                    Err(error) => Err(group_failure(error)),
+                };
+                // The caller may have gone away; its write is committed all the same.
+                let _ = reply.send(answer);
+            });
+            (succeeded, deliver)
+        })
+    }
+}
+
+/// One append, encoded by the caller (so the writer spends its time on SQL only).
+pub(crate) struct AppendJob {
+    invocation_id: Uuid,
+    id_text: String,
+    expected_version: u64,
+    lease_epoch: u64,
+    epoch_column: i64,
+    /// `(seq, body JSON)`, seq `expected_version + 1` onwards.
+    rows: Vec<(i64, String)>,
+    new_version: i64,
+    totals: String,
+    end: Option<String>,
+    committed_at: i64,
+    reply: oneshot::Sender<Result<(), StoreError>>,
+}
+
+enum Job {
+    Append(AppendJob),
+    Session(Box<dyn Session>),
+    /// Finish what is queued, then stop.
+    Close,
+}
+
+/// The handle every clone of a store shares; the task stops when the last one is dropped.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    jobs: mpsc::Sender<Job>,
+    counters: Arc<Counters>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Job::Append(_) => "Append",
+            Job::Session(_) => "Session",
+            Job::Close => "Close",
+        })
+    }
+}
+
+impl Writer {
+    /// Starts the writer task on `conn`, which must not be used by anything else and
+    /// must have its automatic checkpoint off; checkpoints run on a connection of `pool`.
+    pub(crate) fn start(conn: SqliteConnection, pool: SqlitePool) -> Writer {
+        let (jobs, queue) = mpsc::channel(QUEUE_BOUND);
+        let counters = Arc::new(Counters::default());
+        // Ends when every handle is dropped or on `close` (see `run`).
+        let task = tokio::spawn(run(conn, queue, pool, Arc::clone(&counters)));
+        Writer {
+            jobs,
+            counters,
+            task: Mutex::new(Some(task)),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> SqliteStats {
+        SqliteStats {
+            commits: self.counters.commits.load(Relaxed),
+            checkpoints: self.counters.checkpoints.load(Relaxed),
+            appends: self.counters.appends.load(Relaxed),
+            sessions: self.counters.sessions.load(Relaxed),
+            largest_group: self.counters.largest_group.load(Relaxed),
+        }
+    }
+
+    /// Appends once the group holding it is committed.
+    pub(crate) async fn append(
+        &self,
+        invocation_id: Uuid,
+        append: &Append<'_>,
+    ) -> Result<(), StoreError> {
+        let rows = encode_events(append)?;
+        let end = ended_record(append.events)?.map(to_json).transpose()?;
+        let (reply, answer) = oneshot::channel();
+        let job = AppendJob {
+            invocation_id,
+            id_text: invocation_id.hyphenated().to_string(),
+            expected_version: append.expected_version,
+            lease_epoch: append.lease_epoch,
+            epoch_column: counter_to_i64(append.lease_epoch, "lease epoch")?,
+            new_version: rows.last().map_or(0, |(seq, _)| *seq),
+            rows,
+            totals: to_json(&append.totals)?,
+            end,
+            committed_at: time_to_i64(append.committed_at),
+            reply,
+        };
+        self.submit(Job::Append(job), answer).await
+    }
+
+    /// Runs `work` in the next group; its result is returned once the group is committed
+    /// (an error rolls back `work`'s changes alone).
+    pub(crate) async fn session<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, StoreError>>
+            + Send
+            + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let session = Typed {
+            work: Box::new(work),
+            reply,
+        };
+        self.submit(Job::Session(Box::new(session)), answer).await
+    }
+
+    async fn submit<T>(
+        &self,
+        job: Job,
+        answer: oneshot::Receiver<Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.jobs.send(job).await.map_err(|_| closed())?;
+        // A dropped reply means the writer stopped before running the job.
+        answer.await.map_err(|_| closed())?
+    }
+
+    /// Commits what is queued, stops the task and closes its connection.
+    pub(crate) async fn close(&self) {
+        // Fails only when the task has already stopped.
+        let _ = self.jobs.send(Job::Close).await;
+        let task = self
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(task) = task
+            && let Err(error) = task.await
+        {
+            tracing::warn!(%error, "the event store's writer task failed");
+        }
+    }
+}
+
+fn closed() -> StoreError {
+    StoreError::Database(sqlx::Error::PoolClosed)
+}
+
+/// Every job of a group whose `COMMIT` failed gets its own copy of the error.
+fn group_failure(error: &sqlx::Error) -> StoreError {
+    StoreError::Database(sqlx::Error::Io(std::io::Error::other(format!(
+        "the group commit failed: {error}"
+    ))))
+}
+
+/// The writer loop: one group per turn of the loop, until closed or orphaned.
+async fn run(
+    mut conn: SqliteConnection,
+    mut queue: mpsc::Receiver<Job>,
+    pool: SqlitePool,
+    counters: Arc<Counters>,
+) {
+    // One pending request at most: a checkpoint asked for while one runs covers both.
+    let (checkpoint, requests) = mpsc::channel(1);
+    // Set by the checkpointer after each checkpoint: the writer copies the tail.
+    let tail_due = Arc::new(AtomicBool::new(false));
+    // Ends when `checkpoint` is dropped below; awaited before the connection closes.
+    let checkpointer = tokio::spawn(checkpoints(
+        pool,
+        requests,
+        Arc::clone(&tail_due),
+        Arc::clone(&counters),
+    ));
+    let mut since_checkpoint = 0;
+    let mut jobs = Vec::with_capacity(MAX_GROUP);
+    loop {
+        jobs.clear();
+        // Waits for the first job, then takes every other one already queued: a group is
+        // whatever arrived while the previous one was committing.
+        if queue.recv_many(&mut jobs, MAX_GROUP).await == 0 {
+            break;
+        }
+        let mut appends = Vec::new();
+        let mut sessions = Vec::new();
+        for job in jobs.drain(..) {
+            match job {
+                Job::Append(append) => appends.push(append),
+                Job::Session(session) => sessions.push(session),
+                // Stop taking jobs; those already queued are still committed.
+                Job::Close => queue.close(),
+            }
+        }
+        if appends.is_empty() && sessions.is_empty() {
+            continue;
+        }
+        let size = u64::try_from(appends.len() + sessions.len()).unwrap_or(u64::MAX);
+        counters.largest_group.fetch_max(size, Relaxed);
+        commit_group(&mut conn, appends, sessions, &counters).await;
+        since_checkpoint += size;
+        if since_checkpoint >= CHECKPOINT_EVERY {
+            since_checkpoint = 0;
+            // Full: a request is pending already.
+            let _ = checkpoint.try_send(());
+        }
+        if tail_due.swap(false, Relaxed) {
+            let tail = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+                .fetch_one(&mut conn)
+                .await;
+            count_checkpoint(tail, &counters);
+        }
+    }
+    drop(checkpoint);
+    if let Err(error) = checkpointer.await {
+        tracing::warn!(%error, "the event store's checkpointer task failed");
+    }
+    if let Err(error) = conn.close().await {
+        tracing::warn!(%error, "closing the event store's writer connection failed");
+    }
+}
+
+/// Runs a `PASSIVE` checkpoint per request: it copies what the log holds into the database
+/// without waiting for (or blocking) the writer or readers.
+async fn checkpoints(
+    pool: SqlitePool,
+    mut requests: mpsc::Receiver<()>,
+    tail_due: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+) {
+    while requests.recv().await.is_some() {
+        let done = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+            .fetch_one(&pool)
+            .await;
+        count_checkpoint(done, &counters);
+        tail_due.store(true, Relaxed);
+    }
+}
+
+/// Counts a checkpoint by its answer: (busy, frames in the log, frames copied so far).
+fn count_checkpoint(done: Result<(i64, i64, i64), sqlx::Error>, counters: &Counters) {
+    match done {
+        Ok((_, _, copied)) if copied > 0 => {
+            counters.checkpoints.fetch_add(1, Relaxed);
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "a WAL checkpoint failed"),
+    }
+}
+
+/// An append's verdict, waiting for the group's commit.
+type Verdict = (AppendJob, Result<(), StoreError>);
+
+async fn commit_group(
+    conn: &mut SqliteConnection,
+    appends: Vec<AppendJob>,
+    sessions: Vec<Box<dyn Session>>,
+    counters: &Counters,
+) {
+    let mut delivered = Vec::with_capacity(sessions.len());
+    let mut verdicts = Vec::with_capacity(appends.len());
+    let outcome = async {
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        // Appends first, without a savepoint: under one, SQLite copies every page it
+        // changes to a sub-journal. Should the batch fail, nothing else is in the
+        // transaction yet, so it is rolled back whole and the appends replayed one by one.
+        let wrote_appends = match apply(&mut tx, &appends).await {
+            Ok(checked) => {
+                let wrote = checked.iter().any(Result::is_ok);
+                verdicts.extend(appends.into_iter().zip(checked));
+                wrote
+            }
+            Err(error) => {
+                tx.rollback().await?;
+                tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                one_by_one(&mut tx, appends, error, &mut verdicts).await?
+            }
+        };
+        // All of the group is concurrent, so any order is a valid one.
+        for session in sessions {
+            let mut savepoint = tx.begin().await?;
+            let (succeeded, deliver) = session.run(&mut savepoint).await;
+            if succeeded {
+                savepoint.commit().await?;
+            } else {
+                savepoint.rollback().await?;
+            }
+            delivered.push((succeeded, deliver));
+        }
+        let wrote_sessions = delivered.iter().any(|(succeeded, _)| *succeeded);
+        tx.commit().await?;
+        Ok::<bool, sqlx::Error>(wrote_sessions || wrote_appends)
+    }
+    .await;
+    match &outcome {
+        Ok(wrote) => {
+            if *wrote {
+                counters.commits.fetch_add(1, Relaxed);
+            }
+            let sessions_ok = delivered.iter().filter(|(ok, _)| *ok).count();
+            let appends_ok = verdicts.iter().filter(|(_, v)| v.is_ok()).count();
+            counters
+                .sessions
+                .fetch_add(u64::try_from(sessions_ok).unwrap_or(0), Relaxed);
+            counters
+                .appends
+                .fetch_add(u64::try_from(appends_ok).unwrap_or(0), Relaxed);
+        }
+        Err(error) => tracing::warn!(%error, "a group commit of the event store failed"),
+    }
+    let commit = outcome.as_ref().map(|_| ());
+    for (_, deliver) in delivered {
+        deliver(commit);
+    }
+    for (job, verdict) in verdicts {
+        let answer = match commit {
+            Ok(()) => verdict,
+            Err(error) => Err(group_failure(error)),
+        };
+        let _ = job.reply.send(answer);
+    }
+}
+
+/// Replays appends whose batch failed with `error`, each under its own savepoint, so
+/// only the culprit fails. Fills `verdicts` and says whether anything was written.
+async fn one_by_one(
+    conn: &mut SqliteConnection,
+    appends: Vec<AppendJob>,
+    error: sqlx::Error,
+    verdicts: &mut Vec<Verdict>,
+) -> Result<bool, sqlx::Error> {
+    if appends.len() == 1 {
+        // The batch was this append alone: its error is the verdict.
+        verdicts.extend(appends.into_iter().zip([Err(error.into())]));
+        return Ok(false);
+    }
+    tracing::warn!(%error, appends = appends.len(), "a batch of appends failed; replaying them one by one");
+    let mut wrote = false;
+    for job in appends {
+        let mut savepoint = conn.begin().await?;
+        match apply(&mut savepoint, std::slice::from_ref(&job)).await {
+            Ok(mut checked) => {
+                savepoint.commit().await?;
+                let verdict = checked.pop().unwrap_or(Ok(()));
+                wrote |= verdict.is_ok();
+                verdicts.push((job, verdict));
+            }
+            Err(error) => {
+                savepoint.rollback().await?;
+                verdicts.push((job, Err(error.into())));
+            }
+        }
+    }
+    Ok(wrote)
+}
+
+/// What the group knows of one invocation: as read, then as its accepted appends left it.
+struct Current {
+    state: InvocationState,
+    version: u64,
+    lease_epoch: u64,
+    /// Index into the `UPDATE`'s rows once an append of the group was accepted.
+    update: Option<usize>,
+}
+
+/// One row of the `UPDATE`: id, version, lease epoch, totals, state, end record, time.
+type Update<'a> = (
+    &'a str,
+    i64,
+    i64,
+    &'a str,
+    &'static str,
+    Option<&'a str>,
+    i64,
+);
+
+/// An invocation row as read, decoded when an append names it (so a corrupt row fails
+/// only the appends to that invocation, with its ID in the message).
+type Stored = (String, i64, i64);
+
+/// Checks each append against the stored rows (read under the write lock) and the
+/// appends before it, then writes the accepted ones with one `INSERT` and one `UPDATE`.
+/// Returns one verdict per append; `Err` only when a statement fails.
+async fn apply(
+    conn: &mut SqliteConnection,
+    appends: &[AppendJob],
+) -> Result<Vec<Result<(), StoreError>>, sqlx::Error> {
+    if appends.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut ids: Vec<&str> = appends.iter().map(|a| a.id_text.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut stored: HashMap<String, Stored> = HashMap::with_capacity(ids.len());
+    for chunk in chunks(&ids) {
+        let sql = format!(
+            "SELECT invocation_id, state, version, lease_epoch FROM invocations \
+             WHERE invocation_id IN ({})",
+            placeholders(chunk.len(), 1)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for id in chunk {
+            query = query.bind(*id);
+        }
+        for row in query.fetch_all(&mut *conn).await? {
+            stored.insert(
+                row.try_get("invocation_id")?,
+                (
+                    row.try_get("state")?,
+                    row.try_get("version")?,
+                    row.try_get("lease_epoch")?,
+                ),
+            );
+        }
+    }
+    let mut current: HashMap<&str, Current> = HashMap::with_capacity(stored.len());
+
+    let mut verdicts = Vec::with_capacity(appends.len());
+    let mut events: Vec<(&str, i64, i64, &str)> = Vec::new();
+    let mut updates: Vec<Update<'_>> = Vec::new();
+    for append in appends {
+        let now = match current.entry(append.id_text.as_str()) {
+            Occupied(entry) => Ok(entry.into_mut()),
+            Vacant(entry) => match stored.get(&append.id_text) {
+                None => Err(StoreError::NotFound(append.invocation_id)),
+                Some(row) => decode(row, append.invocation_id).map(|now| entry.insert(now)),
+            },
+        };
+        let verdict = now.and_then(|now| {
+            check(now, append)?;
+            accept(now, append, &mut events, &mut updates);
+            Ok(())
+        });
+        verdicts.push(verdict);
+    }
+    if events.is_empty() {
+        return Ok(verdicts);
+    }
+    for chunk in chunks(&events) {
+        let sql = format!(
+            "INSERT INTO events (invocation_id, seq, committed_at, body) VALUES {}",
+            placeholders(chunk.len(), 4)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for (id, seq, committed_at, body) in chunk {
+            query = query.bind(*id).bind(*seq).bind(*committed_at).bind(*body);
+        }
+        query.execute(&mut *conn).await?;
+    }
+    // Setting `state` rewrites the entries of the two indexes over it, so only the
+    // appends that end their invocation set it.
+    let ended = state_text(InvocationState::Ended);
+    let (ending, going_on): (Vec<&Update<'_>>, Vec<_>) = updates.iter().partition(|u| u.4 == ended);
+    for chunk in chunks(&going_on) {
+        let sql = format!(
+            "UPDATE invocations SET version = u.column2, lease_epoch = u.column3, \
+             totals = u.column4, updated_at = u.column5 \
+             FROM (VALUES {}) AS u WHERE invocations.invocation_id = u.column1",
+            placeholders(chunk.len(), 5)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for (id, version, epoch, totals, _, _, updated_at) in chunk.iter().copied().copied() {
+            query = query
+                .bind(id)
+                .bind(version)
+                .bind(epoch)
+                .bind(totals)
+                .bind(updated_at);
+        }
+        query.execute(&mut *conn).await?;
+    }
+    for chunk in chunks(&ending) {
+        let sql = format!(
+            "UPDATE invocations SET version = u.column2, lease_epoch = u.column3, \
+             totals = u.column4, state = u.column5, end_record = u.column6, \
+             updated_at = u.column7 \
+             FROM (VALUES {}) AS u WHERE invocations.invocation_id = u.column1",
+            placeholders(chunk.len(), 7)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for (id, version, epoch, totals, state, end, updated_at) in chunk.iter().copied().copied() {
+            query = query
+                .bind(id)
+                .bind(version)
+                .bind(epoch)
+                .bind(totals)
+                .bind(state)
+                .bind(end)
+                .bind(updated_at);
+        }
+        query.execute(&mut *conn).await?;
+    }
+    Ok(verdicts)
+}
+
+/// Applies an accepted append to the group's view and queues its rows.
+fn accept<'a>(
+    now: &mut Current,
+    append: &'a AppendJob,
+    events: &mut Vec<(&'a str, i64, i64, &'a str)>,
+    updates: &mut Vec<Update<'a>>,
+) {
+    now.version = append.expected_version + append.rows.len() as u64;
+    now.lease_epoch = append.lease_epoch;
+    if append.end.is_some() {
+        now.state = InvocationState::Ended;
+    }
+    let id = append.id_text.as_str();
+    events.extend(
+        append
+            .rows
+            .iter()
+            .map(|(seq, body)| (id, *seq, append.committed_at, body.as_str())),
+    );
+    let update = (
+        id,
+        append.new_version,
+        append.epoch_column,
+        append.totals.as_str(),
+        state_text(now.state),
+        append.end.as_deref(),
+        append.committed_at,
+    );
+    // Two appends to one invocation in a group: the row ends as the last one left it.
+    match now.update.and_then(|index| updates.get_mut(index)) {
+        Some(slot) => *slot = update,
+        None => {
+            now.update = Some(updates.len());
+            updates.push(update);
+        }
+    }
+}
+
+/// The checks of `EventStore::append`, in its order: ended, epoch, version.
+fn check(now: &Current, append: &AppendJob) -> Result<(), StoreError> {
+    let invocation_id = append.invocation_id;
+    match now.state {
+        InvocationState::Ended => return Err(StoreError::Ended(invocation_id)),
+        InvocationState::Running => {}
+    }
+    if append.lease_epoch < now.lease_epoch {
+        return Err(StoreError::StaleEpoch {
+            invocation_id,
+            presented: append.lease_epoch,
+            current: now.lease_epoch,
+        });
+    }
+    if append.expected_version != now.version {
+        return Err(StoreError::VersionConflict {
+            invocation_id,
+            expected: append.expected_version,
+            actual: now.version,
+        });
+    }
+    Ok(())
+}
+
+fn decode(
+    (state, version, lease_epoch): &Stored,
+    invocation_id: Uuid,
+) -> Result<Current, StoreError> {
+    Ok(Current {
+        state: parse_state(state, invocation_id)?,
+        version: stored_u64(*version, "version", invocation_id)?,
+        lease_epoch: stored_u64(*lease_epoch, "lease_epoch", invocation_id)?,
+        update: None,
+    })
+}
+
+/// Rows per statement, at most. Chunks are powers of two, so a group's statements come
+/// in a few shapes that stay in the connection's statement cache (SQLite statements are
+/// prepared once per shape, not per group).
+const MAX_ROWS_PER_STATEMENT: usize = 64;
+
+/// `items` in chunks of 64, 32, 16, ... 1.
+fn chunks<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {
+    std::iter::from_fn(move || {
+        if items.is_empty() {
+            return None;
+        }
+        let size = MAX_ROWS_PER_STATEMENT.min(1 << items.len().ilog2());
+        let (chunk, rest) = items.split_at(size);
+        items = rest;
+        Some(chunk)
+    })
+}
+
+/// `(?, ?), (?, ?)` for two rows of two columns; `?, ?` for one column.
+fn placeholders(rows: usize, columns: usize) -> String {
+    let row = vec!["?"; columns].join(", ");
+    if columns == 1 {
+        return vec![row; rows].join(", ");
+    }
+    vec![format!("({row})"); rows].join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_powers_of_two_up_to_the_bound() {
+        let items: Vec<usize> = (0..203).collect();
+        let sizes: Vec<usize> = chunks(&items).map(<[usize]>::len).collect();
+        assert_eq!(sizes, [64, 64, 64, 8, 2, 1]);
+        let rejoined: Vec<usize> = chunks(&items).flatten().copied().collect();
+        assert_eq!(rejoined, items);
+        assert_eq!(chunks::<u8>(&[]).count(), 0);
+        assert_eq!(placeholders(2, 2), "(?, ?), (?, ?)");
+        assert_eq!(placeholders(3, 1), "?, ?, ?");
+    }
+}

@@ -1,0 +1,276 @@
+//! Group commit of the SQLite store: concurrent writes share one transaction and one
+//! fsync, and each still gets its own result.
+//!
+//! The tests run on a current-thread runtime and issue their writes with one `join_all`
+//! of fewer than 32 futures: every write is enqueued in a single poll before the writer
+//! task can run, so they all land in one group, deterministically.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::wildcard_enum_match_arm
+)]
+
+use agentloop_engine::{Event, UnixMillis};
+use agentloop_store::conformance::{lookup_turn, new_invocation};
+use agentloop_store::{Append, Created, EventStore, SqliteStore, StoreError};
+use futures::future::join_all;
+use uuid::Uuid;
+
+async fn fresh() -> (SqliteStore, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open_in(dir.path()).await.expect("open");
+    (store, dir)
+}
+
+async fn invocations(store: &SqliteStore, count: u64) -> Vec<Uuid> {
+    let mut ids = Vec::new();
+    for index in 0..count {
+        match store
+            .create(new_invocation(1_000 + index, None, "d"))
+            .await
+            .unwrap()
+        {
+            Created::New(record) => ids.push(record.invocation_id),
+            Created::Existing(_) => panic!("no key, so always new"),
+        }
+    }
+    ids
+}
+
+fn append(expected_version: u64, lease_epoch: u64, events: &[Event]) -> Append<'_> {
+    Append {
+        expected_version,
+        lease_epoch,
+        events,
+        totals: Default::default(),
+        committed_at: UnixMillis(2_000),
+    }
+}
+
+#[tokio::test]
+async fn concurrent_appends_share_one_transaction_and_one_fsync() {
+    let (store, _dir) = fresh().await;
+    let ids = invocations(&store, 20).await;
+    let events = [lookup_turn(1, 1)];
+    let before = store.stats();
+    let results = join_all(
+        ids.iter()
+            .map(|id| store.append(*id, append(0, 1, &events))),
+    )
+    .await;
+    let after = store.stats();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(
+        after.commits - before.commits,
+        1,
+        "twenty appends, one fsync"
+    );
+    assert_eq!(after.appends - before.appends, 20);
+    assert!(after.largest_group >= 20);
+    for id in &ids {
+        assert_eq!(store.get(*id).await.unwrap().version, 1);
+        assert_eq!(store.events(*id, 1, 10).await.unwrap().len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn concurrent_creates_share_one_fsync_too() {
+    let (store, _dir) = fresh().await;
+    let before = store.stats();
+    let created =
+        join_all((0..20).map(|i| store.create(new_invocation(1_000 + i, None, "d")))).await;
+    assert!(created.iter().all(|c| matches!(c, Ok(Created::New(_)))));
+    let after = store.stats();
+    assert_eq!(after.commits - before.commits, 1);
+    assert_eq!(after.sessions - before.sessions, 20);
+}
+
+#[tokio::test]
+async fn a_refused_append_does_not_fail_the_rest_of_its_group() {
+    let (store, _dir) = fresh().await;
+    let ids = invocations(&store, 6).await;
+    let [good, conflict, fenced, ended, twice, other] = ids[..] else {
+        unreachable!()
+    };
+    // Set-up: `fenced` has seen epoch 5, `ended` has ended.
+    store
+        .append(fenced, append(0, 5, &[lookup_turn(1, 1)]))
+        .await
+        .unwrap();
+    let end = agentloop_store::conformance::every_kind_of_event()
+        .into_iter()
+        .find(|e| matches!(e.body, agentloop_engine::EventBody::Ended(_)))
+        .map(|mut e| {
+            e.seq = 1;
+            e
+        })
+        .unwrap();
+    store
+        .append(ended, append(0, 1, std::slice::from_ref(&end)))
+        .await
+        .unwrap();
+
+    let turn1 = [lookup_turn(1, 1)];
+    let turn2 = [lookup_turn(2, 2)];
+    let turn4 = [lookup_turn(4, 4)];
+    let missing = Uuid::now_v7();
+    let before = store.stats();
+    let results = join_all([
+        store.append(good, append(0, 1, &turn1)),
+        store.append(conflict, append(3, 1, &turn4)),
+        store.append(fenced, append(1, 4, &turn2)),
+        store.append(ended, append(1, 1, &turn2)),
+        store.append(missing, append(0, 1, &turn1)),
+        // Two appends to one invocation in one group: the second extends the first.
+        store.append(twice, append(0, 1, &turn1)),
+        store.append(twice, append(1, 1, &turn2)),
+        // The same version twice: the first wins, the second sees it.
+        store.append(other, append(0, 1, &turn1)),
+        store.append(other, append(0, 1, &turn1)),
+    ])
+    .await;
+    let after = store.stats();
+    assert_eq!(after.commits - before.commits, 1, "one group: {results:?}");
+
+    let mut results = results.into_iter();
+    let mut next = || results.next().unwrap();
+    assert!(next().is_ok());
+    assert!(matches!(
+        next(),
+        Err(StoreError::VersionConflict {
+            expected: 3,
+            actual: 0,
+            ..
+        })
+    ));
+    assert!(matches!(
+        next(),
+        Err(StoreError::StaleEpoch {
+            presented: 4,
+            current: 5,
+            ..
+        })
+    ));
+    assert!(matches!(next(), Err(StoreError::Ended(id)) if id == ended));
+    assert!(matches!(next(), Err(StoreError::NotFound(id)) if id == missing));
+    assert!(next().is_ok());
+    assert!(next().is_ok());
+    assert!(next().is_ok());
+    assert!(matches!(
+        next(),
+        Err(StoreError::VersionConflict {
+            expected: 0,
+            actual: 1,
+            ..
+        })
+    ));
+
+    assert_eq!(store.get(good).await.unwrap().version, 1);
+    assert_eq!(store.get(conflict).await.unwrap().version, 0);
+    assert_eq!(store.get(fenced).await.unwrap().version, 1);
+    assert_eq!(store.get(twice).await.unwrap().version, 2);
+    assert_eq!(store.events(twice, 1, 10).await.unwrap().len(), 2);
+    assert_eq!(store.get(other).await.unwrap().version, 1);
+    assert_eq!(store.events(other, 1, 10).await.unwrap().len(), 1);
+}
+
+/// An append that passes every check but fails in SQL (here: an event row written behind
+/// the store's back) fails alone; the group's other appends still commit.
+#[tokio::test]
+async fn a_failing_statement_fails_only_its_own_append() {
+    use sqlx::ConnectOptions;
+    let (store, dir) = fresh().await;
+    let ids = invocations(&store, 4).await;
+    let culprit = ids[0];
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(dir.path().join("events.db"))
+        .connect()
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO events (invocation_id, seq, committed_at, body) VALUES (?, 1, 0, '{}')",
+    )
+    .bind(culprit.hyphenated().to_string())
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    drop(conn);
+
+    let events = [lookup_turn(1, 1)];
+    let before = store.stats();
+    let results = join_all(
+        ids.iter()
+            .map(|id| store.append(*id, append(0, 1, &events))),
+    )
+    .await;
+    let after = store.stats();
+    assert!(
+        matches!(&results[0], Err(StoreError::Database(_))),
+        "{results:?}"
+    );
+    assert!(results[1..].iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(after.commits - before.commits, 1);
+    assert_eq!(store.get(culprit).await.unwrap().version, 0);
+    for id in &ids[1..] {
+        assert_eq!(store.get(*id).await.unwrap().version, 1);
+    }
+}
+
+#[tokio::test]
+async fn close_commits_what_is_queued_and_refuses_later_writes() {
+    let (store, _dir) = fresh().await;
+    let ids = invocations(&store, 3).await;
+    let events = [lookup_turn(1, 1)];
+    let (appended, ()) = tokio::join!(
+        join_all(
+            ids.iter()
+                .map(|id| store.append(*id, append(0, 1, &events)))
+        ),
+        store.close()
+    );
+    assert!(appended.iter().all(Result::is_ok), "{appended:?}");
+    let late = store
+        .append(ids[0], append(1, 1, &[lookup_turn(2, 2)]))
+        .await;
+    assert!(matches!(late, Err(StoreError::Database(_))), "{late:?}");
+
+    let reopened = SqliteStore::open_in(_dir.path()).await.unwrap();
+    for id in &ids {
+        assert_eq!(reopened.get(*id).await.unwrap().version, 1);
+    }
+}
+
+/// Under a steady stream of groups the log is checkpointed and restarted from its start,
+/// so it stays a few MiB: a checkpoint beside a busy writer never catches up on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_stays_bounded_under_steady_writes() {
+    const INVOCATIONS: u64 = 64;
+    const TURNS: u64 = 128;
+    let (store, dir) = fresh().await;
+    let ids = invocations(&store, INVOCATIONS).await;
+    let mut writers = tokio::task::JoinSet::new();
+    for id in ids {
+        let store = store.clone();
+        writers.spawn(async move {
+            for turn in 1..=TURNS {
+                let events = [lookup_turn(turn, u32::try_from(turn).unwrap())];
+                store
+                    .append(id, append(turn - 1, 1, &events))
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    while let Some(done) = writers.join_next().await {
+        done.unwrap();
+    }
+    let stats = store.stats();
+    assert_eq!(stats.appends, INVOCATIONS * TURNS);
+    assert!(stats.checkpoints >= 2, "{stats:?}");
+    let log = std::fs::metadata(dir.path().join("events.db-wal"))
+        .unwrap()
+        .len();
+    // Never restarted, this log would hold every page written: over 60 MiB.
+    assert!(log < 24 * 1024 * 1024, "the log grew to {log} bytes");
+}

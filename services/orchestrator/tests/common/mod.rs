@@ -1,0 +1,354 @@
+//! Shared harness of the worker tests: the services an orchestrator reaches (decision,
+//! policy, tools, the demo executor), each a real gRPC server on a loopback port of this
+//! test process, plus a throwaway PostgreSQL database and a private `redis-server`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    dead_code
+)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentloop_decision::DecisionServer;
+use agentloop_demo_executor::{DemoConfig, DemoExecutor, FaultConfig};
+use agentloop_lease::testing::RedisServer;
+use agentloop_lease::{LeaseBackend, RedisHandoff, RedisLeaseConfig, RedisLeases};
+use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Ports, Workers};
+use agentloop_policy::{PolicyConfig, PolicyServer};
+use agentloop_proto::client::{ClientConfig, connect};
+use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
+use agentloop_store::testing::{PostgresServer, TestDatabase};
+use agentloop_store::{EventStore, PgOptions, PgStore};
+use agentloop_tools::{Gateway, GatewayLimits, ToolsConfig};
+use futures::StreamExt;
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+pub(crate) async fn listener() -> (TcpListener, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    (listener, endpoint)
+}
+
+pub(crate) async fn channel(endpoint: &str) -> Channel {
+    connect(
+        endpoint,
+        ClientConfig::default()
+            .with_lazy(true)
+            .with_request_timeout(None),
+    )
+    .await
+    .unwrap()
+}
+
+/// PostgreSQL + Redis + the four services; `None` (after a loud message) when PostgreSQL
+/// or `redis-server` is missing and the environment does not require them.
+pub(crate) struct Cluster {
+    pub(crate) database: TestDatabase,
+    pub(crate) redis: RedisServer,
+    pub(crate) executor: DemoExecutor,
+    pub(crate) decision: String,
+    pub(crate) policy: String,
+    pub(crate) tools: String,
+    pub(crate) ledger: String,
+    shutdown: CancellationToken,
+    servers: Vec<JoinHandle<()>>,
+    _dir: TempDir,
+}
+
+impl Cluster {
+    pub(crate) async fn start_or_skip(test: &str) -> Option<Cluster> {
+        Cluster::start_with(test, FaultConfig::default(), None).await
+    }
+
+    /// Like [`Cluster::start_or_skip`], with the executor injecting `faults` and
+    /// `transfer` calls timing out after `transfer_timeout_ms` if given.
+    pub(crate) async fn start_with(
+        test: &str,
+        faults: FaultConfig,
+        transfer_timeout_ms: Option<u64>,
+    ) -> Option<Cluster> {
+        agentloop_server::install_crypto_provider();
+        let postgres = PostgresServer::for_test(test).await?;
+        let redis = RedisServer::start_or_skip(test).await?;
+        let database = postgres.create_database().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let shutdown = CancellationToken::new();
+        let mut servers = Vec::new();
+
+        let executor = DemoExecutor::open(DemoConfig {
+            data_dir: dir.path().join("executor"),
+            faults,
+            ..DemoConfig::default()
+        })
+        .unwrap();
+        let (l, executor_endpoint) = listener().await;
+        let (e, s) = (executor.clone(), shutdown.clone());
+        servers.push(tokio::spawn(async move {
+            agentloop_demo_executor::run(l, e, s.cancelled_owned())
+                .await
+                .unwrap();
+        }));
+        let mut tools_config = ToolsConfig::from_descriptors(
+            &executor_endpoint,
+            agentloop_demo_executor::descriptors(),
+        )
+        .unwrap();
+        if let Some(timeout_ms) = transfer_timeout_ms {
+            for tool in &mut tools_config.tools {
+                if tool.name == "transfer" {
+                    tool.timeout_ms = timeout_ms;
+                }
+            }
+        }
+        let gateway = Gateway::new(tools_config.clone(), GatewayLimits::default())
+            .await
+            .unwrap();
+        let (l, tools) = listener().await;
+        let s = shutdown.clone();
+        servers.push(tokio::spawn(async move {
+            agentloop_tools::run(l, gateway, s.cancelled_owned())
+                .await
+                .unwrap();
+        }));
+        let policy_server =
+            PolicyServer::from_descriptors(&tools_config.descriptors(), &PolicyConfig::default())
+                .unwrap();
+        let (l, policy) = listener().await;
+        let s = shutdown.clone();
+        servers.push(tokio::spawn(async move {
+            agentloop_policy::run(l, policy_server, s.cancelled_owned())
+                .await
+                .unwrap();
+        }));
+        // The ledger shares the event store's PostgreSQL database, as in production.
+        let ledger_config = agentloop_ledger::LedgerConfig {
+            database_url: Some(database.url().to_owned()),
+            ..agentloop_ledger::LedgerConfig::default()
+        };
+        let (l, ledger) = listener().await;
+        let s = shutdown.clone();
+        servers.push(tokio::spawn(async move {
+            agentloop_ledger::run(l, &ledger_config, s.cancelled_owned())
+                .await
+                .unwrap();
+        }));
+        let (l, decision) = listener().await;
+        let s = shutdown.clone();
+        servers.push(tokio::spawn(async move {
+            agentloop_decision::run(l, DecisionServer::new(None), s.cancelled_owned())
+                .await
+                .unwrap();
+        }));
+        Some(Cluster {
+            database,
+            redis,
+            executor,
+            decision,
+            policy,
+            tools,
+            ledger,
+            shutdown,
+            servers,
+            _dir: dir,
+        })
+    }
+
+    pub(crate) async fn store(&self) -> Arc<dyn EventStore> {
+        Arc::new(
+            PgStore::connect(PgOptions::new(self.database.url()))
+                .await
+                .unwrap(),
+        )
+    }
+
+    pub(crate) fn leases(&self) -> Arc<RedisLeases> {
+        Arc::new(RedisLeases::new(RedisLeaseConfig::new(self.redis.url())).unwrap())
+    }
+
+    pub(crate) fn handoff(&self) -> Arc<RedisHandoff> {
+        Arc::new(
+            RedisHandoff::new(
+                &self.redis.url(),
+                "agentloop:runnable",
+                Duration::from_millis(200),
+                Duration::from_secs(1),
+            )
+            .unwrap(),
+        )
+    }
+
+    /// The configuration of a worker of this cluster: short leases and sweeps so tests
+    /// see takeovers quickly.
+    pub(crate) fn config(&self, name: &str, ttl_ms: u64, sweep_ms: u64) -> OrchestratorConfig {
+        let mut config = OrchestratorConfig {
+            decision_endpoint: self.decision.clone(),
+            policy_endpoint: self.policy.clone(),
+            tools_endpoint: self.tools.clone(),
+            ledger_endpoint: self.ledger.clone(),
+            database_url: Some(self.database.url().to_owned()),
+            ..OrchestratorConfig::default()
+        };
+        config.workers.redis_url = Some(self.redis.url());
+        config.workers.worker_id = Some(name.to_owned());
+        config.workers.lease_ttl_ms = ttl_ms;
+        config.workers.sweep_every_ms = sweep_ms;
+        config.limits.drain_timeout_ms = 50;
+        config
+    }
+
+    /// An in-process worker over `store` and `leases` (tests wrap them to inject faults).
+    pub(crate) async fn worker(
+        &self,
+        config: OrchestratorConfig,
+        store: Arc<dyn EventStore>,
+        leases: Arc<dyn LeaseBackend>,
+    ) -> Worker {
+        let ports = Ports::grpc(
+            channel(&self.decision).await,
+            channel(&self.policy).await,
+            channel(&self.tools).await,
+            channel(&self.ledger).await,
+        );
+        let workers = Workers::new(leases, self.handoff(), &config.workers);
+        let orchestrator = Orchestrator::with_workers(config, store, ports, workers);
+        orchestrator.resume().await.unwrap();
+        let (l, endpoint) = listener().await;
+        let shutdown = CancellationToken::new();
+        let (o, s) = (orchestrator.clone(), shutdown.clone());
+        let server = tokio::spawn(async move {
+            agentloop_orchestrator::run(l, o, s.cancelled_owned())
+                .await
+                .unwrap();
+        });
+        Worker {
+            endpoint,
+            orchestrator,
+            shutdown,
+            server,
+        }
+    }
+
+    pub(crate) async fn stop(self) {
+        self.shutdown.cancel();
+        for server in self.servers {
+            server.await.unwrap();
+        }
+    }
+}
+
+/// One in-process orchestrator worker serving gRPC.
+pub(crate) struct Worker {
+    pub(crate) endpoint: String,
+    pub(crate) orchestrator: Orchestrator,
+    shutdown: CancellationToken,
+    server: JoinHandle<()>,
+}
+
+impl Worker {
+    pub(crate) async fn client(&self) -> OrchestratorServiceClient<Channel> {
+        agentloop_proto::client::orchestrator(channel(&self.endpoint).await)
+    }
+
+    /// Graceful stop: running invocations park and are handed off.
+    pub(crate) async fn stop(self) {
+        self.shutdown.cancel();
+        self.server.await.unwrap();
+    }
+}
+
+pub(crate) fn start_request(script: &str, key: &str) -> pb::StartInvocationRequest {
+    pb::StartInvocationRequest {
+        goal: "worker test".into(),
+        scripted_model_json: script.into(),
+        idempotency_key: key.into(),
+        ..Default::default()
+    }
+}
+
+pub(crate) async fn start(
+    client: &mut OrchestratorServiceClient<Channel>,
+    script: &str,
+    key: &str,
+) -> String {
+    client
+        .start_invocation(start_request(script, key))
+        .await
+        .unwrap()
+        .into_inner()
+        .invocation
+        .unwrap()
+        .invocation_id
+}
+
+/// Every committed event of `id`, once it has ended (the watch follows it wherever it runs).
+pub(crate) async fn events_until_end(
+    client: &mut OrchestratorServiceClient<Channel>,
+    id: &str,
+) -> Vec<pb::Event> {
+    let mut stream = client
+        .watch_invocation(pb::WatchInvocationRequest {
+            invocation_id: id.into(),
+            from_seq: 1,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    // Bounded, so a lost invocation fails the test instead of hanging it.
+    let all = async {
+        while let Some(item) = stream.next().await {
+            events.push(item.unwrap().event.unwrap());
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), all)
+        .await
+        .unwrap_or_else(|_| panic!("invocation {id} did not end within 120 s"));
+    events
+}
+
+/// Checks the log of an ended invocation is whole: seqs 1..=n, turns 1..=k in order with
+/// none repeated, exactly one `Ended`, last. Returns the terminal reason.
+pub(crate) fn check_log(events: &[pb::Event]) -> pb::TerminalReason {
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    let expected: Vec<u64> = (1..=events.len() as u64).collect();
+    assert_eq!(seqs, expected, "seqs are contiguous from 1");
+    let turns: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            Some(pb::event::Body::Turn(turn)) => Some(turn.turn),
+            _ => None,
+        })
+        .collect();
+    let expected: Vec<u32> = (1..=turns.len() as u32).collect();
+    assert_eq!(turns, expected, "every turn once, in order");
+    let ends: Vec<&pb::InvocationEnded> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            Some(pb::event::Body::Ended(ended)) => Some(ended),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends.len(), 1, "exactly one end");
+    assert!(
+        matches!(
+            events.last().and_then(|e| e.body.as_ref()),
+            Some(pb::event::Body::Ended(_))
+        ),
+        "the end is last"
+    );
+    ends[0].reason()
+}
+
+/// Percentile of sorted durations.
+pub(crate) fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    let index = ((sorted.len() as f64 * q).ceil() as usize).saturating_sub(1);
+    sorted[index.min(sorted.len() - 1)]
+}

@@ -1,0 +1,170 @@
+//! Three `agentloop-orchestrator` processes share one PostgreSQL event store and one Redis;
+//! one is killed with SIGKILL in the middle of its invocations. Every invocation still
+//! reaches its terminal reason exactly once, with no committed turn redone and none lost.
+//! Prints the time from the kill to the takeover of each interrupted invocation.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::wildcard_enum_match_arm
+)]
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
+use common::{Cluster, check_log, events_until_end, percentile, start};
+use tonic::transport::Channel;
+
+const TTL_MS: u64 = 1_000;
+const SWEEP_MS: u64 = 200;
+
+struct Process {
+    child: Child,
+    endpoint: String,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+fn spawn(cluster: &Cluster, name: &str, dir: &std::path::Path) -> Process {
+    let port = free_port();
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_agentloop-orchestrator"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--database-url", cluster.database.url()])
+        .args(["--decision-endpoint", &cluster.decision])
+        .args(["--policy-endpoint", &cluster.policy])
+        .args(["--tools-endpoint", &cluster.tools])
+        .args(["--ledger-endpoint", &cluster.ledger])
+        .env(
+            "AGENTLOOP_ORCHESTRATOR_WORKERS__REDIS_URL",
+            cluster.redis.url(),
+        )
+        .env("AGENTLOOP_ORCHESTRATOR_WORKERS__WORKER_ID", name)
+        .env(
+            "AGENTLOOP_ORCHESTRATOR_WORKERS__LEASE_TTL_MS",
+            TTL_MS.to_string(),
+        )
+        .env(
+            "AGENTLOOP_ORCHESTRATOR_WORKERS__SWEEP_EVERY_MS",
+            SWEEP_MS.to_string(),
+        )
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Process {
+        child,
+        endpoint: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+/// A client once the process answers (it is starting: connection refused until then).
+async fn client(process: &Process) -> OrchestratorServiceClient<Channel> {
+    for _ in 0..200 {
+        if let Ok(channel) = Channel::from_shared(process.endpoint.clone())
+            .unwrap()
+            .connect()
+            .await
+        {
+            return agentloop_proto::client::orchestrator(channel);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{} never answered", process.endpoint);
+}
+
+fn unix_ms(timestamp: &prost_types::Timestamp) -> u64 {
+    u64::try_from(timestamp.seconds).unwrap() * 1_000
+        + u64::try_from(timestamp.nanos).unwrap() / 1_000_000
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_a_worker_loses_no_invocation_and_repeats_no_turn() {
+    let Some(cluster) = Cluster::start_or_skip("kill_a_worker_process").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let processes: Vec<Process> = ["p0", "p1", "p2"]
+        .into_iter()
+        .map(|name| spawn(&cluster, name, dir.path()))
+        .collect();
+    let mut clients = Vec::new();
+    for process in &processes {
+        clients.push(client(process).await);
+    }
+    let script = r#"{"turns": [
+      {"tool_calls": [{"id": "s1", "name": "sleep", "arguments": {"ms": 150}},
+                      {"id": "a", "name": "lookup", "arguments": {"key": "profile"}}]},
+      {"tool_calls": [{"id": "s2", "name": "sleep", "arguments": {"ms": 149}}]},
+      {"tool_calls": [{"id": "s3", "name": "sleep", "arguments": {"ms": 151}}]},
+      {"tool_calls": [{"id": "s4", "name": "sleep", "arguments": {"ms": 152}}]},
+      {"final": "done"}]}"#;
+    let count = 30;
+    let mut ids = Vec::new();
+    for n in 0..count {
+        let id = start(&mut clients[n % 3], script, &format!("kill-{n}")).await;
+        ids.push(id);
+    }
+    // Kill p0 once the work is well under way.
+    let mut stats = cluster.executor.watch_stats();
+    stats.wait_for(|s| s.sleeps_started >= 40).await.unwrap();
+    let mut processes = processes;
+    let mut victim = processes.remove(0);
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    let killed_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+
+    let mut survivor = clients.remove(1);
+    let mut interrupted = 0;
+    let mut takeovers = Vec::new();
+    for (n, id) in ids.iter().enumerate() {
+        let events = events_until_end(&mut survivor, id).await;
+        assert_eq!(check_log(&events), pb::TerminalReason::Completed, "{id}");
+        assert_eq!(events.len(), 6, "five turns and the end: {id}");
+        // Started on p0 and not finished when it died: the first event after the kill is
+        // the takeover's.
+        if n % 3 == 0
+            && let Some(next) = events
+                .iter()
+                .find(|e| unix_ms(e.committed_at.as_ref().unwrap()) > killed_at)
+        {
+            interrupted += 1;
+            takeovers.push(Duration::from_millis(
+                unix_ms(next.committed_at.as_ref().unwrap()) - killed_at,
+            ));
+        }
+    }
+    assert!(
+        interrupted > 0,
+        "the kill interrupted some of p0's invocations"
+    );
+    takeovers.sort();
+    println!(
+        "kill -9 of 1 of 3 orchestrator processes: {count} invocations all completed once; \
+         {interrupted} interrupted, next commit after the kill: p50 {:?}, max {:?} \
+         (lease TTL {TTL_MS} ms, sweep every {SWEEP_MS} ms)",
+        percentile(&takeovers, 0.5),
+        takeovers[takeovers.len() - 1],
+    );
+    drop(processes);
+    cluster.stop().await;
+}

@@ -1,0 +1,539 @@
+//! Several orchestrator workers in this process sharing one PostgreSQL event store and one
+//! Redis: hand-off on drain, cancellation across workers, exclusivity while workers race
+//! for the same invocations, fencing of a worker frozen past its lease, and a Redis
+//! restart mid-run. Every service is a real gRPC server; PostgreSQL and Redis are real.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::wildcard_enum_match_arm
+)]
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentloop_lease::{Lease, LeaseBackend, LeaseError, Revocations};
+use agentloop_proto::v1 as pb;
+use agentloop_store::{
+    Append, Created, EventStore, InvocationRecord, ListRequest, NewInvocation, StoreError,
+    StoredEvent,
+};
+use async_trait::async_trait;
+use common::{Cluster, check_log, events_until_end, percentile, start};
+use tokio::sync::{Notify, watch};
+use uuid::Uuid;
+
+const LONG: u64 = 3_600_000;
+
+const SLEEP_THEN_FINAL: &str = r#"{"turns": [
+  {"tool_calls": [{"id": "s", "name": "sleep", "arguments": {"ms": 60000}}]},
+  {"final": "never"}]}"#;
+
+/// A caller cancels through worker B an invocation worker A runs: A's lease is revoked,
+/// the running tool call is dropped at the executor, and the invocation ends `cancelled`
+/// with the interrupted call committed as cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancel_through_another_worker_revokes_and_cancels_the_tool() {
+    let Some(cluster) = Cluster::start_or_skip("cancel_through_another_worker").await else {
+        return;
+    };
+    let a = cluster
+        .worker(
+            cluster.config("a", 2_000, LONG),
+            cluster.store().await,
+            cluster.leases(),
+        )
+        .await;
+    let b = cluster
+        .worker(
+            cluster.config("b", 2_000, LONG),
+            cluster.store().await,
+            cluster.leases(),
+        )
+        .await;
+    let mut stats = cluster.executor.watch_stats();
+    let id = start(&mut a.client().await, SLEEP_THEN_FINAL, "cancel-1").await;
+    stats.wait_for(|s| s.sleeps_started == 1).await.unwrap();
+
+    let mut via_b = b.client().await;
+    via_b
+        .cancel_invocation(pb::CancelInvocationRequest {
+            invocation_id: id.clone(),
+            reason: "test".into(),
+        })
+        .await
+        .unwrap();
+    stats.wait_for(|s| s.sleeps_cancelled == 1).await.unwrap();
+    let events = events_until_end(&mut via_b, &id).await;
+    assert_eq!(check_log(&events), pb::TerminalReason::Cancelled);
+    let Some(pb::event::Body::Turn(turn)) = &events[0].body else {
+        panic!("the interrupted turn is committed first: {events:?}");
+    };
+    assert!(
+        matches!(
+            turn.results[0].outcome,
+            Some(pb::tool_result::Outcome::Cancelled(_))
+        ),
+        "{turn:?}"
+    );
+    a.stop().await;
+    b.stop().await;
+    cluster.stop().await;
+}
+
+/// Revocation -> the executor sees its request cancelled, across workers, over 200
+/// trials; prints p50/p99 (no assertion on time: loopback timings vary with load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn revocation_to_tool_cancellation_latency() {
+    let Some(cluster) = Cluster::start_or_skip("revocation_latency_e2e").await else {
+        return;
+    };
+    let a = cluster
+        .worker(
+            cluster.config("a", 10_000, LONG),
+            cluster.store().await,
+            cluster.leases(),
+        )
+        .await;
+    let b = cluster
+        .worker(
+            cluster.config("b", 10_000, LONG),
+            cluster.store().await,
+            cluster.leases(),
+        )
+        .await;
+    let mut via_a = a.client().await;
+    let mut via_b = b.client().await;
+    let mut stats = cluster.executor.watch_stats();
+    let trials: u64 = 200;
+    let mut latencies = Vec::new();
+    for trial in 1..=trials {
+        let id = start(&mut via_a, SLEEP_THEN_FINAL, &format!("latency-{trial}")).await;
+        stats.wait_for(|s| s.sleeps_started == trial).await.unwrap();
+        let sent = tokio::time::Instant::now();
+        via_b
+            .cancel_invocation(pb::CancelInvocationRequest {
+                invocation_id: id.clone(),
+                reason: String::new(),
+            })
+            .await
+            .unwrap();
+        stats
+            .wait_for(|s| s.sleeps_cancelled == trial)
+            .await
+            .unwrap();
+        latencies.push(sent.elapsed());
+        // A runs it, so A's watch follows it live.
+        let events = events_until_end(&mut via_a, &id).await;
+        assert_eq!(check_log(&events), pb::TerminalReason::Cancelled);
+    }
+    latencies.sort();
+    println!(
+        "CancelInvocation on worker B -> executor sees worker A's tool call cancelled \
+         (PostgreSQL + Redis on loopback), {trials} trials: p50 {:?}, p99 {:?}, max {:?}",
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99),
+        latencies[latencies.len() - 1],
+    );
+    a.stop().await;
+    b.stop().await;
+    cluster.stop().await;
+}
+
+/// A draining worker hands its parked invocation off; another worker, whose sweep is
+/// too slow to explain it, continues it at once from the last committed turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drained_invocation_is_handed_off_and_continues_elsewhere() {
+    let Some(cluster) = Cluster::start_or_skip("handoff_on_drain").await else {
+        return;
+    };
+    let a = cluster
+        .worker(
+            cluster.config("a", 2_000, LONG),
+            cluster.store().await,
+            cluster.leases(),
+        )
+        .await;
+    let b = cluster
+        .worker(
+            cluster.config("b", 2_000, LONG),
+            cluster.store().await,
+            cluster.leases(),
+        )
+        .await;
+    let script = r#"{"turns": [
+      {"tool_calls": [{"id": "a", "name": "lookup", "arguments": {"key": "profile"}}]},
+      {"tool_calls": [{"id": "s", "name": "sleep", "arguments": {"ms": 60000}}]},
+      {"final": "continued"}]}"#;
+    let mut stats = cluster.executor.watch_stats();
+    let id = start(&mut a.client().await, script, "handoff-1").await;
+    stats.wait_for(|s| s.sleeps_started == 1).await.unwrap();
+    // A drains: the sleep is cancelled after the drain timeout, turn 2 commits, the
+    // invocation parks, its lease is released and it is handed off to B.
+    a.stop().await;
+    let mut via_b = b.client().await;
+    let events = events_until_end(&mut via_b, &id).await;
+    assert_eq!(check_log(&events), pb::TerminalReason::Completed);
+    let invocation = via_b
+        .get_invocation(pb::GetInvocationRequest {
+            invocation_id: id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .invocation
+        .unwrap();
+    assert_eq!(invocation.answer.as_deref(), Some("continued"));
+    b.stop().await;
+    cluster.stop().await;
+}
+
+/// Three workers sweeping every 20 ms race for every invocation (a new one is in the
+/// store before its creator holds its lease); one drains mid-run. Every invocation ends
+/// exactly once with a whole log: never two holders committing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_workers_run_each_invocation_exactly_once() {
+    let Some(cluster) = Cluster::start_or_skip("racing_workers").await else {
+        return;
+    };
+    let mut workers = Vec::new();
+    for name in ["a", "b", "c"] {
+        workers.push(
+            cluster
+                .worker(
+                    cluster.config(name, 1_000, 20),
+                    cluster.store().await,
+                    cluster.leases(),
+                )
+                .await,
+        );
+    }
+    let script = r#"{"turns": [
+      {"tool_calls": [{"id": "a", "name": "lookup", "arguments": {"key": "profile"}},
+                      {"id": "b", "name": "lookup", "arguments": {"key": "policy"}}]},
+      {"tool_calls": [{"id": "s", "name": "sleep", "arguments": {"ms": 30}}]},
+      {"tool_calls": [{"id": "c", "name": "lookup", "arguments": {"key": "profile"}}]},
+      {"final": "done"}]}"#;
+    let mut ids = Vec::new();
+    for n in 0..30 {
+        let mut client = workers[n % 3].client().await;
+        ids.push(start(&mut client, script, &format!("race-{n}")).await);
+    }
+    let drained = workers.remove(0);
+    drained.stop().await;
+    let mut client = workers[0].client().await;
+    for id in &ids {
+        let events = events_until_end(&mut client, id).await;
+        assert_eq!(check_log(&events), pb::TerminalReason::Completed, "{id}");
+        assert_eq!(events.len(), 5, "4 turns and the end: {id}");
+    }
+    for worker in workers {
+        worker.stop().await;
+    }
+    cluster.stop().await;
+}
+
+/// Freezes a worker: its appends and lease renewals hang until thawed, as in a process
+/// paused by the OS or a long GC pause. Records what the store said to the appends that
+/// were held.
+#[derive(Debug, Default)]
+struct Freeze {
+    frozen: AtomicBool,
+    thawed: Notify,
+    held: watch::Sender<u32>,
+    outcomes: Mutex<Vec<Result<(), String>>>,
+}
+
+impl Freeze {
+    async fn hold(&self) -> bool {
+        if !self.frozen.load(Ordering::SeqCst) {
+            return false;
+        }
+        let thawed = self.thawed.notified();
+        self.held.send_modify(|n| *n += 1);
+        thawed.await;
+        true
+    }
+
+    fn thaw(&self) {
+        self.frozen.store(false, Ordering::SeqCst);
+        self.thawed.notify_waiters();
+    }
+}
+
+struct FrozenStore {
+    inner: Arc<dyn EventStore>,
+    freeze: Arc<Freeze>,
+}
+
+#[async_trait]
+impl EventStore for FrozenStore {
+    async fn create(&self, new: NewInvocation) -> Result<Created, StoreError> {
+        self.inner.create(new).await
+    }
+    async fn get(&self, id: Uuid) -> Result<InvocationRecord, StoreError> {
+        self.inner.get(id).await
+    }
+    async fn list(&self, request: ListRequest) -> Result<Vec<InvocationRecord>, StoreError> {
+        self.inner.list(request).await
+    }
+    async fn append(&self, id: Uuid, append: Append<'_>) -> Result<(), StoreError> {
+        let held = self.freeze.hold().await;
+        let result = self.inner.append(id, append).await;
+        if held {
+            let outcome = result.as_ref().map(|_| ()).map_err(ToString::to_string);
+            self.freeze.outcomes.lock().unwrap().push(outcome);
+        }
+        result
+    }
+    async fn events(
+        &self,
+        id: Uuid,
+        from: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        self.inner.events(id, from, limit).await
+    }
+    async fn running(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Uuid>, StoreError> {
+        self.inner.running(after, limit).await
+    }
+    async fn claim(&self, id: Uuid, epoch: u64) -> Result<InvocationRecord, StoreError> {
+        self.inner.claim(id, epoch).await
+    }
+    async fn request_cancel(
+        &self,
+        id: Uuid,
+        at: agentloop_engine::UnixMillis,
+    ) -> Result<InvocationRecord, StoreError> {
+        self.inner.request_cancel(id, at).await
+    }
+}
+
+#[derive(Debug)]
+struct FrozenLeases {
+    inner: Arc<dyn LeaseBackend>,
+    freeze: Arc<Freeze>,
+}
+
+#[async_trait]
+impl LeaseBackend for FrozenLeases {
+    async fn acquire(
+        &self,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LeaseError> {
+        self.inner.acquire(key, owner, ttl).await
+    }
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, LeaseError> {
+        self.freeze.hold().await;
+        self.inner.renew(lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LeaseError> {
+        self.inner.release(lease).await
+    }
+    async fn revoke(&self, key: &str) -> Result<bool, LeaseError> {
+        self.inner.revoke(key).await
+    }
+    async fn subscribe_revocations(&self) -> Result<Revocations, LeaseError> {
+        self.inner.subscribe_revocations().await
+    }
+}
+
+/// Worker A freezes in the middle of committing turn 1 and stays frozen past its lease.
+/// Worker B takes the invocation over and commits its own turn 1. When A thaws, its
+/// commit carries the old epoch and the store refuses it: the log holds B's turns only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_frozen_past_its_lease_cannot_commit() {
+    let Some(cluster) = Cluster::start_or_skip("frozen_worker_fenced").await else {
+        return;
+    };
+    let freeze = Arc::new(Freeze::default());
+    freeze.frozen.store(true, Ordering::SeqCst);
+    let frozen_store = Arc::new(FrozenStore {
+        inner: cluster.store().await,
+        freeze: freeze.clone(),
+    });
+    let frozen_leases = Arc::new(FrozenLeases {
+        inner: cluster.leases(),
+        freeze: freeze.clone(),
+    });
+    let a = cluster
+        .worker(cluster.config("a", 300, LONG), frozen_store, frozen_leases)
+        .await;
+    let script = r#"{"turns": [
+      {"tool_calls": [{"id": "a", "name": "lookup", "arguments": {"key": "profile"}}]},
+      {"tool_calls": [{"id": "s", "name": "sleep", "arguments": {"ms": 60000}}]},
+      {"final": "never"}]}"#;
+    let id = start(&mut a.client().await, script, "frozen-1").await;
+    // A's commit of turn 1 is held (and its renewals hang).
+    freeze.held.subscribe().wait_for(|n| *n >= 1).await.unwrap();
+
+    let b = cluster
+        .worker(
+            cluster.config("b", 300, 20),
+            cluster.store().await,
+            cluster.leases(),
+        )
+        .await;
+    let mut via_b = b.client().await;
+    let mut stream = via_b
+        .watch_invocation(pb::WatchInvocationRequest {
+            invocation_id: id.clone(),
+            from_seq: 1,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap().event.unwrap();
+    assert!(matches!(first.body, Some(pb::event::Body::Turn(ref t)) if t.turn == 1));
+    drop(stream);
+
+    freeze.thaw();
+    let outcomes = loop {
+        let outcomes = freeze.outcomes.lock().unwrap().clone();
+        if !outcomes.is_empty() {
+            break outcomes;
+        }
+        tokio::task::yield_now().await;
+    };
+    assert!(
+        outcomes[0]
+            .as_ref()
+            .is_err_and(|e| e.contains("older than")),
+        "the frozen worker's commit is refused for its stale epoch: {outcomes:?}"
+    );
+    via_b
+        .cancel_invocation(pb::CancelInvocationRequest {
+            invocation_id: id.clone(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+    let events = events_until_end(&mut via_b, &id).await;
+    assert_eq!(check_log(&events), pb::TerminalReason::Cancelled);
+    assert_eq!(
+        events.len(),
+        3,
+        "B's turns 1 and 2, then the end: {events:?}"
+    );
+    assert_eq!(events[0], first, "turn 1 is B's, committed once");
+    a.stop().await;
+    b.stop().await;
+    cluster.stop().await;
+}
+
+/// Redis dies mid-run and comes back empty. Meanwhile runners lose their leases and stop
+/// without committing, and a start is accepted and stored; afterwards the sweep takes
+/// everything up again and every invocation ends exactly once with a whole log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_recover_from_a_redis_restart() {
+    let Some(mut cluster) = Cluster::start_or_skip("redis_restart_workers").await else {
+        return;
+    };
+    let a = cluster
+        .worker(
+            cluster.config("a", 600, 50),
+            cluster.store().await,
+            cluster.leases(),
+        )
+        .await;
+    let script = r#"{"turns": [
+      {"tool_calls": [{"id": "s1", "name": "sleep", "arguments": {"ms": 200}}]},
+      {"tool_calls": [{"id": "s2", "name": "sleep", "arguments": {"ms": 200}}]},
+      {"final": "done"}]}"#;
+    let mut via_a = a.client().await;
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(start(&mut via_a, script, &format!("restart-{n}")).await);
+    }
+    let mut stats = cluster.executor.watch_stats();
+    stats.wait_for(|s| s.sleeps_started >= 5).await.unwrap();
+    cluster.redis.kill();
+    // Accepted and stored while leases are unavailable; runs once Redis is back.
+    ids.push(start(&mut via_a, script, "restart-during").await);
+    cluster.redis.restart().await;
+    for id in &ids {
+        let events = events_until_end(&mut via_a, id).await;
+        assert_eq!(check_log(&events), pb::TerminalReason::Completed, "{id}");
+        assert_eq!(events.len(), 4, "{id}");
+    }
+    a.stop().await;
+    cluster.stop().await;
+}
+
+/// Worker A commits a transfer's batch as started, sends it, and the executor applies
+/// it but holds the reply; then A freezes past its lease. Worker B takes over, finds the
+/// started batch and the ledger entry, and settles the write from the executor's record:
+/// it never sends it again and never asks the model to decide turn 1 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_in_flight_at_takeover_is_settled_not_sent_again() {
+    let faults = agentloop_demo_executor::FaultConfig {
+        reply_delay_ms: 60_000,
+        ..Default::default()
+    };
+    let Some(cluster) = Cluster::start_with("write_in_flight_takeover", faults, None).await else {
+        return;
+    };
+    let freeze = Arc::new(Freeze::default());
+    let frozen_leases = Arc::new(FrozenLeases {
+        inner: cluster.leases(),
+        freeze: freeze.clone(),
+    });
+    let a = cluster
+        .worker(
+            cluster.config("a", 300, LONG),
+            cluster.store().await,
+            frozen_leases,
+        )
+        .await;
+    let script = r#"{"turns": [
+      {"tool_calls": [{"id": "t", "name": "transfer",
+                       "arguments": {"from": "alice", "to": "bob", "amount": 4200}}]},
+      {"final": "moved"}]}"#;
+    let mut stats = cluster.executor.watch_stats();
+    let id = start(&mut a.client().await, script, "in-flight-1").await;
+    stats.wait_for(|s| s.applied == 1).await.unwrap();
+    freeze.frozen.store(true, Ordering::SeqCst);
+
+    let b = cluster
+        .worker(
+            cluster.config("b", 300, 20),
+            cluster.store().await,
+            cluster.leases(),
+        )
+        .await;
+    let events = events_until_end(&mut b.client().await, &id).await;
+    assert_eq!(check_log(&events), pb::TerminalReason::Completed);
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| match &e.body {
+            Some(pb::event::Body::BatchStarted(_)) => "batch_started",
+            Some(pb::event::Body::Turn(_)) => "turn",
+            Some(pb::event::Body::Ended(_)) => "ended",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["batch_started", "turn", "turn", "ended"]);
+    let Some(pb::event::Body::Turn(turn)) = &events[1].body else {
+        panic!()
+    };
+    assert!(
+        matches!(&turn.results[0].outcome, Some(pb::tool_result::Outcome::Output(o)) if o.output_json.contains("txn-")),
+        "the write's result comes from the executor's record: {turn:?}"
+    );
+    let stats = cluster.executor.stats();
+    assert_eq!(
+        (stats.applied, stats.deduplicated),
+        (1, 0),
+        "applied once, never sent again"
+    );
+    freeze.thaw();
+    a.stop().await;
+    b.stop().await;
+    cluster.stop().await;
+}
