@@ -16,9 +16,6 @@ pub enum OrchestratorError {
     /// The idempotency key belongs to a different request.
     #[error("{0}")]
     AlreadyExists(String),
-    /// The invocation is not in a state that allows this.
-    #[error("{0}")]
-    FailedPrecondition(String),
     /// The orchestrator runs as many invocations as it is allowed to.
     #[error("{0}")]
     ResourceExhausted(String),
@@ -42,7 +39,6 @@ impl From<OrchestratorError> for Status {
             OrchestratorError::InvalidArgument(_) => Code::InvalidArgument,
             OrchestratorError::NotFound(_) => Code::NotFound,
             OrchestratorError::AlreadyExists(_) => Code::AlreadyExists,
-            OrchestratorError::FailedPrecondition(_) => Code::FailedPrecondition,
             OrchestratorError::ResourceExhausted(_) => Code::ResourceExhausted,
             OrchestratorError::Unavailable(_) => Code::Unavailable,
             OrchestratorError::Unimplemented(_) => Code::Unimplemented,
@@ -91,10 +87,6 @@ mod tests {
                 Code::AlreadyExists,
             ),
             (
-                OrchestratorError::FailedPrecondition("ended".into()),
-                Code::FailedPrecondition,
-            ),
-            (
                 OrchestratorError::ResourceExhausted("full".into()),
                 Code::ResourceExhausted,
             ),
@@ -127,6 +119,14 @@ mod tests {
             ),
             (
                 OrchestratorError::Store(StoreError::Corrupt("row".into())),
+                Code::Internal,
+            ),
+            (
+                OrchestratorError::Lease(LeaseError::Unavailable("redis down".into())),
+                Code::Unavailable,
+            ),
+            (
+                OrchestratorError::Lease(LeaseError::Backend("bad script".into())),
                 Code::Internal,
             ),
         ];
