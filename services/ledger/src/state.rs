@@ -35,6 +35,9 @@
 //!   dispatched again: the runtime has already shown it cannot tell whether the first
 //!   dispatch took effect. It is a state rather than a flag beside OUTCOME_UNKNOWN so the
 //!   same compare-and-set on the state guards it.
+//! - **A prepared effect that will not be sent is `Record(REJECTED)`** (from PREPARED):
+//!   its call was cancelled before dispatch, so it was not applied and never will be, and
+//!   it should not stay listed as unresolved. Nothing else leaves PREPARED but `Dispatch`.
 //! - Terminal states (COMMITTED, REJECTED) have no way out.
 
 use std::fmt;
@@ -251,7 +254,12 @@ pub fn next_state(from: EffectState, action: Action) -> Option<EffectState> {
         | (
             EffectState::ReconciliationRequired,
             Action::Record(outcome @ (Outcome::Committed | Outcome::Rejected)),
-        ) => Some(outcome.state()),
+        )
+        // Abandoned before it was sent (the call was cancelled): it was not applied and
+        // never will be.
+        | (EffectState::Prepared, Action::Record(outcome @ Outcome::Rejected)) => {
+            Some(outcome.state())
+        }
         // A dispatch whose outcome was lost is first recorded OUTCOME_UNKNOWN and
         // reconciled; only a reconcile can conclude that an operator is needed.
         (EffectState::Dispatched, Action::Record(Outcome::ReconciliationRequired))
@@ -262,7 +270,12 @@ pub fn next_state(from: EffectState, action: Action) -> Option<EffectState> {
             | Action::Record(Outcome::OutcomeUnknown | Outcome::ReconciliationRequired),
         )
         | (EffectState::Dispatched, Action::Dispatch)
-        | (EffectState::Prepared, Action::Record(_))
+        | (
+            EffectState::Prepared,
+            Action::Record(
+                Outcome::Committed | Outcome::OutcomeUnknown | Outcome::ReconciliationRequired,
+            ),
+        )
         | (EffectState::Committed | EffectState::Rejected, Action::Dispatch | Action::Record(_)) => {
             None
         }
@@ -309,8 +322,9 @@ mod tests {
     };
 
     /// The whole table, written out: every (state, action) pair not listed is illegal.
-    const LEGAL: [(EffectState, Action, EffectState); 9] = [
+    const LEGAL: [(EffectState, Action, EffectState); 10] = [
         (Prepared, Action::Dispatch, Dispatched),
+        (Prepared, Action::Record(Outcome::Rejected), Rejected),
         (Dispatched, Action::Record(Outcome::Committed), Committed),
         (Dispatched, Action::Record(Outcome::Rejected), Rejected),
         (
@@ -361,7 +375,7 @@ mod tests {
                 legal += usize::from(got.is_some());
             }
         }
-        assert_eq!(legal, 10);
+        assert_eq!(legal, 11);
     }
 
     #[test]

@@ -134,6 +134,10 @@ impl Call<'_> {
 
     /// A write, under the ledger protocol (module docs).
     async fn write(&self) -> CallOutcome {
+        if self.token.is_cancelled() {
+            // Not even prepared: nothing to record, nothing to settle.
+            return CallOutcome::NotStarted;
+        }
         let key = self.key();
         let prepared = self
             .shared
@@ -194,11 +198,13 @@ impl Call<'_> {
     /// Marks the write dispatched (from `expected`), sends it, records the outcome.
     async fn dispatch(&self, key: &str, expected: pb::EffectState) -> CallOutcome {
         if self.token.is_cancelled() {
-            if expected == pb::EffectState::OutcomeUnknown {
-                let detail =
-                    "not applied (its executor says so) and cancelled before it was sent again";
-                self.record(key, expected, Recorded::rejected(detail)).await;
-            }
+            // Settled, so the entry does not stay listed as unresolved.
+            let detail = if expected == pb::EffectState::OutcomeUnknown {
+                "not applied (its executor says so) and cancelled before it was sent again"
+            } else {
+                "cancelled before it was sent"
+            };
+            self.record(key, expected, Recorded::rejected(detail)).await;
             return CallOutcome::NotStarted;
         }
         let marked = self
