@@ -78,6 +78,37 @@ impl Shared {
         self.freed.notify_waiters();
     }
 
+    /// Takes an invocation's lease and claims its epoch in the store, so from then on
+    /// the previous holder cannot commit. Lets the lease go again when there is nothing
+    /// to run (ended, or a newer epoch already claimed).
+    async fn take(&self, id: Uuid) -> Result<Taken, OrchestratorError> {
+        let workers = &self.workers;
+        let Some(lease) = workers
+            .leases
+            .acquire(&id.to_string(), &workers.id, workers.ttl)
+            .await?
+        else {
+            return Ok(Taken::Elsewhere);
+        };
+        let taken = match self.store.claim(id, lease.epoch).await {
+            Ok(record) if record.state == InvocationState::Running => {
+                return Ok(Taken::Held(lease, Box::new(record)));
+            }
+            Ok(_ended) => Ok(Taken::Ended),
+            Err(StoreError::StaleEpoch { .. }) => Ok(Taken::Elsewhere),
+            Err(error) => Err(error.into()),
+        };
+        self.let_go(&lease).await;
+        taken
+    }
+
+    /// Releases a lease this worker will not use, so nobody waits out its TTL.
+    async fn let_go(&self, lease: &Lease) {
+        if let Err(error) = self.workers.leases.release(lease).await {
+            debug!(key = %lease.key, %error, "lease left to expire");
+        }
+    }
+
     fn runs(&self, invocation_id: Uuid) -> bool {
         let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         running.contains_key(&invocation_id)
@@ -175,6 +206,16 @@ pub(crate) struct Progress {
     pub(crate) turn: AtomicU32,
     /// Calls of that turn dispatched and not finished.
     pub(crate) in_flight: AtomicU32,
+}
+
+/// What [`Shared::take`] found.
+pub(crate) enum Taken {
+    /// The lease is ours and its epoch claimed; the invocation as stored.
+    Held(Lease, Box<InvocationRecord>),
+    /// Another worker holds the lease (or a newer epoch is claimed).
+    Elsewhere,
+    /// It has ended.
+    Ended,
 }
 
 /// What [`Orchestrator::adopt`] did with an invocation.
@@ -404,41 +445,16 @@ impl Orchestrator {
         if shared.drain.is_cancelled() {
             return Ok(Adopted::Elsewhere);
         }
-        let workers = &shared.workers;
-        let Some(lease) = workers
-            .leases
-            .acquire(&id.to_string(), &workers.id, workers.ttl)
-            .await?
-        else {
-            return Ok(Adopted::Elsewhere);
-        };
-        let record = match shared.store.claim(id, lease.epoch).await {
-            Ok(record) if record.state == InvocationState::Running => record,
-            Ok(_ended) => {
-                self.let_go(&lease).await;
-                return Ok(Adopted::Ended);
-            }
-            Err(StoreError::StaleEpoch { .. }) => {
-                self.let_go(&lease).await;
-                return Ok(Adopted::Elsewhere);
-            }
-            Err(error) => {
-                self.let_go(&lease).await;
-                return Err(error.into());
-            }
+        let (lease, record) = match shared.take(id).await? {
+            Taken::Held(lease, record) => (lease, record),
+            Taken::Elsewhere => return Ok(Adopted::Elsewhere),
+            Taken::Ended => return Ok(Adopted::Ended),
         };
         if let Err(error) = self.launch(&record, lease.clone()).await {
-            self.let_go(&lease).await;
+            shared.let_go(&lease).await;
             return Err(error);
         }
         Ok(Adopted::Started)
-    }
-
-    /// Releases a lease this worker will not use, so nobody waits out its TTL.
-    async fn let_go(&self, lease: &Lease) {
-        if let Err(error) = self.shared.workers.leases.release(lease).await {
-            debug!(key = %lease.key, %error, "lease left to expire");
-        }
     }
 
     /// Runs an invocation `StartInvocation` just stored. Its lease cannot be held by

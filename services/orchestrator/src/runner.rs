@@ -33,7 +33,7 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use crate::spec::{InvocationSpec, ToolEntry};
-use crate::{Progress, Shared};
+use crate::{Progress, Shared, Taken};
 use crate::{effects, wire};
 
 /// Committed events kept to show the model (bounded context; older turns are in the log).
@@ -388,31 +388,19 @@ impl Runner {
         if exit != KeeperExit::Revoked {
             return Err(format!("{exit:?}"));
         }
-        let workers = &self.shared.workers;
-        let lease = match workers
-            .leases
-            .acquire(&self.id.to_string(), &workers.id, workers.ttl)
-            .await
-        {
-            Ok(Some(lease)) => lease,
-            Ok(None) => return Err("revoked, and another worker holds the lease now".into()),
+        let lease = match self.shared.take(self.id).await {
+            Ok(Taken::Held(lease, _record)) => lease,
+            Ok(Taken::Elsewhere) => {
+                return Err("revoked, and another worker holds the lease now".into());
+            }
+            Ok(Taken::Ended) => return Err("revoked, and the invocation has ended".into()),
             Err(error) => {
                 return Err(format!(
                     "revoked, and the lease could not be taken again: {error}"
                 ));
             }
         };
-        match self.shared.store.claim(self.id, lease.epoch).await {
-            Ok(record) if record.state == agentloop_store::InvocationState::Running => {}
-            Ok(_ended) => {
-                let _ = workers.leases.release(&lease).await;
-                return Err("revoked, and the invocation has ended".into());
-            }
-            Err(error) => {
-                let _ = workers.leases.release(&lease).await;
-                return Err(format!("revoked, and the claim failed: {error}"));
-            }
-        }
+        let workers = &self.shared.workers;
         let token = CancellationToken::new();
         let keeper = Keeper::start(
             workers.leases.clone(),
