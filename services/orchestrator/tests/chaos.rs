@@ -15,48 +15,18 @@
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use agentloop_demo_executor::{FaultConfig, read_record};
 use agentloop_proto::v1 as pb;
 use agentloop_store::{EventStore, InvocationState, PgOptions, PgStore};
-use common::{Cluster, channel};
+use common::{Cluster, Process, channel};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const INVOCATIONS: usize = 200;
 const KILLS: usize = 8;
 const SEED: u64 = 20_261_129;
-
-fn spawn(cluster: &Cluster, name: &str, dir: &std::path::Path) -> (Child, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_agentloop-orchestrator"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--database-url", cluster.database.url()])
-        .args(["--decision-endpoint", &cluster.decision])
-        .args(["--policy-endpoint", &cluster.policy])
-        .args(["--tools-endpoint", &cluster.tools])
-        .args(["--ledger-endpoint", &cluster.ledger])
-        .env(
-            "AGENTLOOP_ORCHESTRATOR_WORKERS__REDIS_URL",
-            cluster.redis.url(),
-        )
-        .env("AGENTLOOP_ORCHESTRATOR_WORKERS__WORKER_ID", name)
-        .env("AGENTLOOP_ORCHESTRATOR_WORKERS__LEASE_TTL_MS", "1000")
-        .env("AGENTLOOP_ORCHESTRATOR_WORKERS__SWEEP_EVERY_MS", "200")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    (child, format!("http://127.0.0.1:{port}"))
-}
 
 fn script(n: usize) -> String {
     format!(
@@ -89,21 +59,11 @@ async fn chaos_no_write_applied_twice_and_nothing_lost() {
     };
     let dir = tempfile::tempdir().unwrap();
     let mut rng = StdRng::seed_from_u64(SEED);
-    let mut processes: Vec<(Child, String)> = (0..3)
-        .map(|n| spawn(&cluster, &format!("w{n}"), dir.path()))
-        .collect();
+    let worker = |name: &str| cluster.spawn_worker(name, dir.path(), 1_000, 200);
+    let mut processes: Vec<Process> = (0..3).map(|n| worker(&format!("w{n}"))).collect();
 
     // Start everything through the first process once it answers.
-    let mut client = loop {
-        if let Ok(channel) = tonic::transport::Channel::from_shared(processes[0].1.clone())
-            .unwrap()
-            .connect()
-            .await
-        {
-            break agentloop_proto::client::orchestrator(channel);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut client = processes[0].client().await;
     let mut ids = Vec::new();
     for n in 0..INVOCATIONS {
         let started = client
@@ -142,11 +102,11 @@ async fn chaos_no_write_applied_twice_and_nothing_lost() {
     while kills < KILLS && ended(&store).await < INVOCATIONS {
         tokio::time::sleep(Duration::from_millis(rng.random_range(50..250))).await;
         let victim = rng.random_range(0..processes.len());
-        let (mut child, _) = processes.swap_remove(victim);
-        child.kill().unwrap();
-        child.wait().unwrap();
+        let mut killed = processes.swap_remove(victim);
+        killed.child.kill().unwrap();
+        killed.child.wait().unwrap();
         kills += 1;
-        processes.push(spawn(&cluster, &format!("w{spawned}"), dir.path()));
+        processes.push(worker(&format!("w{spawned}")));
         spawned += 1;
     }
     let mut waited = 0;

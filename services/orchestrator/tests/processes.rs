@@ -12,82 +12,13 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agentloop_proto::v1 as pb;
-use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
-use common::{Cluster, check_log, events_until_end, percentile, start};
-use tonic::transport::Channel;
+use common::{Cluster, Process, check_log, events_until_end, percentile, start};
 
 const TTL_MS: u64 = 1_000;
 const SWEEP_MS: u64 = 200;
-
-struct Process {
-    child: Child,
-    endpoint: String,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
-fn spawn(cluster: &Cluster, name: &str, dir: &std::path::Path) -> Process {
-    let port = free_port();
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_agentloop-orchestrator"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--database-url", cluster.database.url()])
-        .args(["--decision-endpoint", &cluster.decision])
-        .args(["--policy-endpoint", &cluster.policy])
-        .args(["--tools-endpoint", &cluster.tools])
-        .args(["--ledger-endpoint", &cluster.ledger])
-        .env(
-            "AGENTLOOP_ORCHESTRATOR_WORKERS__REDIS_URL",
-            cluster.redis.url(),
-        )
-        .env("AGENTLOOP_ORCHESTRATOR_WORKERS__WORKER_ID", name)
-        .env(
-            "AGENTLOOP_ORCHESTRATOR_WORKERS__LEASE_TTL_MS",
-            TTL_MS.to_string(),
-        )
-        .env(
-            "AGENTLOOP_ORCHESTRATOR_WORKERS__SWEEP_EVERY_MS",
-            SWEEP_MS.to_string(),
-        )
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    Process {
-        child,
-        endpoint: format!("http://127.0.0.1:{port}"),
-    }
-}
-
-/// A client once the process answers (it is starting: connection refused until then).
-async fn client(process: &Process) -> OrchestratorServiceClient<Channel> {
-    for _ in 0..200 {
-        if let Ok(channel) = Channel::from_shared(process.endpoint.clone())
-            .unwrap()
-            .connect()
-            .await
-        {
-            return agentloop_proto::client::orchestrator(channel);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{} never answered", process.endpoint);
-}
 
 fn unix_ms(timestamp: &prost_types::Timestamp) -> u64 {
     u64::try_from(timestamp.seconds).unwrap() * 1_000
@@ -102,11 +33,11 @@ async fn killing_a_worker_loses_no_invocation_and_repeats_no_turn() {
     let dir = tempfile::tempdir().unwrap();
     let processes: Vec<Process> = ["p0", "p1", "p2"]
         .into_iter()
-        .map(|name| spawn(&cluster, name, dir.path()))
+        .map(|name| cluster.spawn_worker(name, dir.path(), TTL_MS, SWEEP_MS))
         .collect();
     let mut clients = Vec::new();
     for process in &processes {
-        clients.push(client(process).await);
+        clients.push(process.client().await);
     }
     let script = r#"{"turns": [
       {"tool_calls": [{"id": "s1", "name": "sleep", "arguments": {"ms": 150}},

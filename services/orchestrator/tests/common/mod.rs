@@ -244,6 +244,84 @@ impl Cluster {
     }
 }
 
+/// An `agentloop-orchestrator` process of a cluster; killed (SIGKILL) when dropped.
+pub(crate) struct Process {
+    pub(crate) child: std::process::Child,
+    pub(crate) endpoint: String,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Process {
+    /// A client once the process answers (it is starting: connection refused until then).
+    pub(crate) async fn client(&self) -> OrchestratorServiceClient<Channel> {
+        for _ in 0..200 {
+            if let Ok(channel) = Channel::from_shared(self.endpoint.clone())
+                .unwrap()
+                .connect()
+                .await
+            {
+                return agentloop_proto::client::orchestrator(channel);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{} never answered", self.endpoint);
+    }
+}
+
+impl Cluster {
+    /// Starts an orchestrator process of this cluster named `name`, logging to
+    /// `dir/name.log`, with the given lease TTL and sweep period.
+    pub(crate) fn spawn_worker(
+        &self,
+        name: &str,
+        dir: &std::path::Path,
+        ttl_ms: u64,
+        sweep_ms: u64,
+    ) -> Process {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop-orchestrator"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--database-url", self.database.url()])
+            .args(["--decision-endpoint", &self.decision])
+            .args(["--policy-endpoint", &self.policy])
+            .args(["--tools-endpoint", &self.tools])
+            .args(["--ledger-endpoint", &self.ledger])
+            .env(
+                "AGENTLOOP_ORCHESTRATOR_WORKERS__REDIS_URL",
+                self.redis.url(),
+            )
+            .env("AGENTLOOP_ORCHESTRATOR_WORKERS__WORKER_ID", name)
+            .env(
+                "AGENTLOOP_ORCHESTRATOR_WORKERS__LEASE_TTL_MS",
+                ttl_ms.to_string(),
+            )
+            .env(
+                "AGENTLOOP_ORCHESTRATOR_WORKERS__SWEEP_EVERY_MS",
+                sweep_ms.to_string(),
+            )
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Process {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
 /// One in-process orchestrator worker serving gRPC.
 pub(crate) struct Worker {
     pub(crate) endpoint: String,
