@@ -548,7 +548,7 @@ impl Deployment {
                 let policy =
                     PolicyServer::from_descriptors(&tools.descriptors(), &PolicyConfig::default())?;
                 let ports = Ports {
-                    decision: Arc::new(InProcess(Arc::new(DecisionServer::new(Some(model))))),
+                    decision: Arc::new(DecisionServer::new(Some(model))),
                     policy: Arc::new(InProcess(Arc::new(policy))),
                     tools: Arc::new(InProcess(Arc::new(gateway))),
                     ledger: Arc::new(InProcess(Arc::new(agentloop_ledger::LedgerService::new(

@@ -105,7 +105,7 @@ impl Stack {
         );
         let store = SqliteStore::open_in(&data_dir).await?;
         let ports = Ports {
-            decision: Arc::new(InProcess(Arc::new(decision.clone()))),
+            decision: Arc::new(decision.clone()),
             policy: Arc::new(InProcess(Arc::new(policy.clone()))),
             tools: Arc::new(InProcess(Arc::new(gateway.clone()))),
             ledger: Arc::new(InProcess(Arc::new(ledger.clone()))),

@@ -3,17 +3,18 @@
 //! [`connect`] builds a [`Channel`] with the connect and request timeouts of a
 //! [`ClientConfig`]; the per-service functions ([`orchestrator`], [`decision`], ...)
 //! wrap a channel in the generated client with the message size limit
-//! ([`MAX_MESSAGE_BYTES`]) and gzip compression. Every service of the workspace gets
-//! its clients here, so those settings are chosen in one place.
+//! ([`MAX_MESSAGE_BYTES`]). Every service of the workspace gets its clients here, so
+//! those settings are chosen in one place.
 //!
-//! Compression: our own servers accept gzip (see the `server` module), so clients of
-//! them compress requests. The [`tool_executor`] client does not, because tool
-//! executors are written by tool owners in any language and gzip support on the
-//! receiving side is optional in gRPC; it still accepts gzip-compressed responses.
+//! Compression: none. The services' messages are small (a few KB) and travel inside a
+//! cluster, and tonic's gzip builds a fresh deflate state for every message (hundreds
+//! of KB, zeroed): in the distributed benchmark it cost a third of a turn's CPU and
+//! saved nothing worth it. The servers still accept gzip and answer with it when asked
+//! (see the `server` module), so a client across a slow link can opt in with
+//! `send_compressed` / `accept_compressed` on the generated client.
 
 use std::time::Duration;
 
-use tonic::codec::CompressionEncoding;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::MAX_MESSAGE_BYTES;
@@ -153,54 +154,48 @@ pub async fn connect(endpoint: &str, config: ClientConfig) -> Result<Channel, Co
         })
 }
 
-/// Applies the shared limits and compression to a generated client. A macro because
-/// the generated clients share these methods by name, not through a trait.
+/// Applies the shared limits to a generated client. A macro because the generated
+/// clients share these methods by name, not through a trait.
 macro_rules! configured {
-    ($client:expr, compress_requests) => {
-        configured!($client).send_compressed(CompressionEncoding::Gzip)
-    };
     ($client:expr) => {
         $client
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
-            .accept_compressed(CompressionEncoding::Gzip)
     };
 }
 
-/// A client of the orchestrator's public API, with the shared limits and gzip.
+/// A client of the orchestrator's public API, with the shared limits.
 #[must_use]
 pub fn orchestrator(channel: Channel) -> OrchestratorServiceClient<Channel> {
-    configured!(OrchestratorServiceClient::new(channel), compress_requests)
+    configured!(OrchestratorServiceClient::new(channel))
 }
 
-/// A client of the decision service, with the shared limits and gzip.
+/// A client of the decision service, with the shared limits.
 #[must_use]
 pub fn decision(channel: Channel) -> DecisionServiceClient<Channel> {
-    configured!(DecisionServiceClient::new(channel), compress_requests)
+    configured!(DecisionServiceClient::new(channel))
 }
 
-/// A client of the policy service, with the shared limits and gzip.
+/// A client of the policy service, with the shared limits.
 #[must_use]
 pub fn policy(channel: Channel) -> PolicyServiceClient<Channel> {
-    configured!(PolicyServiceClient::new(channel), compress_requests)
+    configured!(PolicyServiceClient::new(channel))
 }
 
-/// A client of the tool gateway, with the shared limits and gzip.
+/// A client of the tool gateway, with the shared limits.
 #[must_use]
 pub fn tool_gateway(channel: Channel) -> ToolGatewayServiceClient<Channel> {
-    configured!(ToolGatewayServiceClient::new(channel), compress_requests)
+    configured!(ToolGatewayServiceClient::new(channel))
 }
 
-/// A client of a tool executor, with the shared limits. Requests are sent
-/// uncompressed because a third-party executor need not accept gzip; compressed
-/// responses are accepted.
+/// A client of a tool executor, with the shared limits.
 #[must_use]
 pub fn tool_executor(channel: Channel) -> ToolExecutorServiceClient<Channel> {
     configured!(ToolExecutorServiceClient::new(channel))
 }
 
-/// A client of the effect ledger, with the shared limits and gzip.
+/// A client of the effect ledger, with the shared limits.
 #[must_use]
 pub fn effect_ledger(channel: Channel) -> EffectLedgerServiceClient<Channel> {
-    configured!(EffectLedgerServiceClient::new(channel), compress_requests)
+    configured!(EffectLedgerServiceClient::new(channel))
 }

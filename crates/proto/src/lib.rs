@@ -5,10 +5,11 @@
 //! - module [`v1`]: the messages and enums of package `agentloop.v1`, the generated
 //!   clients (feature `client`) and server traits (feature `server`);
 //! - module `client` (feature `client`): the one client factory, `client::connect`,
-//!   and per-service client constructors that set message size limits, compression
-//!   and timeouts in one place;
+//!   and per-service client constructors that set message size limits and timeouts
+//!   in one place;
 //! - module `server` (feature `server`): per-service server constructors with the
-//!   same limits and compression, so both sides of every RPC agree;
+//!   same limits, so both sides of every RPC agree (they also accept gzip, which the
+//!   clients do not send);
 //! - [`FILE_DESCRIPTOR_SET`] for gRPC server reflection, and [`MAX_MESSAGE_BYTES`].
 //!
 //! It is *not* the domain model: the turn engine (`agentloop-engine`) owns the

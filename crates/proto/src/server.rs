@@ -1,8 +1,9 @@
 //! Generated servers wrapped with the same limits and compression as the clients of
 //! the `client` module, so both sides of every agentloop RPC agree on them.
 //!
-//! Servers accept gzip-compressed requests (the clients send them) and compress
-//! responses with gzip when the client accepts it.
+//! Servers accept gzip-compressed requests and compress responses with gzip when the
+//! client accepts it. The workspace's own clients ask for neither (see the `client`
+//! module); a client across a slow link may.
 
 use tonic::codec::CompressionEncoding;
 

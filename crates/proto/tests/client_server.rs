@@ -1,6 +1,7 @@
 //! A real tonic server on an ephemeral port, reached through the crate's `connect`
-//! factory: proves the generated client and server agree, with the shared limits and
-//! gzip on both sides.
+//! factory: proves the generated client and server agree with the shared limits, that
+//! the factory's clients do not compress, and that the servers still speak gzip to a
+//! client that asks for it.
 
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use agentloop_proto::v1::{
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
 /// A tool executor that only describes one tool.
@@ -80,18 +82,33 @@ async fn describe_through_the_client_factory() {
     let channel = client::connect(&format!("http://{address}"), config)
         .await
         .expect("connects");
-    let response = client::tool_executor(channel)
-        .describe(DescribeRequest {})
-        .await
-        .expect("describe succeeds");
-    // The server compresses because the client said it accepts gzip.
-    assert_eq!(
+    let encoding = |response: &Response<DescribeResponse>| {
         response
             .metadata()
             .get("grpc-encoding")
-            .and_then(|v| v.to_str().ok()),
-        Some("gzip")
+            .and_then(|v| v.to_str().ok().map(str::to_owned))
+    };
+    let plain = client::tool_executor(channel.clone());
+    let response = plain
+        .clone()
+        .describe(DescribeRequest {})
+        .await
+        .expect("describe succeeds");
+    assert_eq!(
+        encoding(&response),
+        None,
+        "the factory's clients do not compress"
     );
+    assert_eq!(response.into_inner().tools, vec![descriptor()]);
+
+    // A client that opts in gets gzip both ways.
+    let response = plain
+        .send_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .describe(DescribeRequest {})
+        .await
+        .expect("a compressed describe succeeds");
+    assert_eq!(encoding(&response).as_deref(), Some("gzip"));
     assert_eq!(response.into_inner().tools, vec![descriptor()]);
 
     stop_tx.send(()).expect("server still running");

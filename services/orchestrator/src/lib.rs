@@ -21,7 +21,7 @@ mod spec;
 pub mod wire;
 mod workers;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -477,7 +477,7 @@ impl Orchestrator {
         };
         // Nothing is committed yet: no log to read back.
         let engine = Invocation::new(spec.limits, spec.catalog());
-        self.spawn_runner(id, spec, engine, VecDeque::new(), lease, false)
+        self.spawn_runner(id, spec, engine, Vec::new(), lease, false)
             .await
     }
 
@@ -508,12 +508,12 @@ impl Orchestrator {
                 .map_err(|e| StoreError::Corrupt(format!("invocation {id}: {e}")))?;
         let id_text = id.to_string();
         let skip = events.len().saturating_sub(runner::HISTORY);
-        let recent: VecDeque<pb::Event> = events[skip..]
+        let history = events[skip..]
             .iter()
             .map(|stored| wire::event(&id_text, stored.committed_at, &stored.event))
             .collect();
         let cancel_requested = record.cancel_requested_at.is_some();
-        self.spawn_runner(id, spec, engine, recent, lease, cancel_requested)
+        self.spawn_runner(id, spec, engine, history, lease, cancel_requested)
             .await
     }
 
@@ -523,7 +523,7 @@ impl Orchestrator {
         id: Uuid,
         spec: InvocationSpec,
         engine: Invocation,
-        recent: VecDeque<pb::Event>,
+        history: Vec<pb::Event>,
         lease: Lease,
         cancel_requested: bool,
     ) -> Result<(), OrchestratorError> {
@@ -555,6 +555,7 @@ impl Orchestrator {
             );
         }
         self.shared.hub.open(id);
+        let context = Arc::new(runner::context(&self.shared, id, &spec, history));
         let runner = Runner {
             shared: self.shared.clone(),
             id,
@@ -567,7 +568,7 @@ impl Orchestrator {
             } else {
                 Input::Start
             },
-            recent,
+            context,
             progress,
         };
         self.shared.tracker.spawn(runner.run());

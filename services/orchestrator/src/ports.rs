@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
+use agentloop_decision::DecisionServer;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::decision_service_client::DecisionServiceClient;
-use agentloop_proto::v1::decision_service_server::DecisionService;
 use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
 use agentloop_proto::v1::effect_ledger_service_server::EffectLedgerService;
 use agentloop_proto::v1::policy_service_client::PolicyServiceClient;
@@ -21,8 +21,9 @@ use tonic::{Request, Status};
 /// The model, behind the decision service.
 #[async_trait]
 pub trait DecisionPort: Send + Sync + 'static {
-    /// One decision.
-    async fn decide(&self, request: pb::DecideRequest) -> Result<pb::DecideResponse, Status>;
+    /// One decision. The request is shared: the runner keeps it from turn to turn, so an
+    /// in-process model reads it where it is and only a network client copies it.
+    async fn decide(&self, request: Arc<pb::DecideRequest>) -> Result<pb::DecideResponse, Status>;
 }
 
 /// Policy: argument schemas, authorization, approval gates, final-answer validators.
@@ -111,20 +112,22 @@ pub struct InProcess<S>(pub Arc<S>);
 
 #[async_trait]
 impl DecisionPort for DecisionServiceClient<Channel> {
-    async fn decide(&self, request: pb::DecideRequest) -> Result<pb::DecideResponse, Status> {
-        DecisionServiceClient::decide(&mut self.clone(), request)
+    async fn decide(&self, request: Arc<pb::DecideRequest>) -> Result<pb::DecideResponse, Status> {
+        DecisionServiceClient::decide(&mut self.clone(), Arc::unwrap_or_clone(request))
             .await
             .map(tonic::Response::into_inner)
     }
 }
 
+/// The decision service in the same process, called through its core rather than its
+/// gRPC trait, which would need the request by value.
 #[async_trait]
-impl<S: DecisionService> DecisionPort for InProcess<S> {
-    async fn decide(&self, request: pb::DecideRequest) -> Result<pb::DecideResponse, Status> {
-        self.0
-            .decide(Request::new(request))
+impl DecisionPort for DecisionServer {
+    async fn decide(&self, request: Arc<pb::DecideRequest>) -> Result<pb::DecideResponse, Status> {
+        DecisionServer::decide(self, &request)
             .await
-            .map(tonic::Response::into_inner)
+            .map(pb::DecideResponse::from)
+            .map_err(Status::from)
     }
 }
 

@@ -1,9 +1,12 @@
 //! The I/O shell around one invocation's engine: performs the engine's actions against the
 //! ports and the store, and feeds what happened back, until the engine says `Finish`.
 //!
-//! Every in-flight operation is a task in a `JoinSet` owned by the runner that reports
-//! back over a bounded channel; when the invocation ends, the set is dropped and whatever
-//! still runs is aborted, which drops its RPC, which cancels it at the far end.
+//! Every in-flight operation (a model call, a policy check, one tool call, ...) is a future
+//! the runner polls itself, which resolves to the input that reports it. So an
+//! invocation is one task however many turns it runs, a waiting one holds no channel or
+//! task beside it, and when it ends the set of operations is dropped, which drops their
+//! RPCs, which cancels them at the far end. The engine bounds the set: one model call,
+//! policy check or verification at a time, or the calls of one batch.
 //!
 //! The runner holds the invocation's lease through a [`Keeper`], and every commit carries
 //! the lease's epoch. When the lease goes, the running calls are cancelled at once. A
@@ -13,21 +16,20 @@
 //! another worker took over) stops the runner without committing anything more.
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use agentloop_engine::{
-    Action, CallId, CallOutcome, Event, EventBody, ExecutionPlan, Input, Invocation, Outcome,
-    SideEffect, ToolCall, Totals, UnixMillis, Verdict, Verification,
+    Action, Event, EventBody, Input, Invocation, Outcome, SideEffect, ToolCall, Totals, UnixMillis,
+    Verdict, Verification,
 };
 use agentloop_lease::{Keeper, KeeperExit};
 use agentloop_proto::v1 as pb;
 use agentloop_store::{Append, StoreError};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use tokio::sync::mpsc;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
@@ -38,8 +40,19 @@ use crate::{effects, wire};
 
 /// Committed events kept to show the model (bounded context; older turns are in the log).
 pub(crate) const HISTORY: usize = 16;
-/// Inputs waiting for the runner: a batch's results plus a few answers.
-const INPUT_BOUND: usize = 64;
+
+/// An operation in flight; it resolves to the input that reports it.
+type Op = Pin<Box<dyn Future<Output = Input> + Send>>;
+
+/// The batch being executed: its calls, the stages not started yet, and how many calls of
+/// the current stage still run (a stage starts when the one before it is done).
+struct Batch {
+    turn: u32,
+    calls: Vec<ToolCall>,
+    stages: std::vec::IntoIter<Vec<usize>>,
+    running: usize,
+    token: CancellationToken,
+}
 
 pub(crate) struct Runner {
     pub(crate) shared: Arc<Shared>,
@@ -52,8 +65,32 @@ pub(crate) struct Runner {
     pub(crate) lost: CancellationToken,
     /// The first input: `Start`, or `Cancel` when a cancel request is on record.
     pub(crate) first: Input,
-    pub(crate) recent: VecDeque<pb::Event>,
+    /// The model's request, kept from turn to turn: a turn changes only its number and
+    /// the history window (the last [`HISTORY`] committed events). The decide call in
+    /// flight shares it, so an in-process model reads it without a copy.
+    pub(crate) context: Arc<pb::DecideRequest>,
     pub(crate) progress: Arc<Progress>,
+}
+
+/// The model's request of an invocation whose last committed events are `history` (at
+/// most [`HISTORY`]); [`Runner`] keeps it and sets the turn before each call.
+pub(crate) fn context(
+    shared: &Shared,
+    id: Uuid,
+    spec: &InvocationSpec,
+    history: Vec<pb::Event>,
+) -> pb::DecideRequest {
+    pb::DecideRequest {
+        invocation_id: id.to_string(),
+        turn: 0,
+        goal: spec.goal.clone(),
+        profile: spec.profile.clone(),
+        tools: shared.descriptors_for(spec),
+        history,
+        context_from_seq: 0,
+        summary: String::new(),
+        scripted_model_json: spec.script.clone().unwrap_or_default(),
+    }
 }
 
 impl Runner {
@@ -109,11 +146,10 @@ impl Runner {
     }
 
     async fn drive(&mut self) -> Exit {
-        let (tx, mut rx) = mpsc::channel::<Input>(INPUT_BOUND);
-        let mut tasks = JoinSet::new();
+        let mut ops: FuturesUnordered<Op> = FuturesUnordered::new();
         let first = std::mem::replace(&mut self.first, Input::Start);
         let mut queue = VecDeque::from([first]);
-        let mut batch: Option<CancellationToken> = None;
+        let mut batch: Option<Batch> = None;
         let mut lost = self.lost.clone();
         let deadline = self
             .engine
@@ -134,18 +170,15 @@ impl Runner {
                     () = lost.cancelled() => {
                         // Stop the running calls first: whoever runs the invocation next
                         // must not find this worker's side effects still starting.
-                        if let Some(token) = &batch {
-                            token.cancel();
+                        if let Some(batch) = &batch {
+                            batch.token.cancel();
                         }
                         match self.regain().await {
                             Ok(token) => {
                                 lost = token;
                                 Input::Cancel
                             }
-                            Err(why) => {
-                                tasks.abort_all();
-                                return Exit::Lost(why);
-                            }
+                            Err(why) => return Exit::Lost(why),
                         }
                     }
                     () = sleep_until(deadline), if tick_armed => {
@@ -160,14 +193,20 @@ impl Runner {
                     }
                     () = sleep_until(drain_cutoff), if executing && drain_cutoff.is_some() => {
                         warn!(invocation = %self.id, "drain timeout: cancelling the running calls");
-                        if let Some(token) = &batch {
-                            token.cancel();
+                        if let Some(batch) = &batch {
+                            batch.token.cancel();
                         }
                         drain_cutoff = None;
                         drain_cut = true;
                         continue;
                     }
-                    Some(input) = rx.recv() => input,
+                    Some(input) = ops.next() => {
+                        if let (Input::CallFinished { .. }, Some(batch)) = (&input, &mut batch) {
+                            batch.running = batch.running.saturating_sub(1);
+                            self.start_stage(batch, &mut ops);
+                        }
+                        input
+                    }
                 },
             };
             if let Input::CallFinished { .. } = input {
@@ -176,9 +215,6 @@ impl Runner {
                     .in_flight
                     .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
             }
-            // Finished tasks keep their output in the set until joined: reap them, so a
-            // long invocation holds only what is in flight.
-            while tasks.try_join_next().is_some() {}
             let actions = match self.engine.step(input, self.shared.clock.now()) {
                 Ok(actions) => actions,
                 Err(error) => {
@@ -194,38 +230,36 @@ impl Runner {
                             return Exit::Parked;
                         }
                         self.progress.turn.store(turn, Relaxed);
-                        tasks.spawn(self.decide(turn, tx.clone()));
+                        ops.push(self.decide(turn));
                     }
                     Action::Authorize { turn, calls } => {
-                        tasks.spawn(self.authorize(turn, &calls, tx.clone()));
+                        ops.push(self.authorize(turn, &calls));
                     }
                     Action::Execute { turn, calls, plan } => {
-                        let token = CancellationToken::new();
-                        batch = Some(token.clone());
                         executing = true;
                         let count = u32::try_from(calls.len()).unwrap_or(u32::MAX);
                         self.progress.in_flight.store(count, Relaxed);
-                        tasks.spawn(execute_batch(
-                            self.shared.clone(),
-                            self.spec.clone(),
-                            self.id,
+                        let started = batch.insert(Batch {
                             turn,
                             calls,
-                            plan,
-                            token,
-                            tx.clone(),
-                        ));
+                            stages: plan.stages.into_iter(),
+                            running: 0,
+                            token: CancellationToken::new(),
+                        });
+                        self.start_stage(started, &mut ops);
                     }
                     Action::CancelCalls { .. } => {
-                        if let Some(token) = &batch {
-                            token.cancel();
+                        if let Some(batch) = &batch {
+                            batch.token.cancel();
                         }
                     }
                     Action::Reconcile { turn, calls } => {
-                        tasks.spawn(self.reconcile(turn, calls, tx.clone()));
+                        for call in calls {
+                            ops.push(self.reconcile(turn, call));
+                        }
                     }
                     Action::Verify { answer, .. } => {
-                        tasks.spawn(self.verify(answer, tx.clone()));
+                        ops.push(self.verify(answer));
                     }
                     Action::Commit {
                         expected_version,
@@ -235,58 +269,57 @@ impl Runner {
                         let ends = events.iter().any(|e| matches!(e.body, EventBody::Ended(_)));
                         let input = match self.commit(expected_version, events, totals).await {
                             Ok(input) => input,
-                            Err(why) => {
-                                tasks.abort_all();
-                                return Exit::Lost(why);
-                            }
+                            Err(why) => return Exit::Lost(why),
                         };
                         executing = false;
                         batch = None;
                         self.progress.in_flight.store(0, Relaxed);
                         if ends {
-                            tasks.abort_all();
+                            ops.clear();
                         }
                         queue.push_back(input);
                     }
-                    Action::Finish(outcome) => {
-                        tasks.abort_all();
-                        return Exit::Ended(outcome);
-                    }
+                    Action::Finish(outcome) => return Exit::Ended(outcome),
                 }
             }
         }
     }
 
-    fn decide(&self, turn: u32, tx: mpsc::Sender<Input>) -> impl Future<Output = ()> + use<> {
-        let request = pb::DecideRequest {
-            invocation_id: self.id.to_string(),
-            turn,
-            goal: self.spec.goal.clone(),
-            profile: self.spec.profile.clone(),
-            tools: self.shared.descriptors_for(&self.spec),
-            history: self.recent.iter().cloned().collect(),
-            context_from_seq: self.recent.front().map_or(0, |event| event.seq),
-            summary: String::new(),
-            scripted_model_json: self.spec.script.clone().unwrap_or_default(),
-        };
+    /// Starts the next stages of `batch` until one has calls running (a stage of calls
+    /// that are all missing from the batch counts as done).
+    fn start_stage(&self, batch: &mut Batch, ops: &mut FuturesUnordered<Op>) {
+        while batch.running == 0 {
+            let Some(stage) = batch.stages.next() else {
+                return;
+            };
+            for call in stage.iter().filter_map(|&index| batch.calls.get(index)) {
+                ops.push(self.call(batch.turn, call.clone(), batch.token.clone()));
+                batch.running += 1;
+            }
+        }
+    }
+
+    fn decide(&mut self, turn: u32) -> Op {
+        let context = Arc::make_mut(&mut self.context);
+        context.turn = turn;
+        context.context_from_seq = context.history.first().map_or(0, |event| event.seq);
+        if context.tools.is_empty() {
+            // Empty when the gateway's tools were not fetched yet as the runner started.
+            context.tools = self.shared.descriptors_for(&self.spec);
+        }
+        let request = Arc::clone(&self.context);
         let port = self.shared.ports.decision.clone();
-        async move {
-            let input = match port.decide(request).await {
+        Box::pin(async move {
+            match port.decide(request).await {
                 Ok(response) => wire::decided(response),
                 Err(status) => Input::DecisionFailed {
                     message: format!("{:?}: {}", status.code(), status.message()),
                 },
-            };
-            let _ = tx.send(input).await;
-        }
+            }
+        })
     }
 
-    fn authorize(
-        &self,
-        turn: u32,
-        calls: &[ToolCall],
-        tx: mpsc::Sender<Input>,
-    ) -> impl Future<Output = ()> + use<> {
+    fn authorize(&self, turn: u32, calls: &[ToolCall]) -> Op {
         let totals = self.engine.protocol().totals;
         let request = pb::EvaluateRequest {
             invocation_id: self.id.to_string(),
@@ -300,7 +333,7 @@ impl Runner {
             approved_proposal_digest: String::new(),
         };
         let port = self.shared.ports.policy.clone();
-        async move {
+        Box::pin(async move {
             // Fail closed: no verdict, no execution.
             let verdict = match port.evaluate(request).await {
                 Ok(response) => wire::verdict(response),
@@ -312,11 +345,11 @@ impl Runner {
                     ),
                 },
             };
-            let _ = tx.send(Input::Authorized(verdict)).await;
-        }
+            Input::Authorized(verdict)
+        })
     }
 
-    fn verify(&self, answer: String, tx: mpsc::Sender<Input>) -> impl Future<Output = ()> + use<> {
+    fn verify(&self, answer: String) -> Op {
         let evidence_refs = self.evidence();
         let request = pb::ValidateFinalRequest {
             invocation_id: self.id.to_string(),
@@ -326,7 +359,7 @@ impl Runner {
             evidence_refs,
         };
         let port = self.shared.ports.policy.clone();
-        async move {
+        Box::pin(async move {
             // Fail closed: an answer nobody could check is not accepted.
             let verification = match port.validate_final(request).await {
                 Ok(response) => wire::verification(response),
@@ -338,15 +371,15 @@ impl Runner {
                     ),
                 },
             };
-            let _ = tx.send(Input::Verified(verification)).await;
-        }
+            Input::Verified(verification)
+        })
     }
 
     /// Successful tool results in the recent history, as `seq:call_id` references.
     fn evidence(&self) -> Vec<String> {
         use pb::tool_result::Outcome;
         let mut refs = Vec::new();
-        for event in &self.recent {
+        for event in &self.context.history {
             if let Some(pb::event::Body::Turn(turn)) = &event.body {
                 for result in &turn.results {
                     if matches!(result.outcome, Some(Outcome::Output(_))) {
@@ -358,22 +391,41 @@ impl Runner {
         refs
     }
 
-    fn reconcile(
-        &self,
-        turn: u32,
-        calls: Vec<ToolCall>,
-        tx: mpsc::Sender<Input>,
-    ) -> impl Future<Output = ()> + use<> {
-        let shared = self.shared.clone();
-        let id = self.id;
-        async move {
-            for call in calls {
-                let input = effects::reconcile(&shared, id, turn, &call).await;
-                if tx.send(input).await.is_err() {
-                    return;
-                }
+    fn reconcile(&self, turn: u32, call: ToolCall) -> Op {
+        let (shared, id) = (self.shared.clone(), self.id);
+        Box::pin(async move { effects::reconcile(&shared, id, turn, &call).await })
+    }
+
+    /// One call of a batch; `token` cancels the batch.
+    fn call(&self, turn: u32, call: ToolCall, token: CancellationToken) -> Op {
+        let (shared, spec, id) = (self.shared.clone(), self.spec.clone(), self.id);
+        Box::pin(async move {
+            let (side_effect, timeout_ms) = match spec.tool(&call.tool) {
+                Some(ToolEntry {
+                    side_effect,
+                    timeout_ms,
+                    ..
+                }) => (*side_effect, *timeout_ms),
+                // The engine only executes catalog tools; treat a mismatch as the riskier
+                // kind.
+                None => (SideEffect::Write, shared.config.limits.tool_timeout_ms),
+            };
+            let outcome = effects::Call {
+                shared: &shared,
+                invocation: id,
+                turn,
+                call: &call,
+                side_effect,
+                timeout_ms,
+                token: &token,
             }
-        }
+            .run()
+            .await;
+            Input::CallFinished {
+                call_id: call.call_id,
+                outcome,
+            }
+        })
     }
 
     /// After the keeper fired: if the lease was revoked (a cancel request), take it again
@@ -441,11 +493,12 @@ impl Runner {
                     .iter()
                     .map(|event| wire::event(&id, committed_at, event))
                     .collect();
+                let history = &mut Arc::make_mut(&mut self.context).history;
                 for event in &wire {
-                    if self.recent.len() == HISTORY {
-                        self.recent.pop_front();
+                    if history.len() == HISTORY {
+                        history.remove(0);
                     }
-                    self.recent.push_back(event.clone());
+                    history.push(event.clone());
                 }
                 self.shared.hub.publish(self.id, wire);
                 Ok(Input::Committed)
@@ -473,68 +526,6 @@ enum Exit {
     Parked,
     /// The lease is gone; why.
     Lost(String),
-}
-
-/// Runs a batch stage by stage; the calls of a stage run together, and each result is
-/// reported the moment it arrives.
-#[allow(clippy::too_many_arguments)]
-async fn execute_batch(
-    shared: Arc<Shared>,
-    spec: Arc<InvocationSpec>,
-    id: Uuid,
-    turn: u32,
-    calls: Vec<ToolCall>,
-    plan: ExecutionPlan,
-    token: CancellationToken,
-    tx: mpsc::Sender<Input>,
-) {
-    for stage in plan.stages {
-        let mut running: FuturesUnordered<_> = stage
-            .iter()
-            .filter_map(|&index| calls.get(index))
-            .map(|call| run_call(&shared, &spec, id, turn, call, &token))
-            .collect();
-        while let Some((call_id, outcome)) = running.next().await {
-            if tx
-                .send(Input::CallFinished { call_id, outcome })
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-    }
-}
-
-async fn run_call(
-    shared: &Shared,
-    spec: &InvocationSpec,
-    id: Uuid,
-    turn: u32,
-    call: &ToolCall,
-    token: &CancellationToken,
-) -> (CallId, CallOutcome) {
-    let (side_effect, timeout_ms) = match spec.tool(&call.tool) {
-        Some(ToolEntry {
-            side_effect,
-            timeout_ms,
-            ..
-        }) => (*side_effect, *timeout_ms),
-        // The engine only executes catalog tools; treat a mismatch as the riskier kind.
-        None => (SideEffect::Write, shared.config.limits.tool_timeout_ms),
-    };
-    let outcome = effects::Call {
-        shared,
-        invocation: id,
-        turn,
-        call,
-        side_effect,
-        timeout_ms,
-        token,
-    }
-    .run()
-    .await;
-    (call.call_id.clone(), outcome)
 }
 
 fn instant_of(at: UnixMillis, now: UnixMillis) -> tokio::time::Instant {

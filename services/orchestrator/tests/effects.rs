@@ -153,7 +153,7 @@ async fn setup(script: Script) -> Setup {
         .unwrap(),
     );
     let ports = Ports {
-        decision: Arc::new(InProcess(Arc::new(DecisionServer::new(None)))),
+        decision: Arc::new(DecisionServer::new(None)),
         policy: Arc::new(InProcess(Arc::new(policy))),
         tools: tools.clone(),
         ledger: Arc::new(InProcess(Arc::new(ledger.clone()))),
