@@ -27,9 +27,11 @@
 //! - `turns_per_s`: turns committed / wall time from the first start request to the
 //!   last `Ended` event.
 //! - `turn_latency`: for each invocation and each turn after its first, the time
-//!   between the watcher receiving the previous turn's committed event and this one's:
-//!   commit to commit, i.e. decide + policy + two tool calls + durable commit +
-//!   delivery, with N invocations sharing the machine.
+//!   between the previous turn's commit and this one's, from the commit times the
+//!   orchestrator stamps on the events (1 ms resolution): decide + policy + two tool
+//!   calls + durable commit, with N invocations sharing the machine. Taken from the
+//!   stamps rather than at arrival, so a watcher that falls behind and then receives two
+//!   turns at once does not record a gap of zero.
 //! - `invocation_latency`: start request sent → `Ended` event received.
 //! - `cpu_us_per_turn`: user + system CPU time of the whole process (all threads:
 //!   runtime, SQLite, bench client) divided by the turns: the orchestration overhead of
@@ -719,10 +721,9 @@ async fn follow(client: Client, turns: u32) -> Observed {
             return observed;
         }
     };
-    let mut last: Option<Instant> = None;
+    let mut last: Option<Duration> = None;
     let mut end = None;
     while let Some(item) = stream.next().await {
-        let now = Instant::now();
         let event = match item {
             Ok(response) => response.event,
             Err(status) => {
@@ -730,15 +731,22 @@ async fn follow(client: Client, turns: u32) -> Observed {
                 return observed;
             }
         };
+        let Some(event) = event else { continue };
         // The last turn commits its `Turn` and the `Ended` event together.
-        match event.and_then(|event| event.body) {
+        match event.body {
             Some(pb::event::Body::Turn(_)) => {
                 observed.turns += 1;
+                let committed = event.committed_at.map_or(Duration::ZERO, |at| {
+                    Duration::new(
+                        u64::try_from(at.seconds).unwrap_or(0),
+                        u32::try_from(at.nanos).unwrap_or(0),
+                    )
+                });
                 if let Some(previous) = last {
-                    let gap = now.duration_since(previous).as_micros();
+                    let gap = committed.saturating_sub(previous).as_micros();
                     observed.gaps.push(u64::try_from(gap).unwrap_or(u64::MAX));
                 }
-                last = Some(now);
+                last = Some(committed);
             }
             Some(pb::event::Body::Ended(ended)) => {
                 end = Some(ended);

@@ -33,7 +33,7 @@ use uuid::Uuid;
 
 pub use postgres::{DEFAULT_MAX_CONNECTIONS, PgOptions, PgStore};
 pub use sqlite::{DATABASE_FILE, SqliteDurability, SqliteOptions, SqliteStorage, SqliteStore};
-pub use writer::SqliteStats;
+pub use writer::{SqliteStats, WriterHold};
 
 /// Where an invocation is in its life, as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -26,7 +26,7 @@ use crate::codec::{
     Claim, EventColumns, InvocationColumns, MAX_EVENTS_PAGE, claim_check, counter_to_i64,
     fresh_record, from_seq_to_i64, idempotent_answer, parse_id, state_text, time_to_i64, to_json,
 };
-use crate::writer::{SqliteStats, Writer};
+use crate::writer::{SqliteStats, Writer, WriterHold};
 use crate::{
     Append, Created, EventStore, InvocationRecord, InvocationState, ListRequest, MAX_PAGE_SIZE,
     NewInvocation, StoreError, StoredEvent,
@@ -137,7 +137,8 @@ impl SqliteStore {
             .pragma("temp_store", "memory")
             .connect()
             .await?;
-        let writer = Writer::start(writer, pool.clone());
+        let writer = Writer::start(writer, pool.clone())
+            .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
         tracing::debug!(path = %options.path.display(), "event store opened");
         Ok(SqliteStore {
             pool,
@@ -148,6 +149,17 @@ impl SqliteStore {
     /// Opens `<dir>/events.db` with the durable defaults.
     pub async fn open_in(dir: &Path) -> Result<SqliteStore, StoreError> {
         SqliteStore::open(SqliteOptions::new(dir.join(DATABASE_FILE))).await
+    }
+
+    /// For tests of group commit: holds the writer inside a group until the hold is
+    /// released, so that the writes issued meanwhile queue up and are committed together,
+    /// as under load. Every write waits while the hold lasts.
+    ///
+    /// # Errors
+    ///
+    /// The writer stopped.
+    pub async fn hold_writer(&self) -> Result<WriterHold, StoreError> {
+        self.writer.hold().await
     }
 
     /// The journal mode and synchronous level a connection of this store runs with.
@@ -207,7 +219,7 @@ macro_rules! select_invocation {
     () => {
         "SELECT invocation_id, idempotency_key, request_digest, spec, state, version, \
          lease_epoch, totals, end_record, cancel_requested_at, created_at, updated_at \
-         FROM invocations"
+         FROM invocations JOIN invocation_specs USING (invocation_id)"
     };
 }
 
@@ -226,19 +238,26 @@ impl EventStore for SqliteStore {
                         return idempotent_answer(&new, key, existing);
                     }
                     let created_at = time_to_i64(new.created_at);
+                    let id = new.invocation_id.hyphenated().to_string();
                     sqlx::query(
-                        "INSERT INTO invocations (invocation_id, idempotency_key, \
-                         request_digest, spec, state, version, lease_epoch, totals, end_record, \
-                         created_at, updated_at) \
-                         VALUES (?, ?, ?, ?, 'running', 0, 0, ?, NULL, ?, ?)",
+                        "INSERT INTO invocations (invocation_id, idempotency_key, state, \
+                         version, lease_epoch, totals, end_record, created_at, updated_at) \
+                         VALUES (?, ?, 'running', 0, 0, ?, NULL, ?, ?)",
                     )
-                    .bind(new.invocation_id.hyphenated().to_string())
+                    .bind(&id)
                     .bind(new.idempotency_key.as_deref())
-                    .bind(&new.request_digest)
-                    .bind(&new.spec)
                     .bind(&totals)
                     .bind(created_at)
                     .bind(created_at)
+                    .execute(&mut *conn)
+                    .await?;
+                    sqlx::query(
+                        "INSERT INTO invocation_specs (invocation_id, request_digest, spec) \
+                         VALUES (?, ?, ?)",
+                    )
+                    .bind(&id)
+                    .bind(&new.request_digest)
+                    .bind(&new.spec)
                     .execute(&mut *conn)
                     .await?;
                     Ok(Created::New(fresh_record(new)))

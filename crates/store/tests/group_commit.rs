@@ -1,9 +1,10 @@
 //! Group commit of the SQLite store: concurrent writes share one transaction and one
 //! fsync, and each still gets its own result.
 //!
-//! The tests run on a current-thread runtime and issue their writes with one `join_all`
-//! of fewer than 32 futures: every write is enqueued in a single poll before the writer
-//! task can run, so they all land in one group, deterministically.
+//! The writer runs on a thread of its own and takes a write as soon as it is queued. To
+//! put writes in one group deterministically, a test holds the writer inside a group
+//! (`SqliteStore::hold_writer`), issues its writes until all of them are queued behind it,
+//! then releases it: the writer takes the queued writes together, as under load.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -16,6 +17,31 @@ use agentloop_store::conformance::{lookup_turn, new_invocation};
 use agentloop_store::{Append, Created, EventStore, SqliteStore, StoreError};
 use futures::future::join_all;
 use uuid::Uuid;
+
+/// Runs `writes` as one group: holds the writer, polls `writes` until `count` of them
+/// are queued, releases the writer, then finishes them. Returns their results and the
+/// commits they took (the held group's own commit excluded).
+async fn in_one_group<F: std::future::Future>(
+    store: &SqliteStore,
+    count: usize,
+    writes: F,
+) -> (F::Output, u64) {
+    let before = store.stats();
+    let hold = store.hold_writer().await.unwrap();
+    let mut writes = std::pin::pin!(writes);
+    // Each poll lets every write that can enqueue do so; none can finish while held.
+    while hold.queued() < count {
+        assert!(
+            futures::poll!(writes.as_mut()).is_pending(),
+            "a write finished while the writer was held"
+        );
+        tokio::task::yield_now().await;
+    }
+    hold.release().await.unwrap();
+    let results = writes.await;
+    // The held group commits too (a session that succeeded).
+    (results, store.stats().commits - before.commits - 1)
+}
 
 async fn fresh() -> (SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -54,18 +80,14 @@ async fn concurrent_appends_share_one_transaction_and_one_fsync() {
     let ids = invocations(&store, 20).await;
     let events = [lookup_turn(1, 1)];
     let before = store.stats();
-    let results = join_all(
+    let appends = join_all(
         ids.iter()
             .map(|id| store.append(*id, append(0, 1, &events))),
-    )
-    .await;
+    );
+    let (results, commits) = in_one_group(&store, 20, appends).await;
     let after = store.stats();
     assert!(results.iter().all(Result::is_ok), "{results:?}");
-    assert_eq!(
-        after.commits - before.commits,
-        1,
-        "twenty appends, one fsync"
-    );
+    assert_eq!(commits, 1, "twenty appends, one fsync");
     assert_eq!(after.appends - before.appends, 20);
     assert!(after.largest_group >= 20);
     for id in &ids {
@@ -77,13 +99,14 @@ async fn concurrent_appends_share_one_transaction_and_one_fsync() {
 #[tokio::test]
 async fn concurrent_creates_share_one_fsync_too() {
     let (store, _dir) = fresh().await;
+    let creates = join_all((0..20).map(|i| store.create(new_invocation(1_000 + i, None, "d"))));
     let before = store.stats();
-    let created =
-        join_all((0..20).map(|i| store.create(new_invocation(1_000 + i, None, "d")))).await;
+    let (created, commits) = in_one_group(&store, 20, creates).await;
     assert!(created.iter().all(|c| matches!(c, Ok(Created::New(_)))));
     let after = store.stats();
-    assert_eq!(after.commits - before.commits, 1);
-    assert_eq!(after.sessions - before.sessions, 20);
+    assert_eq!(commits, 1);
+    // The hold is a session of its own.
+    assert_eq!(after.sessions - before.sessions, 21);
 }
 
 #[tokio::test]
@@ -115,8 +138,7 @@ async fn a_refused_append_does_not_fail_the_rest_of_its_group() {
     let turn2 = [lookup_turn(2, 2)];
     let turn4 = [lookup_turn(4, 4)];
     let missing = Uuid::now_v7();
-    let before = store.stats();
-    let results = join_all([
+    let appends = join_all([
         store.append(good, append(0, 1, &turn1)),
         store.append(conflict, append(3, 1, &turn4)),
         store.append(fenced, append(1, 4, &turn2)),
@@ -128,10 +150,9 @@ async fn a_refused_append_does_not_fail_the_rest_of_its_group() {
         // The same version twice: the first wins, the second sees it.
         store.append(other, append(0, 1, &turn1)),
         store.append(other, append(0, 1, &turn1)),
-    ])
-    .await;
-    let after = store.stats();
-    assert_eq!(after.commits - before.commits, 1, "one group: {results:?}");
+    ]);
+    let (results, commits) = in_one_group(&store, 9, appends).await;
+    assert_eq!(commits, 1, "one group: {results:?}");
 
     let mut results = results.into_iter();
     let mut next = || results.next().unwrap();
@@ -198,19 +219,17 @@ async fn a_failing_statement_fails_only_its_own_append() {
     drop(conn);
 
     let events = [lookup_turn(1, 1)];
-    let before = store.stats();
-    let results = join_all(
+    let appends = join_all(
         ids.iter()
             .map(|id| store.append(*id, append(0, 1, &events))),
-    )
-    .await;
-    let after = store.stats();
+    );
+    let (results, commits) = in_one_group(&store, 4, appends).await;
     assert!(
         matches!(&results[0], Err(StoreError::Database(_))),
         "{results:?}"
     );
     assert!(results[1..].iter().all(Result::is_ok), "{results:?}");
-    assert_eq!(after.commits - before.commits, 1);
+    assert_eq!(commits, 1);
     assert_eq!(store.get(culprit).await.unwrap().version, 0);
     for id in &ids[1..] {
         assert_eq!(store.get(*id).await.unwrap().version, 1);

@@ -176,3 +176,75 @@ fn stored_bytes_per_turn() {
     // The body is what the events table stores (besides the key and a timestamp).
     assert!(body.contains("call-2") && body.contains("second letter"));
 }
+
+/// A database written before the spec moved out of the invocation row (migrations 1 to 3)
+/// keeps its invocations through the upgrade, spec and digest included, and goes on.
+#[tokio::test]
+async fn a_database_from_before_the_spec_moved_is_upgraded_whole() {
+    use sqlx::ConnectOptions;
+    let dir = tempfile::tempdir().unwrap();
+    let old_migrations = dir.path().join("migrations");
+    std::fs::create_dir(&old_migrations).unwrap();
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        if ["0001_", "0002_", "0003_"]
+            .iter()
+            .any(|p| name.starts_with(p))
+        {
+            std::fs::copy(&path, old_migrations.join(&name)).unwrap();
+        }
+    }
+    let path = dir.path().join("events.db");
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .connect()
+        .await
+        .unwrap();
+    let old = sqlx::migrate::Migrator::new(old_migrations.as_path())
+        .await
+        .unwrap();
+    assert_eq!(old.iter().count(), 3);
+    old.run(&mut conn).await.unwrap();
+    let id = conformance::id_at(5_000);
+    sqlx::query(
+        "INSERT INTO invocations (invocation_id, idempotency_key, request_digest, spec, state, \
+         version, lease_epoch, totals, end_record, created_at, updated_at) \
+         VALUES (?, 'key-1', 'digest-1', '{\"goal\":\"old\"}', 'running', 0, 0, ?, NULL, 5000, 5000)",
+    )
+    .bind(id.hyphenated().to_string())
+    .bind(serde_json::to_string(&agentloop_engine::Totals::default()).unwrap())
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    drop(conn);
+
+    let store = SqliteStore::open(SqliteOptions::new(&path)).await.unwrap();
+    let record = store.get(id).await.unwrap();
+    assert_eq!(record.spec, "{\"goal\":\"old\"}");
+    assert_eq!(record.request_digest, "digest-1");
+    assert_eq!(record.idempotency_key.as_deref(), Some("key-1"));
+    // The same key and digest find the upgraded row again instead of creating another.
+    let mut again = new_invocation(6_000, Some("key-1"), "digest-1");
+    again.spec = record.spec.clone();
+    assert!(matches!(
+        store.create(again).await.unwrap(),
+        Created::Existing(existing) if existing.invocation_id == id
+    ));
+    store
+        .append(
+            id,
+            Append {
+                expected_version: 0,
+                lease_epoch: 1,
+                events: &[lookup_turn(1, 1)],
+                totals: agentloop_engine::Totals::default(),
+                committed_at: UnixMillis(7_000),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.get(id).await.unwrap().version, 1);
+}
