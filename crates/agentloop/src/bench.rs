@@ -18,8 +18,8 @@
 //! (`agentloop_tools::InProcessExecutors`); the bench calls the orchestrator's API
 //! in-process. `distributed`: decision, policy, tool gateway, effect ledger and
 //! orchestrator, plus the demo executor, are gRPC servers on distinct 127.0.0.1 ports,
-//! talking gRPC to each other with the shared client and server settings (gzip
-//! included); the bench is a gRPC client. They share one process (and its two cores), so
+//! talking gRPC to each other with the shared client and server settings; the bench is
+//! a gRPC client. They share one process (and its two cores), so
 //! loopback gRPC is measured, not a network. The workload only reads, so the ledger is
 //! wired but never written.
 //!

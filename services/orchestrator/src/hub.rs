@@ -1,9 +1,11 @@
 //! Live fan-out of committed events to watchers.
 //!
 //! Only events that are durable are published, after the store accepted them. A watcher
-//! first subscribes, then replays the store, then follows the live channel; anything it
-//! misses (a slow watcher lagging the bounded channel) it re-reads from the store, so a
-//! watcher never skips an event and never sees one twice.
+//! first subscribes, then replays from the store what was published before it subscribed
+//! (the hub knows up to which sequence number: none, for an invocation that just
+//! started), then follows the live channel; anything it misses (a slow watcher lagging
+//! the bounded channel) it re-reads from the store, so a watcher never skips an event and
+//! never sees one twice.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -20,14 +22,34 @@ const CHANNEL_CAPACITY: usize = 256;
 /// cost as little memory as possible.
 #[derive(Debug, Default)]
 pub(crate) struct Hub {
-    channels: Mutex<HashMap<Uuid, Option<broadcast::Sender<Arc<pb::Event>>>>>,
+    channels: Mutex<HashMap<Uuid, Channel>>,
+}
+
+#[derive(Debug)]
+struct Channel {
+    sender: Option<broadcast::Sender<Arc<pb::Event>>>,
+    /// The last sequence number committed: the store holds every event up to it.
+    published: u64,
+}
+
+/// A subscription to an invocation's live events.
+#[derive(Debug)]
+pub(crate) struct Live {
+    pub(crate) events: broadcast::Receiver<Arc<pb::Event>>,
+    /// Every event up to this sequence number was committed before the subscription, so
+    /// only the store has it; every later one comes on `events`.
+    pub(crate) published: u64,
 }
 
 impl Hub {
-    /// Registers an invocation this process is about to run.
-    pub(crate) fn open(&self, invocation_id: Uuid) {
+    /// Registers an invocation this process is about to run, whose log holds `committed`
+    /// events.
+    pub(crate) fn open(&self, invocation_id: Uuid, committed: u64) {
         let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        channels.entry(invocation_id).or_insert(None);
+        channels.entry(invocation_id).or_insert(Channel {
+            sender: None,
+            published: committed,
+        });
     }
 
     /// Unregisters it: watchers see the channel end and finish from the store.
@@ -38,8 +60,14 @@ impl Hub {
 
     /// Publishes committed events to the invocation's watchers, if it has any.
     pub(crate) fn publish(&self, invocation_id: Uuid, events: Vec<pb::Event>) {
-        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(Some(sender)) = channels.get(&invocation_id) {
+        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(channel) = channels.get_mut(&invocation_id) else {
+            return;
+        };
+        if let Some(last) = events.last() {
+            channel.published = channel.published.max(last.seq);
+        }
+        if let Some(sender) = &channel.sender {
             for event in events {
                 // No receiver is fine: every watcher left.
                 let _ = sender.send(Arc::new(event));
@@ -48,15 +76,46 @@ impl Hub {
     }
 
     /// A live subscription, if this process runs the invocation.
-    pub(crate) fn subscribe(
-        &self,
-        invocation_id: Uuid,
-    ) -> Option<broadcast::Receiver<Arc<pb::Event>>> {
+    pub(crate) fn subscribe(&self, invocation_id: Uuid) -> Option<Live> {
         let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        channels.get_mut(&invocation_id).map(|channel| {
-            channel
+        channels.get_mut(&invocation_id).map(|channel| Live {
+            events: channel
+                .sender
                 .get_or_insert_with(|| broadcast::channel(CHANNEL_CAPACITY).0)
-                .subscribe()
+                .subscribe(),
+            published: channel.published,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(seq: u64) -> pb::Event {
+        pb::Event {
+            seq,
+            ..pb::Event::default()
+        }
+    }
+
+    /// A subscriber learns up to which sequence number only the store has the events, and
+    /// receives every later one live.
+    #[tokio::test]
+    async fn a_subscription_says_what_only_the_store_has() {
+        let hub = Hub::default();
+        let id = Uuid::now_v7();
+        assert!(hub.subscribe(id).is_none(), "not run here");
+        // Resumed with 5 events in the log: a watcher from seq 1 must read the store.
+        hub.open(id, 5);
+        hub.publish(id, vec![event(6)]);
+        let mut live = hub.subscribe(id).expect("runs here");
+        assert_eq!(live.published, 6);
+        hub.publish(id, vec![event(7), event(8)]);
+        assert_eq!(live.events.recv().await.expect("live").seq, 7);
+        assert_eq!(live.events.recv().await.expect("live").seq, 8);
+        assert_eq!(hub.subscribe(id).expect("runs here").published, 8);
+        hub.close(id);
+        assert!(hub.subscribe(id).is_none());
     }
 }

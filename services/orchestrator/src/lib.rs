@@ -554,7 +554,7 @@ impl Orchestrator {
                 },
             );
         }
-        self.shared.hub.open(id);
+        self.shared.hub.open(id, engine.protocol().version);
         let context = Arc::new(runner::context(&self.shared, id, &spec, history));
         let runner = Runner {
             shared: self.shared.clone(),

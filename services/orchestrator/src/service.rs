@@ -454,11 +454,14 @@ enum Caught {
 async fn watch(shared: Arc<Shared>, id: Uuid, mut next: u64, tx: WatchSender) {
     loop {
         let live = shared.hub.subscribe(id);
-        if let Caught::Over = catch_up(&shared, id, &mut next, &tx).await {
+        // Only the store has what was committed before the subscription (for a watcher of
+        // an invocation that just started here: nothing, so no read).
+        let stored = live.as_ref().is_none_or(|live| next <= live.published);
+        if stored && let Caught::Over = catch_up(&shared, id, &mut next, &tx).await {
             return;
         }
         let caught = match live {
-            Some(live) => follow(&shared, id, &mut next, &tx, live).await,
+            Some(live) => follow(&shared, id, &mut next, &tx, live.events).await,
             None => tokio::select! {
                 () = shared.drain.cancelled() => Caught::Over,
                 () = tx.closed() => Caught::Over,
