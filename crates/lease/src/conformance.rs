@@ -29,7 +29,7 @@ use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::{Keeper, KeeperConfig, KeeperExit, Lease, LeaseBackend, LeaseError};
+use crate::{KeeperConfig, KeeperExit, Keepers, Lease, LeaseBackend, LeaseError};
 
 /// One conformance check: gets a backend, panics on a broken expectation.
 pub type CheckFn = fn(Arc<dyn LeaseBackend>) -> BoxFuture<'static, ()>;
@@ -66,6 +66,12 @@ pub const CHECKS: &[(&str, CheckFn)] = &[
     }),
     ("keeper_fires_on_loss", |b| {
         Box::pin(keeper_fires_on_loss(b))
+    }),
+    ("renew_many_answers_each_lease", |b| {
+        Box::pin(renew_many_answers_each_lease(b))
+    }),
+    ("one_keeper_keeps_many_leases_apart", |b| {
+        Box::pin(one_keeper_keeps_many_leases_apart(b))
     }),
 ];
 
@@ -348,14 +354,10 @@ pub async fn keeper_renews_until_released(backend: Arc<dyn LeaseBackend>) {
     let ttl = Duration::from_millis(300);
     let lease = acquire(&*backend, &key, "worker-a", ttl).await;
     let cancel = CancellationToken::new();
-    let keeper = Keeper::start(
-        Arc::clone(&backend),
-        lease,
-        KeeperConfig::for_ttl(ttl),
-        cancel.clone(),
-    )
-    .await
-    .unwrap();
+    let keepers = Keepers::start(Arc::clone(&backend), KeeperConfig::for_ttl(ttl))
+        .await
+        .unwrap();
+    let keeper = keepers.keep(lease, cancel.clone());
     // Three TTLs pass: the behaviour under test is that the lease outlives them.
     tokio::time::sleep(ttl * 3).await;
     assert_eq!(backend.acquire(&key, "worker-b", LONG).await.unwrap(), None);
@@ -374,14 +376,10 @@ pub async fn keeper_fires_on_revocation(backend: Arc<dyn LeaseBackend>) {
     let key = fresh_key("keeper-revoked");
     let lease = acquire(&*backend, &key, "worker-a", LONG).await;
     let cancel = CancellationToken::new();
-    let keeper = Keeper::start(
-        Arc::clone(&backend),
-        lease,
-        KeeperConfig::for_ttl(LONG),
-        cancel.clone(),
-    )
-    .await
-    .unwrap();
+    let keepers = Keepers::start(Arc::clone(&backend), KeeperConfig::for_ttl(LONG))
+        .await
+        .unwrap();
+    let keeper = keepers.keep(lease, cancel.clone());
     // A revocation of another key changes nothing.
     backend.revoke(&fresh_key("unrelated")).await.unwrap();
     assert!(backend.revoke(&key).await.unwrap());
@@ -391,7 +389,8 @@ pub async fn keeper_fires_on_revocation(backend: Arc<dyn LeaseBackend>) {
             .is_ok(),
         "token not fired within {PROMPTLY:?} of the revocation"
     );
-    assert_eq!(keeper.stop().await, KeeperExit::Revoked);
+    assert_eq!(keeper.stop(), KeeperExit::Revoked);
+    assert!(keepers.is_empty(), "a stopped keeper leaves nothing behind");
 }
 
 /// When a renewal finds the lease gone, the token fires.
@@ -400,14 +399,10 @@ pub async fn keeper_fires_on_loss(backend: Arc<dyn LeaseBackend>) {
     let ttl = Duration::from_millis(300);
     let lease = acquire(&*backend, &key, "worker-a", ttl).await;
     let cancel = CancellationToken::new();
-    let keeper = Keeper::start(
-        Arc::clone(&backend),
-        lease.clone(),
-        KeeperConfig::for_ttl(ttl),
-        cancel.clone(),
-    )
-    .await
-    .unwrap();
+    let keepers = Keepers::start(Arc::clone(&backend), KeeperConfig::for_ttl(ttl))
+        .await
+        .unwrap();
+    let keeper = keepers.keep(lease.clone(), cancel.clone());
     // Lose it without a revocation message: someone releases it behind the keeper's back.
     assert!(backend.release(&lease).await.unwrap());
     assert!(
@@ -416,7 +411,79 @@ pub async fn keeper_fires_on_loss(backend: Arc<dyn LeaseBackend>) {
             .is_ok(),
         "token not fired after the lease was lost"
     );
-    assert_eq!(keeper.stop().await, KeeperExit::Lost);
+    assert_eq!(keeper.stop(), KeeperExit::Lost);
+}
+
+/// `renew_many` answers for each lease, in order: extended when still held, `false` when
+/// gone, and a gone one does not fail the others.
+pub async fn renew_many_answers_each_lease(backend: Arc<dyn LeaseBackend>) {
+    let mut leases = Vec::new();
+    for index in 0..5 {
+        let key = fresh_key(&format!("renew-many-{index}"));
+        leases.push(Arc::new(acquire(&*backend, &key, "worker-a", LONG).await));
+    }
+    assert!(backend.release(&leases[1]).await.unwrap());
+    assert!(backend.revoke(&leases[3].key).await.unwrap());
+    let answers = backend.renew_many(&leases, LONG).await.unwrap();
+    assert_eq!(answers, [true, false, true, false, true]);
+    assert_eq!(
+        backend.renew_many(&[], LONG).await.unwrap(),
+        Vec::<bool>::new()
+    );
+    for index in [0, 2, 4] {
+        assert!(backend.release(&leases[index]).await.unwrap());
+    }
+}
+
+/// One keeper keeps many leases: it renews all of them past their TTL, and a revocation
+/// or a loss fires only the work of that lease.
+pub async fn one_keeper_keeps_many_leases_apart(backend: Arc<dyn LeaseBackend>) {
+    let ttl = Duration::from_millis(300);
+    let keepers = Keepers::start(Arc::clone(&backend), KeeperConfig::for_ttl(ttl))
+        .await
+        .unwrap();
+    let mut kept = Vec::new();
+    for index in 0..20 {
+        let key = fresh_key(&format!("kept-{index}"));
+        let lease = acquire(&*backend, &key, "worker-a", ttl).await;
+        let cancel = CancellationToken::new();
+        let keeper = keepers.keep(lease.clone(), cancel.clone());
+        kept.push((lease, cancel, keeper));
+    }
+    assert_eq!(keepers.len(), 20);
+    backend.revoke(&kept[3].0.key).await.unwrap();
+    backend.release(&kept[7].0).await.unwrap();
+    for index in [3, 7] {
+        assert!(
+            tokio::time::timeout(PROMPTLY, kept[index].1.cancelled())
+                .await
+                .is_ok(),
+            "lease {index} gone but its work not cancelled"
+        );
+    }
+    // Three TTLs pass: the behaviour under test is that the others outlive them.
+    tokio::time::sleep(ttl * 3).await;
+    for (index, (lease, cancel, _)) in kept.iter().enumerate() {
+        if index == 3 || index == 7 {
+            continue;
+        }
+        assert!(!cancel.is_cancelled(), "lease {index} fired");
+        assert_eq!(
+            backend.acquire(&lease.key, "worker-b", LONG).await.unwrap(),
+            None,
+            "lease {index} lapsed"
+        );
+    }
+    let mut exits = Vec::new();
+    for (index, (_, _, keeper)) in kept.into_iter().enumerate() {
+        if index == 3 || index == 7 {
+            exits.push(keeper.stop());
+        } else {
+            assert!(keeper.release().await.unwrap());
+        }
+    }
+    assert_eq!(exits, [KeeperExit::Revoked, KeeperExit::Lost]);
+    assert!(keepers.is_empty());
 }
 
 /// What every [`crate::Handoff`] must do, on a fresh, empty queue whose `take` waits a

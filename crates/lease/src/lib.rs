@@ -2,9 +2,10 @@
 //!
 //! One trait, [`LeaseBackend`], with two backends that pass the same test suite
 //! ([`conformance`]): [`RedisLeases`] (several orchestrator processes share one Redis) and
-//! [`InProcessLeases`] (the embedded default, one process). A [`Keeper`] keeps an acquired
-//! lease alive and fires the invocation's cancellation token the moment the lease is lost
-//! or revoked.
+//! [`InProcessLeases`] (the embedded default, one process). A worker's [`Keepers`] keeps
+//! every lease it acquired alive (one batch of renewals per period) and fires an
+//! invocation's cancellation token (its [`Keeper`]) the moment the lease is lost or
+//! revoked.
 //!
 //! [`Handoff`] is the queue through which a worker that gives work up (it drains) tells idle
 //! workers to take it now; it is only a hint, the lease decides.
@@ -33,6 +34,7 @@ mod memory;
 mod redis_backend;
 pub mod testing;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -40,7 +42,7 @@ use tokio::sync::broadcast;
 
 pub use error::LeaseError;
 pub use handoff::{Handoff, InProcessHandoff, MAX_QUEUED, RedisHandoff};
-pub use keeper::{Keeper, KeeperConfig, KeeperExit};
+pub use keeper::{Keeper, KeeperConfig, KeeperExit, Keepers};
 pub use memory::InProcessLeases;
 pub use redis_backend::{REVOCATION_CHANNEL, RedisLeaseConfig, RedisLeases};
 
@@ -49,7 +51,7 @@ pub use redis_backend::{REVOCATION_CHANNEL, RedisLeaseConfig, RedisLeases};
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// How many revoked keys a subscriber may fall behind before it sees
-/// [`broadcast::error::RecvError::Lagged`]; a lagging [`Keeper`] renews at once to find out
+/// [`broadcast::error::RecvError::Lagged`]; a lagging [`Keepers`] renews at once to find out
 /// whether its own lease was among them.
 pub const REVOCATION_BUFFER: usize = 1024;
 
@@ -78,7 +80,7 @@ impl Lease {
 /// A subscription sees every revocation made after [`LeaseBackend::subscribe_revocations`]
 /// returned, unless the backend lost its connection meanwhile (Redis pub/sub is
 /// fire-and-forget). A revocation deletes the lease, so a holder that missed the message
-/// still learns at its next renewal; [`Keeper`] relies on that.
+/// still learns at its next renewal; [`Keepers`] relies on that.
 pub type Revocations = broadcast::Receiver<String>;
 
 /// A lease store. Object-safe: workers hold an `Arc<dyn LeaseBackend>`.
@@ -99,6 +101,21 @@ pub trait LeaseBackend: Send + Sync + std::fmt::Debug {
     /// Extends `lease` to `ttl` from now. `false`: the lease is gone (expired, released,
     /// revoked or taken over) and the holder must stop.
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, LeaseError>;
+
+    /// [`LeaseBackend::renew`] for many leases at once (a worker's [`Keepers`] renews all
+    /// of its leases every period); one answer per lease, in order. The default renews
+    /// them one by one; a networked backend sends them together.
+    async fn renew_many(
+        &self,
+        leases: &[Arc<Lease>],
+        ttl: Duration,
+    ) -> Result<Vec<bool>, LeaseError> {
+        let mut answers = Vec::with_capacity(leases.len());
+        for lease in leases {
+            answers.push(self.renew(lease, ttl).await?);
+        }
+        Ok(answers)
+    }
 
     /// Gives `lease` up early so another worker need not wait for the TTL. `false`: it was
     /// no longer held (nothing was deleted).

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use agentloop_lease::testing::RedisServer;
 use agentloop_lease::{
-    Handoff, Keeper, KeeperConfig, KeeperExit, LeaseBackend, LeaseError, RedisHandoff,
+    Handoff, KeeperConfig, KeeperExit, Keepers, LeaseBackend, LeaseError, RedisHandoff,
     RedisLeaseConfig, RedisLeases, conformance,
 };
 use tokio_util::sync::CancellationToken;
@@ -78,14 +78,10 @@ async fn redis_restart_mid_run() {
         .unwrap()
         .unwrap();
     let cancel = CancellationToken::new();
-    let keeper = Keeper::start(
-        Arc::clone(&shared),
-        before.clone(),
-        KeeperConfig::for_ttl(ttl),
-        cancel.clone(),
-    )
-    .await
-    .unwrap();
+    let keepers = Keepers::start(Arc::clone(&shared), KeeperConfig::for_ttl(ttl))
+        .await
+        .unwrap();
+    let keeper = keepers.keep(before.clone(), cancel.clone());
 
     server.kill();
     let started = tokio::time::Instant::now();
@@ -120,7 +116,7 @@ async fn redis_restart_mid_run() {
             .is_ok(),
         "keeper kept running on an unconfirmable lease"
     );
-    assert!(matches!(keeper.stop().await, KeeperExit::Expired(_)));
+    assert!(matches!(keeper.stop(), KeeperExit::Expired(_)));
 
     server.restart().await;
     // The connection manager reconnects in the background; poll (bounded) until it has.
@@ -176,25 +172,21 @@ async fn revocation_to_cancellation_latency() {
     let ttl = Duration::from_secs(30);
     let trials = 200;
     let mut latencies = Vec::with_capacity(trials);
+    let keepers = Keepers::start(Arc::clone(&shared), KeeperConfig::for_ttl(ttl))
+        .await
+        .unwrap();
     for trial in 0..trials {
         let key = format!("latency-{trial}");
         let lease = leases.acquire(&key, "worker", ttl).await.unwrap().unwrap();
         let cancel = CancellationToken::new();
-        let keeper = Keeper::start(
-            Arc::clone(&shared),
-            lease,
-            KeeperConfig::for_ttl(ttl),
-            cancel.clone(),
-        )
-        .await
-        .unwrap();
+        let keeper = keepers.keep(lease, cancel.clone());
         let started = tokio::time::Instant::now();
         assert!(leases.revoke(&key).await.unwrap());
         tokio::time::timeout(Duration::from_secs(5), cancel.cancelled())
             .await
             .unwrap();
         latencies.push(started.elapsed());
-        assert_eq!(keeper.stop().await, KeeperExit::Revoked);
+        assert_eq!(keeper.stop(), KeeperExit::Revoked);
     }
     latencies.sort();
     let at = |q: f64| latencies[((latencies.len() as f64 * q).ceil() as usize).saturating_sub(1)];

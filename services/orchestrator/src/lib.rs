@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use agentloop_engine::{Clock, Input, Invocation, SystemClock};
-use agentloop_lease::{Keeper, Lease};
+use agentloop_lease::Lease;
 use agentloop_proto::v1 as pb;
 use agentloop_store::{EventStore, InvocationRecord, InvocationState, StoreError};
 use tokio::sync::Notify;
@@ -529,13 +529,7 @@ impl Orchestrator {
     ) -> Result<(), OrchestratorError> {
         let workers = &self.shared.workers;
         let lost = CancellationToken::new();
-        let keeper = Keeper::start(
-            workers.leases.clone(),
-            lease,
-            workers.keeper_config(),
-            lost.clone(),
-        )
-        .await?;
+        let keeper = workers.keepers().await?.keep(lease, lost.clone());
         let progress = Arc::new(Progress::default());
         {
             let mut running = self

@@ -137,7 +137,7 @@ impl Runner {
             }
             Exit::Lost(why) => {
                 if let Some(keeper) = keeper {
-                    let _ = keeper.stop().await;
+                    keeper.stop();
                 }
                 warn!(invocation = %self.id, why = %why, "lease lost: stopped without committing more");
             }
@@ -436,7 +436,7 @@ impl Runner {
         let Some(keeper) = self.keeper.take() else {
             return Err("no lease".into());
         };
-        let exit = keeper.stop().await;
+        let exit = keeper.stop();
         if exit != KeeperExit::Revoked {
             return Err(format!("{exit:?}"));
         }
@@ -452,17 +452,14 @@ impl Runner {
                 ));
             }
         };
-        let workers = &self.shared.workers;
         let token = CancellationToken::new();
-        let keeper = Keeper::start(
-            workers.leases.clone(),
-            lease,
-            workers.keeper_config(),
-            token.clone(),
-        )
-        .await
-        .map_err(|error| format!("revoked, and the lease could not be kept: {error}"))?;
-        self.keeper = Some(keeper);
+        let keepers = self
+            .shared
+            .workers
+            .keepers()
+            .await
+            .map_err(|error| format!("revoked, and the lease could not be kept: {error}"))?;
+        self.keeper = Some(keepers.keep(lease, token.clone()));
         Ok(token)
     }
 

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop_lease::{
-    Handoff, InProcessHandoff, InProcessLeases, KeeperConfig, LeaseBackend, LeaseError,
+    Handoff, InProcessHandoff, InProcessLeases, KeeperConfig, Keepers, LeaseBackend, LeaseError,
     RedisHandoff, RedisLeaseConfig, RedisLeases,
 };
+use tokio::sync::OnceCell;
 use uuid::Uuid;
 
 use crate::config::WorkersConfig;
@@ -44,6 +45,8 @@ pub struct Workers {
     /// invocation while the process lives, so the periodic sweep and the hand-off loop
     /// do not run (the sweep at start still resumes what a previous run left).
     pub(crate) shared: bool,
+    /// Renews every lease this worker holds; started on first use.
+    keepers: Arc<OnceCell<Keepers>>,
 }
 
 impl Workers {
@@ -88,6 +91,7 @@ impl Workers {
             ttl: Duration::from_millis(config.lease_ttl_ms),
             sweep_every: Duration::from_millis(config.sweep_every_ms),
             shared: true,
+            keepers: Arc::new(OnceCell::new()),
         }
     }
 
@@ -96,7 +100,13 @@ impl Workers {
         &self.id
     }
 
-    pub(crate) fn keeper_config(&self) -> KeeperConfig {
-        KeeperConfig::for_ttl(self.ttl)
+    /// The keeper of this worker's leases. Started on first use, because it subscribes to
+    /// revocations; a failed start is tried again at the next use.
+    pub(crate) async fn keepers(&self) -> Result<&Keepers, LeaseError> {
+        self.keepers
+            .get_or_try_init(|| {
+                Keepers::start(Arc::clone(&self.leases), KeeperConfig::for_ttl(self.ttl))
+            })
+            .await
     }
 }
