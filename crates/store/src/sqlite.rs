@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentloop_engine::{Totals, UnixMillis};
+use agentloop_engine::UnixMillis;
 use async_trait::async_trait;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
@@ -24,7 +24,7 @@ use uuid::Uuid;
 
 use crate::codec::{
     Claim, EventColumns, InvocationColumns, MAX_EVENTS_PAGE, claim_check, counter_to_i64,
-    fresh_record, from_seq_to_i64, idempotent_answer, parse_id, state_text, time_to_i64, to_json,
+    from_seq_to_i64, parse_id, state_text, time_to_i64,
 };
 use crate::writer::{SqliteStats, Writer, WriterHold};
 use crate::{
@@ -223,47 +223,15 @@ macro_rules! select_invocation {
     };
 }
 
+/// The same, for the writer's queries built at run time.
+pub(crate) const SELECT_INVOCATION: &str = select_invocation!();
+
 #[async_trait]
 impl EventStore for SqliteStore {
     async fn create(&self, new: NewInvocation) -> Result<Created, StoreError> {
-        let totals = to_json(&Totals::default())?;
-        // The writer runs this alone on the only writing connection, so no other create
-        // can store the same key between the lookup and the insert.
-        self.writer
-            .session(move |conn| {
-                Box::pin(async move {
-                    if let Some(key) = &new.idempotency_key
-                        && let Some(existing) = find_by_key(conn, key).await?
-                    {
-                        return idempotent_answer(&new, key, existing);
-                    }
-                    let created_at = time_to_i64(new.created_at);
-                    let id = new.invocation_id.hyphenated().to_string();
-                    sqlx::query(
-                        "INSERT INTO invocations (invocation_id, idempotency_key, state, \
-                         version, lease_epoch, totals, end_record, created_at, updated_at) \
-                         VALUES (?, ?, 'running', 0, 0, ?, NULL, ?, ?)",
-                    )
-                    .bind(&id)
-                    .bind(new.idempotency_key.as_deref())
-                    .bind(&totals)
-                    .bind(created_at)
-                    .bind(created_at)
-                    .execute(&mut *conn)
-                    .await?;
-                    sqlx::query(
-                        "INSERT INTO invocation_specs (invocation_id, request_digest, spec) \
-                         VALUES (?, ?, ?)",
-                    )
-                    .bind(&id)
-                    .bind(&new.request_digest)
-                    .bind(&new.spec)
-                    .execute(&mut *conn)
-                    .await?;
-                    Ok(Created::New(fresh_record(new)))
-                })
-            })
-            .await
+        // The writer checks the key and inserts in one transaction on the only writing
+        // connection, so no other create can store the same key in between.
+        self.writer.create(new).await
     }
 
     async fn get(&self, invocation_id: Uuid) -> Result<InvocationRecord, StoreError> {
@@ -433,18 +401,7 @@ async fn locked_record(
     }
 }
 
-async fn find_by_key(
-    conn: &mut SqliteConnection,
-    key: &str,
-) -> Result<Option<InvocationRecord>, StoreError> {
-    let row = sqlx::query(concat!(select_invocation!(), " WHERE idempotency_key = ?"))
-        .bind(key)
-        .fetch_optional(&mut *conn)
-        .await?;
-    row.as_ref().map(decode_invocation).transpose()
-}
-
-fn decode_invocation(row: &SqliteRow) -> Result<InvocationRecord, StoreError> {
+pub(crate) fn decode_invocation(row: &SqliteRow) -> Result<InvocationRecord, StoreError> {
     InvocationColumns::from_row(row)?.into_record()
 }
 

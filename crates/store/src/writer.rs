@@ -19,8 +19,11 @@
 //!   If those statements fail anyway (a row changed behind the store's back), the group
 //!   is rolled back and its appends replayed one by one, each under a savepoint, so only
 //!   the culprit fails;
-//! - other writes (`create`, `claim`, `request_cancel`) are sessions: a function run on
-//!   the connection under its own savepoint, rolled back alone when it returns an error.
+//! - creates are checked the same way (an idempotency key stored already, or taken by an
+//!   earlier create of the group, answers with that invocation) and written by multi-row
+//!   statements too, under a savepoint: should those fail, they are replayed one by one;
+//! - other writes (`claim`, `request_cancel`) are sessions: a function run on the
+//!   connection under its own savepoint, rolled back alone when it returns an error.
 //!
 //! Only a failed `COMMIT` (I/O error, full disk) fails the whole group. Routing every
 //! write through this task also means no writer ever waits in SQLite's busy handler,
@@ -58,10 +61,11 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::codec::{
-    counter_to_i64, encode_events, ended_record, parse_state, state_text, stored_u64, time_to_i64,
-    to_json,
+    counter_to_i64, encode_events, ended_record, fresh_record, idempotent_answer, parse_state,
+    state_text, stored_u64, time_to_i64, to_json,
 };
-use crate::{Append, InvocationState, StoreError};
+use crate::sqlite::{SELECT_INVOCATION, decode_invocation};
+use crate::{Append, Created, InvocationRecord, InvocationState, NewInvocation, StoreError};
 
 /// Most jobs one transaction carries. Bounds the latency a group adds to its jobs and
 /// the memory it holds.
@@ -86,7 +90,9 @@ pub struct SqliteStats {
     pub checkpoints: u64,
     /// Appends acknowledged.
     pub appends: u64,
-    /// Other writes acknowledged (`create`, `claim`, `request_cancel`).
+    /// Creates acknowledged (new invocations and idempotent answers).
+    pub creates: u64,
+    /// Other writes acknowledged (`claim`, `request_cancel`).
     pub sessions: u64,
     /// The most jobs one transaction carried.
     pub largest_group: u64,
@@ -97,6 +103,7 @@ struct Counters {
     commits: AtomicU64,
     checkpoints: AtomicU64,
     appends: AtomicU64,
+    creates: AtomicU64,
     sessions: AtomicU64,
     largest_group: AtomicU64,
 }
@@ -156,6 +163,7 @@ pub(crate) struct AppendJob {
 
 enum Job {
     Append(AppendJob),
+    Create(CreateJob),
     Session(Box<dyn Session>),
     /// Finish what is queued, then stop.
     Close,
@@ -174,6 +182,7 @@ impl std::fmt::Debug for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Job::Append(_) => "Append",
+            Job::Create(_) => "Create",
             Job::Session(_) => "Session",
             Job::Close => "Close",
         })
@@ -214,6 +223,7 @@ impl Writer {
             commits: self.counters.commits.load(Relaxed),
             checkpoints: self.counters.checkpoints.load(Relaxed),
             appends: self.counters.appends.load(Relaxed),
+            creates: self.counters.creates.load(Relaxed),
             sessions: self.counters.sessions.load(Relaxed),
             largest_group: self.counters.largest_group.load(Relaxed),
         }
@@ -242,6 +252,19 @@ impl Writer {
             reply,
         };
         self.submit(Job::Append(job), answer).await
+    }
+
+    /// Creates an invocation once the group holding it is committed.
+    pub(crate) async fn create(&self, new: NewInvocation) -> Result<Created, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let job = CreateJob {
+            id_text: new.invocation_id.hyphenated().to_string(),
+            created_at: time_to_i64(new.created_at),
+            totals: to_json(&crate::Totals::default())?,
+            new,
+            reply,
+        };
+        self.submit(Job::Create(job), answer).await
     }
 
     /// Runs `work` in the next group; its result is returned once the group is committed
@@ -384,23 +407,23 @@ async fn run(
         }
         gather(&mut queue, &mut jobs, last_group, last_commit).await;
         let started = Instant::now();
-        let mut appends = Vec::new();
-        let mut sessions = Vec::new();
+        let mut group = Group::default();
         for job in jobs.drain(..) {
             match job {
-                Job::Append(append) => appends.push(append),
-                Job::Session(session) => sessions.push(session),
+                Job::Append(append) => group.appends.push(append),
+                Job::Create(create) => group.creates.push(create),
+                Job::Session(session) => group.sessions.push(session),
                 // Stop taking jobs; those already queued are still committed.
                 Job::Close => queue.close(),
             }
         }
-        if appends.is_empty() && sessions.is_empty() {
+        let jobs_in_group = group.appends.len() + group.creates.len() + group.sessions.len();
+        if jobs_in_group == 0 {
             continue;
         }
-        let jobs_in_group = appends.len() + sessions.len();
         let size = u64::try_from(jobs_in_group).unwrap_or(u64::MAX);
         counters.largest_group.fetch_max(size, Relaxed);
-        commit_group(&mut conn, appends, sessions, &counters).await;
+        commit_group(&mut conn, group, &counters).await;
         (last_group, last_commit) = (jobs_in_group, started.elapsed());
         since_checkpoint += size;
         if since_checkpoint >= CHECKPOINT_EVERY {
@@ -476,16 +499,26 @@ fn count_checkpoint(done: Result<(i64, i64, i64), sqlx::Error>, counters: &Count
 /// An append's verdict, waiting for the group's commit.
 type Verdict = (AppendJob, Result<(), StoreError>);
 
-async fn commit_group(
-    conn: &mut SqliteConnection,
+/// The jobs of one group, by kind.
+#[derive(Default)]
+struct Group {
     appends: Vec<AppendJob>,
+    creates: Vec<CreateJob>,
     sessions: Vec<Box<dyn Session>>,
-    counters: &Counters,
-) {
+}
+
+async fn commit_group(conn: &mut SqliteConnection, group: Group, counters: &Counters) {
+    let Group {
+        appends,
+        creates,
+        sessions,
+    } = group;
     let mut delivered = Vec::with_capacity(sessions.len());
     let mut verdicts = Vec::with_capacity(appends.len());
+    let mut created = Vec::with_capacity(creates.len());
     let outcome = async {
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let wrote_creates = create_all(&mut tx, creates, &mut created).await?;
         // Appends first, without a savepoint: under one, SQLite copies every page it
         // changes to a sub-journal. Should the batch fail, nothing else is in the
         // transaction yet, so it is rolled back whole and the appends replayed one by one.
@@ -514,7 +547,7 @@ async fn commit_group(
         }
         let wrote_sessions = delivered.iter().any(|(succeeded, _)| *succeeded);
         tx.commit().await?;
-        Ok::<bool, sqlx::Error>(wrote_sessions || wrote_appends)
+        Ok::<bool, sqlx::Error>(wrote_sessions || wrote_appends || wrote_creates)
     }
     .await;
     match &outcome {
@@ -524,6 +557,10 @@ async fn commit_group(
             }
             let sessions_ok = delivered.iter().filter(|(ok, _)| *ok).count();
             let appends_ok = verdicts.iter().filter(|(_, v)| v.is_ok()).count();
+            let creates_ok = created.iter().filter(|(_, v)| v.is_ok()).count();
+            counters
+                .creates
+                .fetch_add(u64::try_from(creates_ok).unwrap_or(0), Relaxed);
             counters
                 .sessions
                 .fetch_add(u64::try_from(sessions_ok).unwrap_or(0), Relaxed);
@@ -537,6 +574,13 @@ async fn commit_group(
     for (_, deliver) in delivered {
         deliver(commit);
     }
+    for (job, verdict) in created {
+        let answer = match commit {
+            Ok(()) => verdict,
+            Err(error) => Err(group_failure(error)),
+        };
+        let _ = job.reply.send(answer);
+    }
     for (job, verdict) in verdicts {
         let answer = match commit {
             Ok(()) => verdict,
@@ -544,6 +588,154 @@ async fn commit_group(
         };
         let _ = job.reply.send(answer);
     }
+}
+
+/// A create waiting for its group.
+pub(crate) struct CreateJob {
+    new: NewInvocation,
+    id_text: String,
+    created_at: i64,
+    totals: String,
+    reply: oneshot::Sender<Result<Created, StoreError>>,
+}
+
+/// A create's answer, waiting for the group's commit.
+type Answer = (CreateJob, Result<Created, StoreError>);
+
+/// Runs the group's creates under a savepoint, all at once; should that fail, rolls it
+/// back and runs them one by one, each under its own, so only the culprit fails. Fills
+/// `answers` and says whether anything was written.
+async fn create_all(
+    conn: &mut SqliteConnection,
+    creates: Vec<CreateJob>,
+    answers: &mut Vec<Answer>,
+) -> Result<bool, sqlx::Error> {
+    if creates.is_empty() {
+        return Ok(false);
+    }
+    let mut savepoint = conn.begin().await?;
+    let error = match create_batch(&mut savepoint, &creates).await {
+        Ok(checked) => {
+            savepoint.commit().await?;
+            let wrote = checked.iter().any(|a| matches!(a, Ok(Created::New(_))));
+            answers.extend(creates.into_iter().zip(checked));
+            return Ok(wrote);
+        }
+        Err(error) => {
+            savepoint.rollback().await?;
+            error
+        }
+    };
+    if creates.len() == 1 {
+        answers.extend(creates.into_iter().zip([Err(error.into())]));
+        return Ok(false);
+    }
+    tracing::warn!(%error, creates = creates.len(), "a batch of creates failed; replaying them one by one");
+    let mut wrote = false;
+    for job in creates {
+        let mut savepoint = conn.begin().await?;
+        match create_batch(&mut savepoint, std::slice::from_ref(&job)).await {
+            Ok(mut checked) => {
+                savepoint.commit().await?;
+                let answer = checked
+                    .pop()
+                    .unwrap_or(Err(StoreError::Corrupt("a create got no answer".into())));
+                wrote |= matches!(answer, Ok(Created::New(_)));
+                answers.push((job, answer));
+            }
+            Err(error) => {
+                savepoint.rollback().await?;
+                answers.push((job, Err(error.into())));
+            }
+        }
+    }
+    Ok(wrote)
+}
+
+/// Answers each create in order, from the stored keys and those taken earlier in the
+/// batch, and writes the new ones with multi-row `INSERT`s. `Err` only when a statement
+/// fails.
+async fn create_batch(
+    conn: &mut SqliteConnection,
+    creates: &[CreateJob],
+) -> Result<Vec<Result<Created, StoreError>>, sqlx::Error> {
+    let mut keys: Vec<&str> = creates
+        .iter()
+        .filter_map(|c| c.new.idempotency_key.as_deref())
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    // A stored row that does not decode fails the creates with its key, not the batch.
+    let mut stored: HashMap<String, Result<InvocationRecord, String>> = HashMap::new();
+    for chunk in chunks(&keys) {
+        let sql = format!(
+            "{SELECT_INVOCATION} WHERE idempotency_key IN ({})",
+            placeholders(chunk.len(), 1)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for key in chunk {
+            query = query.bind(*key);
+        }
+        for row in query.fetch_all(&mut *conn).await? {
+            let key: String = row.try_get("idempotency_key")?;
+            stored.insert(key, decode_invocation(&row).map_err(|e| e.to_string()));
+        }
+    }
+    let mut taken: HashMap<&str, InvocationRecord> = HashMap::new();
+    let mut answers = Vec::with_capacity(creates.len());
+    let mut new = Vec::with_capacity(creates.len());
+    for create in creates {
+        if let Some(key) = create.new.idempotency_key.as_deref() {
+            if let Some(existing) = stored.get(key) {
+                answers.push(match existing {
+                    Ok(record) => idempotent_answer(&create.new, key, record.clone()),
+                    Err(corrupt) => Err(StoreError::Corrupt(corrupt.clone())),
+                });
+                continue;
+            }
+            if let Some(earlier) = taken.get(key) {
+                answers.push(idempotent_answer(&create.new, key, earlier.clone()));
+                continue;
+            }
+            taken.insert(key, fresh_record(create.new.clone()));
+        }
+        new.push(create);
+        answers.push(Ok(Created::New(fresh_record(create.new.clone()))));
+    }
+    for chunk in chunks(&new) {
+        let sql = format!(
+            "INSERT INTO invocations (invocation_id, idempotency_key, state, version, \
+             lease_epoch, totals, end_record, created_at, updated_at) VALUES {}",
+            placeholders(chunk.len(), 9)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for create in chunk {
+            query = query
+                .bind(create.id_text.as_str())
+                .bind(create.new.idempotency_key.as_deref())
+                .bind(state_text(InvocationState::Running))
+                .bind(0_i64)
+                .bind(0_i64)
+                .bind(create.totals.as_str())
+                .bind(None::<&str>)
+                .bind(create.created_at)
+                .bind(create.created_at);
+        }
+        query.execute(&mut *conn).await?;
+        let sql = format!(
+            "INSERT INTO invocation_specs (invocation_id, request_digest, spec) VALUES {}",
+            placeholders(chunk.len(), 3)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for create in chunk {
+            query = query
+                .bind(create.id_text.as_str())
+                .bind(create.new.request_digest.as_str())
+                .bind(create.new.spec.as_str());
+        }
+        query.execute(&mut *conn).await?;
+    }
+    Ok(answers)
 }
 
 /// Replays appends whose batch failed with `error`, each under its own savepoint, so

@@ -105,8 +105,7 @@ async fn concurrent_creates_share_one_fsync_too() {
     assert!(created.iter().all(|c| matches!(c, Ok(Created::New(_)))));
     let after = store.stats();
     assert_eq!(commits, 1);
-    // The hold is a session of its own.
-    assert_eq!(after.sessions - before.sessions, 21);
+    assert_eq!(after.creates - before.creates, 20);
 }
 
 #[tokio::test]
@@ -292,4 +291,57 @@ async fn the_log_stays_bounded_under_steady_writes() {
         .len();
     // Never restarted, this log would hold every page written: over 60 MiB.
     assert!(log < 24 * 1024 * 1024, "the log grew to {log} bytes");
+}
+
+/// Creates of one group are answered in order, as if alone: a key stored already, or
+/// taken by an earlier create of the group, answers with that invocation (or a conflict
+/// when the request differs); a create whose row cannot be written fails alone.
+#[tokio::test]
+async fn creates_in_one_group_are_answered_each_as_if_alone() {
+    let (store, _dir) = fresh().await;
+    let stored = match store
+        .create(new_invocation(1_000, Some("stored"), "d1"))
+        .await
+        .unwrap()
+    {
+        Created::New(record) => record,
+        Created::Existing(_) => panic!("a fresh store"),
+    };
+    let plain = new_invocation(2_000, None, "d");
+    let first = new_invocation(3_000, Some("shared"), "d3");
+    let mut again = new_invocation(4_000, Some("shared"), "d3");
+    again.spec = first.spec.clone();
+    let conflict = new_invocation(5_000, Some("shared"), "other digest");
+    let repeat = new_invocation(6_000, Some("stored"), "d1");
+    // The same invocation ID as the stored one: its row cannot be written.
+    let mut clash = new_invocation(7_000, None, "d");
+    clash.invocation_id = stored.invocation_id;
+    let creates = join_all([
+        store.create(plain.clone()),
+        store.create(first.clone()),
+        store.create(again),
+        store.create(conflict),
+        store.create(repeat),
+        store.create(clash),
+    ]);
+    let (results, commits) = in_one_group(&store, 6, creates).await;
+    assert_eq!(commits, 1, "{results:?}");
+    let mut results = results.into_iter();
+    let mut next = || results.next().unwrap();
+    assert!(matches!(next(), Ok(Created::New(r)) if r.invocation_id == plain.invocation_id));
+    assert!(matches!(next(), Ok(Created::New(r)) if r.invocation_id == first.invocation_id));
+    assert!(matches!(next(), Ok(Created::Existing(r)) if r.invocation_id == first.invocation_id));
+    assert!(matches!(
+        next(),
+        Err(StoreError::IdempotencyConflict { existing, .. }) if existing == first.invocation_id
+    ));
+    assert!(matches!(next(), Ok(Created::Existing(r)) if r.invocation_id == stored.invocation_id));
+    assert!(matches!(next(), Err(StoreError::Database(_))));
+    for id in [plain.invocation_id, first.invocation_id] {
+        assert_eq!(store.get(id).await.unwrap().version, 0);
+    }
+    assert_eq!(
+        store.get(stored.invocation_id).await.unwrap().spec,
+        stored.spec
+    );
 }
