@@ -496,9 +496,6 @@ fn count_checkpoint(done: Result<(i64, i64, i64), sqlx::Error>, counters: &Count
     }
 }
 
-/// An append's verdict, waiting for the group's commit.
-type Verdict = (AppendJob, Result<(), StoreError>);
-
 /// The jobs of one group, by kind.
 #[derive(Default)]
 struct Group {
@@ -518,7 +515,6 @@ async fn commit_group(conn: &mut SqliteConnection, group: Group, counters: &Coun
     let mut created = Vec::with_capacity(creates.len());
     let outcome = async {
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let wrote_creates = create_all(&mut tx, creates, &mut created).await?;
         // Appends first, without a savepoint: under one, SQLite copies every page it
         // changes to a sub-journal. Should the batch fail, nothing else is in the
         // transaction yet, so it is rolled back whole and the appends replayed one by one.
@@ -535,6 +531,7 @@ async fn commit_group(conn: &mut SqliteConnection, group: Group, counters: &Coun
             }
         };
         // All of the group is concurrent, so any order is a valid one.
+        let wrote_creates = create_all(&mut tx, creates, &mut created).await?;
         for session in sessions {
             let mut savepoint = tx.begin().await?;
             let (succeeded, deliver) = session.run(&mut savepoint).await;
@@ -603,8 +600,8 @@ pub(crate) struct CreateJob {
 type Answer = (CreateJob, Result<Created, StoreError>);
 
 /// Runs the group's creates under a savepoint, all at once; should that fail, rolls it
-/// back and runs them one by one, each under its own, so only the culprit fails. Fills
-/// `answers` and says whether anything was written.
+/// back and replays them one by one, so only the culprit fails. Fills `answers` and says
+/// whether anything was written.
 async fn create_all(
     conn: &mut SqliteConnection,
     creates: Vec<CreateJob>,
@@ -614,42 +611,18 @@ async fn create_all(
         return Ok(false);
     }
     let mut savepoint = conn.begin().await?;
-    let error = match create_batch(&mut savepoint, &creates).await {
+    match create_batch(&mut savepoint, &creates).await {
         Ok(checked) => {
             savepoint.commit().await?;
-            let wrote = checked.iter().any(|a| matches!(a, Ok(Created::New(_))));
+            let wrote = checked.iter().any(CreateJob::wrote);
             answers.extend(creates.into_iter().zip(checked));
-            return Ok(wrote);
+            Ok(wrote)
         }
         Err(error) => {
             savepoint.rollback().await?;
-            error
-        }
-    };
-    if creates.len() == 1 {
-        answers.extend(creates.into_iter().zip([Err(error.into())]));
-        return Ok(false);
-    }
-    tracing::warn!(%error, creates = creates.len(), "a batch of creates failed; replaying them one by one");
-    let mut wrote = false;
-    for job in creates {
-        let mut savepoint = conn.begin().await?;
-        match create_batch(&mut savepoint, std::slice::from_ref(&job)).await {
-            Ok(mut checked) => {
-                savepoint.commit().await?;
-                let answer = checked
-                    .pop()
-                    .unwrap_or(Err(StoreError::Corrupt("a create got no answer".into())));
-                wrote |= matches!(answer, Ok(Created::New(_)));
-                answers.push((job, answer));
-            }
-            Err(error) => {
-                savepoint.rollback().await?;
-                answers.push((job, Err(error.into())));
-            }
+            one_by_one(conn, creates, error, answers).await
         }
     }
-    Ok(wrote)
 }
 
 /// Answers each create in order, from the stored keys and those taken earlier in the
@@ -738,28 +711,63 @@ async fn create_batch(
     Ok(answers)
 }
 
-/// Replays appends whose batch failed with `error`, each under its own savepoint, so
-/// only the culprit fails. Fills `verdicts` and says whether anything was written.
-async fn one_by_one(
+/// Jobs one statement batch writes together, replayed one by one when the batch fails.
+trait Batched: Sized {
+    /// What a job gets when it succeeds.
+    type Done;
+    /// Checks and writes `jobs` together: one verdict per job, in order; `Err` only when
+    /// a statement fails.
+    fn batch<'c>(conn: &'c mut SqliteConnection, jobs: &'c [Self]) -> BatchFuture<'c, Self::Done>;
+    /// Whether a verdict wrote something.
+    fn wrote(verdict: &Result<Self::Done, StoreError>) -> bool;
+}
+
+type BatchFuture<'c, T> = BoxFuture<'c, Result<Vec<Result<T, StoreError>>, sqlx::Error>>;
+
+impl Batched for AppendJob {
+    type Done = ();
+    fn batch<'c>(conn: &'c mut SqliteConnection, jobs: &'c [Self]) -> BatchFuture<'c, ()> {
+        Box::pin(apply(conn, jobs))
+    }
+    fn wrote(verdict: &Result<(), StoreError>) -> bool {
+        verdict.is_ok()
+    }
+}
+
+impl Batched for CreateJob {
+    type Done = Created;
+    fn batch<'c>(conn: &'c mut SqliteConnection, jobs: &'c [Self]) -> BatchFuture<'c, Created> {
+        Box::pin(create_batch(conn, jobs))
+    }
+    fn wrote(verdict: &Result<Created, StoreError>) -> bool {
+        matches!(verdict, Ok(Created::New(_)))
+    }
+}
+
+/// Replays jobs whose batch failed with `error`, each under its own savepoint, so only
+/// the culprit fails. Fills `verdicts` and says whether anything was written.
+async fn one_by_one<J: Batched>(
     conn: &mut SqliteConnection,
-    appends: Vec<AppendJob>,
+    jobs: Vec<J>,
     error: sqlx::Error,
-    verdicts: &mut Vec<Verdict>,
+    verdicts: &mut Vec<(J, Result<J::Done, StoreError>)>,
 ) -> Result<bool, sqlx::Error> {
-    if appends.len() == 1 {
-        // The batch was this append alone: its error is the verdict.
-        verdicts.extend(appends.into_iter().zip([Err(error.into())]));
+    if jobs.len() == 1 {
+        // The batch was this job alone: its error is the verdict.
+        verdicts.extend(jobs.into_iter().zip([Err(error.into())]));
         return Ok(false);
     }
-    tracing::warn!(%error, appends = appends.len(), "a batch of appends failed; replaying them one by one");
+    tracing::warn!(%error, jobs = jobs.len(), "a batch of writes failed; replaying them one by one");
     let mut wrote = false;
-    for job in appends {
+    for job in jobs {
         let mut savepoint = conn.begin().await?;
-        match apply(&mut savepoint, std::slice::from_ref(&job)).await {
+        match J::batch(&mut savepoint, std::slice::from_ref(&job)).await {
             Ok(mut checked) => {
                 savepoint.commit().await?;
-                let verdict = checked.pop().unwrap_or(Ok(()));
-                wrote |= verdict.is_ok();
+                let verdict = checked
+                    .pop()
+                    .unwrap_or(Err(StoreError::Corrupt("a write got no verdict".into())));
+                wrote |= J::wrote(&verdict);
                 verdicts.push((job, verdict));
             }
             Err(error) => {

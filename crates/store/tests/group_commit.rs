@@ -18,6 +18,24 @@ use agentloop_store::{Append, Created, EventStore, SqliteStore, StoreError};
 use futures::future::join_all;
 use uuid::Uuid;
 
+/// Writes event 1 of `id` behind the store's back, so that the store's own insert of it
+/// fails in SQL although every check passes.
+async fn event_behind_the_stores_back(dir: &std::path::Path, id: Uuid) {
+    use sqlx::ConnectOptions;
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(dir.join("events.db"))
+        .connect()
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO events (invocation_id, seq, committed_at, body) VALUES (?, 1, 0, '{}')",
+    )
+    .bind(id.hyphenated().to_string())
+    .execute(&mut conn)
+    .await
+    .unwrap();
+}
+
 /// Runs `writes` as one group: holds the writer, polls `writes` until `count` of them
 /// are queued, releases the writer, then finishes them. Returns their results and the
 /// commits they took (the held group's own commit excluded).
@@ -199,23 +217,10 @@ async fn a_refused_append_does_not_fail_the_rest_of_its_group() {
 /// the store's back) fails alone; the group's other appends still commit.
 #[tokio::test]
 async fn a_failing_statement_fails_only_its_own_append() {
-    use sqlx::ConnectOptions;
     let (store, dir) = fresh().await;
     let ids = invocations(&store, 4).await;
     let culprit = ids[0];
-    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(dir.path().join("events.db"))
-        .connect()
-        .await
-        .unwrap();
-    sqlx::query(
-        "INSERT INTO events (invocation_id, seq, committed_at, body) VALUES (?, 1, 0, '{}')",
-    )
-    .bind(culprit.hyphenated().to_string())
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    drop(conn);
+    event_behind_the_stores_back(dir.path(), culprit).await;
 
     let events = [lookup_turn(1, 1)];
     let appends = join_all(
@@ -344,4 +349,30 @@ async fn creates_in_one_group_are_answered_each_as_if_alone() {
         store.get(stored.invocation_id).await.unwrap().spec,
         stored.spec
     );
+}
+
+/// A group whose appends fail in SQL is rolled back and its appends replayed; a create of
+/// the same group is still written, and still answered as written.
+#[tokio::test]
+async fn a_create_survives_the_replay_of_its_groups_appends() {
+    let (store, dir) = fresh().await;
+    let ids = invocations(&store, 2).await;
+    let culprit = ids[0];
+    event_behind_the_stores_back(dir.path(), culprit).await;
+
+    let new = new_invocation(9_000, Some("k"), "d");
+    let events = [lookup_turn(1, 1)];
+    let writes = async {
+        tokio::join!(
+            store.create(new.clone()),
+            store.append(culprit, append(0, 1, &events)),
+            store.append(ids[1], append(0, 1, &events)),
+        )
+    };
+    let ((created, culprit_append, other_append), commits) = in_one_group(&store, 3, writes).await;
+    assert_eq!(commits, 1);
+    assert!(matches!(created, Ok(Created::New(_))), "{created:?}");
+    assert!(matches!(culprit_append, Err(StoreError::Database(_))));
+    assert!(other_append.is_ok());
+    assert_eq!(store.get(new.invocation_id).await.unwrap().spec, new.spec);
 }
