@@ -528,8 +528,7 @@ impl Orchestrator {
         cancel_requested: bool,
     ) -> Result<(), OrchestratorError> {
         let workers = &self.shared.workers;
-        let lost = CancellationToken::new();
-        let keeper = workers.keepers().await?.keep(lease, lost.clone());
+        let keepers = workers.keepers().await?;
         let progress = Arc::new(Progress::default());
         {
             let mut running = self
@@ -548,6 +547,10 @@ impl Orchestrator {
                 },
             );
         }
+        // Kept only once this runner is sure to start: a second keeper of the same key
+        // would take the running one's place.
+        let lost = CancellationToken::new();
+        let keeper = keepers.keep(lease, lost.clone());
         self.shared.hub.open(id, engine.protocol().version);
         let context = Arc::new(runner::context(&self.shared, id, &spec, history));
         let runner = Runner {
