@@ -720,13 +720,7 @@ impl Invocation {
         if let Some(max) = self.limits.max_tokens.filter(|max| after > *max) {
             let detail =
                 format!("this decision brings the tokens used to {after}, the budget is {max}");
-            return self.end(
-                vec![draft.stopped(&detail)],
-                TerminalReason::TokenBudgetExhausted,
-                detail,
-                None,
-                None,
-            );
+            return self.stop(draft, TerminalReason::TokenBudgetExhausted, detail);
         }
         if let Some(max) = self.limits.max_cost {
             let Some(cost) = draft.usage.cost else {
@@ -735,26 +729,14 @@ impl Invocation {
                 let detail = format!(
                     "the model reported no cost for this decision (it has no price), so the cost budget of {max} cannot be enforced"
                 );
-                return self.end(
-                    vec![draft.stopped(&detail)],
-                    TerminalReason::ModelError,
-                    detail,
-                    None,
-                    None,
-                );
+                return self.stop(draft, TerminalReason::ModelError, detail);
             };
             let after = self.protocol.totals.cost.saturating_add(cost);
             if after > max {
                 let detail = format!(
                     "the cost budget is spent: this decision brings the cost to {after}, the cost budget is {max}"
                 );
-                return self.end(
-                    vec![draft.stopped(&detail)],
-                    TerminalReason::TokenBudgetExhausted,
-                    detail,
-                    None,
-                    None,
-                );
+                return self.stop(draft, TerminalReason::TokenBudgetExhausted, detail);
             }
         }
         if self.deadline_passed(now) {
@@ -807,13 +789,7 @@ impl Invocation {
                 "{proposed} calls proposed with {used} of {} used",
                 self.limits.max_tool_calls
             );
-            return self.end(
-                vec![draft.stopped(&detail)],
-                TerminalReason::ToolBudgetExhausted,
-                detail,
-                None,
-                None,
-            );
+            return self.stop(draft, TerminalReason::ToolBudgetExhausted, detail);
         }
         if let (Some(limit), Some((last, streak))) =
             (self.limits.max_repeated_plan, self.protocol.last_plan)
@@ -821,13 +797,7 @@ impl Invocation {
             && streak >= limit.get()
         {
             let detail = format!("the same plan already ran {streak} time(s) in a row");
-            return self.end(
-                vec![draft.stopped(&detail)],
-                TerminalReason::NoProgress,
-                detail,
-                None,
-                None,
-            );
+            return self.stop(draft, TerminalReason::NoProgress, detail);
         }
         let turn = draft.turn;
         let calls = batch.calls.clone();
@@ -1228,6 +1198,12 @@ impl Invocation {
             None,
             None,
         )
+    }
+
+    /// Ends the invocation before `draft`'s decision is carried out: the turn is
+    /// committed as stopped, with `detail` as why.
+    fn stop(&mut self, draft: Draft, reason: TerminalReason, detail: String) -> Vec<Action> {
+        self.end(vec![draft.stopped(&detail)], reason, detail, None, None)
     }
 
     fn end(
