@@ -30,7 +30,7 @@ impl SideEffect {
 }
 
 /// The engine's view of one tool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ToolSpec {
     /// How the tool touches the world.
     pub side_effect: SideEffect,
@@ -57,8 +57,9 @@ impl ToolSpec {
     }
 }
 
-/// The tools an invocation may call, by name.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The tools an invocation may call, by name. `Hash`, so invocations with the same tools
+/// can share one catalog.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ToolCatalog {
     tools: BTreeMap<String, ToolSpec>,

@@ -14,6 +14,7 @@ mod config;
 mod effects;
 mod error;
 mod hub;
+mod intern;
 pub mod ports;
 mod runner;
 mod service;
@@ -25,7 +26,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use agentloop_engine::{Clock, Input, Invocation, SystemClock};
+use agentloop_engine::{Clock, Invocation, SystemClock, ToolCatalog};
 use agentloop_lease::Lease;
 use agentloop_proto::v1 as pb;
 use agentloop_store::{EventStore, InvocationRecord, InvocationState, StoreError};
@@ -40,11 +41,15 @@ pub use error::OrchestratorError;
 pub use ports::{DecisionPort, InProcess, LedgerPort, PolicyPort, Ports, ToolsPort};
 pub use workers::Workers;
 
+use crate::intern::Interner;
 use crate::runner::Runner;
 use crate::spec::InvocationSpec;
 
 /// Events a resumed runner reads back to rebuild its state, per page.
 const RESTORE_PAGE: u32 = 1_000;
+/// Distinct tool sets whose engine catalog invocations share; beyond it each invocation
+/// builds its own.
+const MAX_SHARED_CATALOGS: usize = 1_024;
 
 /// State shared by the gRPC handlers and the runners.
 pub(crate) struct Shared {
@@ -68,6 +73,8 @@ pub(crate) struct Shared {
     drain: CancellationToken,
     /// The tool gateway's descriptors, fetched once and kept.
     descriptors: RwLock<Option<Arc<Vec<pb::ToolDescriptor>>>>,
+    /// The engine's tool catalogs, one per distinct set of tools.
+    catalogs: Interner<ToolCatalog>,
 }
 
 impl Shared {
@@ -278,6 +285,7 @@ impl Orchestrator {
                 tracker: TaskTracker::new(),
                 drain: CancellationToken::new(),
                 descriptors: RwLock::new(None),
+                catalogs: Interner::new(MAX_SHARED_CATALOGS),
                 workers,
                 freed: Notify::new(),
                 started: AtomicBool::new(false),
@@ -476,7 +484,7 @@ impl Orchestrator {
             return Ok(());
         };
         // Nothing is committed yet: no log to read back.
-        let engine = Invocation::new(spec.limits, spec.catalog());
+        let engine = Invocation::new(spec.limits, spec.catalog(&self.shared.catalogs));
         self.spawn_runner(id, spec, engine, Vec::new(), lease, false)
             .await
     }
@@ -503,9 +511,12 @@ impl Orchestrator {
                 break;
             }
         }
-        let engine =
-            Invocation::restore(spec.limits, spec.catalog(), events.iter().map(|e| &e.event))
-                .map_err(|e| StoreError::Corrupt(format!("invocation {id}: {e}")))?;
+        let engine = Invocation::restore(
+            spec.limits,
+            spec.catalog(&self.shared.catalogs),
+            events.iter().map(|e| &e.event),
+        )
+        .map_err(|e| StoreError::Corrupt(format!("invocation {id}: {e}")))?;
         let id_text = id.to_string();
         let skip = events.len().saturating_sub(runner::HISTORY);
         let history = events[skip..]
@@ -560,11 +571,7 @@ impl Orchestrator {
             engine,
             keeper: Some(keeper),
             lost,
-            first: if cancel_requested {
-                Input::Cancel
-            } else {
-                Input::Start
-            },
+            cancel_requested,
             context,
             progress,
         };

@@ -63,8 +63,8 @@ pub(crate) struct Runner {
     pub(crate) keeper: Option<Keeper>,
     /// Fired by the keeper when the lease is revoked or lost.
     pub(crate) lost: CancellationToken,
-    /// The first input: `Start`, or `Cancel` when a cancel request is on record.
-    pub(crate) first: Input,
+    /// A cancel request is on record: the first input is `Cancel`, not `Start`.
+    pub(crate) cancel_requested: bool,
     /// The model's request, kept from turn to turn: a turn changes only its number and
     /// the history window (the last [`HISTORY`] committed events). The decide call in
     /// flight shares it, so an in-process model reads it without a copy.
@@ -97,7 +97,19 @@ impl Runner {
     /// Runs to the end, until the orchestrator drains (the invocation stays running in
     /// the store; it is handed off to another worker, or resumes on the next start), or
     /// until the lease is lost (whoever holds it now continues).
-    pub(crate) async fn run(mut self) {
+    ///
+    /// Not an `async fn`: one of those keeps its argument twice in its future (the
+    /// argument, and the local it is moved into), and this future is what every parked
+    /// invocation holds.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn would keep the runner twice in its future"
+    )]
+    pub(crate) fn run(mut self) -> impl Future<Output = ()> + Send {
+        async move { self.finish().await }
+    }
+
+    async fn finish(&mut self) {
         let exit = self.drive().await;
         self.shared.hub.close(self.id);
         let keeper = self.keeper.take();
@@ -147,7 +159,11 @@ impl Runner {
 
     async fn drive(&mut self) -> Exit {
         let mut ops: FuturesUnordered<Op> = FuturesUnordered::new();
-        let first = std::mem::replace(&mut self.first, Input::Start);
+        let first = if self.cancel_requested {
+            Input::Cancel
+        } else {
+            Input::Start
+        };
         let mut queue = VecDeque::from([first]);
         let mut batch: Option<Batch> = None;
         let mut lost = self.lost.clone();
@@ -181,23 +197,34 @@ impl Runner {
                             Err(why) => return Exit::Lost(why),
                         }
                     }
-                    () = sleep_until(deadline), if tick_armed => {
-                        tick_armed = false;
-                        Input::Tick
+                    // One timer for both the deadline and the drain cutoff, and one
+                    // branch for the drain: every branch's future lives in the runner's
+                    // own, which a parked invocation keeps.
+                    () = sleep_until(
+                        [deadline.filter(|_| tick_armed), drain_cutoff.filter(|_| executing)]
+                            .into_iter()
+                            .flatten()
+                            .min(),
+                    ) => {
+                        if tick_armed && deadline.is_some_and(|at| at <= tokio::time::Instant::now()) {
+                            tick_armed = false;
+                            Input::Tick
+                        } else {
+                            warn!(invocation = %self.id, "drain timeout: cancelling the running calls");
+                            if let Some(batch) = &batch {
+                                batch.token.cancel();
+                            }
+                            drain_cutoff = None;
+                            drain_cut = true;
+                            continue;
+                        }
                     }
-                    () = self.shared.drain.cancelled(), if !executing => return Exit::Parked,
-                    () = self.shared.drain.cancelled(), if executing && drain_cutoff.is_none() && !drain_cut => {
+                    () = self.shared.drain.cancelled(), if !executing || (drain_cutoff.is_none() && !drain_cut) => {
+                        if !executing {
+                            return Exit::Parked;
+                        }
                         let timeout = Duration::from_millis(self.shared.config.limits.drain_timeout_ms);
                         drain_cutoff = Some(tokio::time::Instant::now() + timeout);
-                        continue;
-                    }
-                    () = sleep_until(drain_cutoff), if executing && drain_cutoff.is_some() => {
-                        warn!(invocation = %self.id, "drain timeout: cancelling the running calls");
-                        if let Some(batch) = &batch {
-                            batch.token.cancel();
-                        }
-                        drain_cutoff = None;
-                        drain_cut = true;
                         continue;
                     }
                     Some(input) = ops.next() => {

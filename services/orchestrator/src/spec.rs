@@ -7,6 +7,8 @@ use std::sync::Arc;
 use agentloop_engine::{Limits, SideEffect, ToolCatalog, ToolSpec};
 use serde::{Deserialize, Serialize};
 
+use crate::intern::Interner;
+
 /// The stored description of one invocation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct InvocationSpec {
@@ -32,8 +34,10 @@ pub(crate) struct ToolEntry {
 }
 
 impl InvocationSpec {
-    pub(crate) fn catalog(&self) -> Arc<ToolCatalog> {
-        Arc::new(
+    /// The engine's catalog of these tools, shared with every invocation of the same
+    /// tools that `catalogs` holds.
+    pub(crate) fn catalog(&self, catalogs: &Interner<ToolCatalog>) -> Arc<ToolCatalog> {
+        catalogs.intern(
             self.tools
                 .iter()
                 .map(|tool| {

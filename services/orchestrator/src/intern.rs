@@ -1,0 +1,59 @@
+//! Sharing equal immutable values among invocations.
+//!
+//! Most invocations of a deployment call the same few sets of tools; a parked invocation
+//! should not pay for its own copy of what thousands of others hold too.
+
+use std::collections::HashSet;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// A bounded set of shared values: [`Interner::intern`] hands out the held copy of an
+/// equal value, and holds new ones until it holds `max`. Values are never evicted (they
+/// are small and few), so past `max` a new value is simply not shared.
+#[derive(Debug)]
+pub(crate) struct Interner<T> {
+    held: Mutex<HashSet<Arc<T>>>,
+    max: usize,
+}
+
+impl<T: Hash + Eq> Interner<T> {
+    pub(crate) fn new(max: usize) -> Interner<T> {
+        Interner {
+            held: Mutex::new(HashSet::new()),
+            max,
+        }
+    }
+
+    /// The held value equal to `value`, or `value` itself, held if there is room.
+    pub(crate) fn intern(&self, value: T) -> Arc<T> {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(found) = held.get(&value) {
+            return Arc::clone(found);
+        }
+        let value = Arc::new(value);
+        if held.len() < self.max {
+            held.insert(Arc::clone(&value));
+        }
+        value
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_values_share_one_copy_until_the_bound() {
+        let interner = Interner::new(2);
+        let a = interner.intern("a".to_owned());
+        assert!(Arc::ptr_eq(&a, &interner.intern("a".to_owned())));
+        let b = interner.intern("b".to_owned());
+        assert!(!Arc::ptr_eq(&a, &b));
+        // Full: a third value is handed out, not held, so it is not shared.
+        let c = interner.intern("c".to_owned());
+        assert_eq!(*c, "c");
+        assert!(!Arc::ptr_eq(&c, &interner.intern("c".to_owned())));
+        // The held ones still are.
+        assert!(Arc::ptr_eq(&b, &interner.intern("b".to_owned())));
+    }
+}
