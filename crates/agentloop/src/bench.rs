@@ -415,7 +415,11 @@ fn answer_from(history: &[pb::Event]) -> String {
 
 #[async_trait::async_trait]
 impl Model for BenchModel {
-    async fn decide(&self, request: &pb::DecideRequest) -> Result<ModelReply, ModelError> {
+    async fn decide_with(
+        &self,
+        request: &pb::DecideRequest,
+        _tools: &[pb::ToolDescriptor],
+    ) -> Result<ModelReply, ModelError> {
         use pb::decision::{Final, Kind, ToolCalls};
         if request.turn == 1
             && let Some(gate) = &self.gate

@@ -67,9 +67,34 @@ pub struct Keepers {
 struct State {
     backend: Arc<dyn LeaseBackend>,
     config: KeeperConfig,
-    held: Mutex<HashMap<String, Held>>,
+    held: Mutex<HashMap<Key, Held>>,
     /// Fired when the task ends, so that a lease kept afterwards is not left unrenewed.
     stopped: CancellationToken,
+}
+
+/// A map key that is the lease's own key, not a copy of it: one string less for each of
+/// the many leases a worker keeps.
+#[derive(Debug)]
+struct Key(Arc<Lease>);
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.key.hash(state);
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.0.key == other.0.key
+    }
+}
+
+impl Eq for Key {}
+
+impl std::borrow::Borrow<str> for Key {
+    fn borrow(&self) -> &str {
+        &self.0.key
+    }
 }
 
 #[derive(Debug)]
@@ -133,7 +158,11 @@ impl Keepers {
             deadline: Instant::now() + self.state.config.ttl,
             exit,
         };
-        self.state.lock().insert(lease.key.clone(), held);
+        let mut all = self.state.lock();
+        // Removed first: `insert` would keep the old key, and with it the old lease.
+        all.remove(lease.key.as_str());
+        all.insert(Key(Arc::clone(&lease)), held);
+        drop(all);
         Keeper {
             lease,
             state: Arc::clone(&self.state),
@@ -186,10 +215,10 @@ impl Keeper {
     /// Removes this lease's entry; `Some(exit)` when the lease was already gone.
     fn take(&self) -> Option<KeeperExit> {
         let mut held = self.state.lock();
-        match held.get(&self.lease.key) {
-            Some(entry) if entry.lease.epoch == self.lease.epoch => {
-                held.remove(&self.lease.key).and_then(|entry| entry.exit)
-            }
+        match held.get(self.lease.key.as_str()) {
+            Some(entry) if entry.lease.epoch == self.lease.epoch => held
+                .remove(self.lease.key.as_str())
+                .and_then(|entry| entry.exit),
             // Replaced by a newer lease on the same key, which this keeper must not stop.
             Some(_) | None => None,
         }
@@ -203,7 +232,7 @@ impl Drop for Keeper {
 }
 
 impl State {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Held>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -244,7 +273,7 @@ impl State {
         };
         let mut held = self.lock();
         for (lease, still_ours) in leases.iter().zip(answers) {
-            let Some(entry) = held.get_mut(&lease.key) else {
+            let Some(entry) = held.get_mut(lease.key.as_str()) else {
                 continue;
             };
             if entry.lease.epoch != lease.epoch || entry.exit.is_some() {

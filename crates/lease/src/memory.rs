@@ -1,7 +1,7 @@
 //! The in-process backend: the embedded default, for one orchestrator process.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -33,11 +33,14 @@ pub struct InProcessLeases {
 struct State {
     held: HashMap<String, Held>,
     last_epoch: u64,
+    /// The owner of the last lease handed out, shared by the entries of the same owner
+    /// (usually one worker takes many leases) instead of a copy in each.
+    last_owner: Option<Arc<str>>,
 }
 
 #[derive(Debug)]
 struct Held {
-    owner: String,
+    owner: Arc<str>,
     epoch: u64,
     expires: Instant,
 }
@@ -48,7 +51,7 @@ impl Held {
     }
 
     fn is(&self, lease: &Lease) -> bool {
-        self.owner == lease.owner && self.epoch == lease.epoch
+        *self.owner == *lease.owner && self.epoch == lease.epoch
     }
 }
 
@@ -93,10 +96,15 @@ impl LeaseBackend for InProcessLeases {
         }
         let epoch = state.last_epoch.saturating_add(1).max(unix_micros());
         state.last_epoch = epoch;
+        let shared = match &state.last_owner {
+            Some(last) if **last == *owner => Arc::clone(last),
+            Some(_) | None => Arc::from(owner),
+        };
+        state.last_owner = Some(Arc::clone(&shared));
         state.held.insert(
             key.to_owned(),
             Held {
-                owner: owner.to_owned(),
+                owner: shared,
                 epoch,
                 expires: now + ttl,
             },

@@ -92,10 +92,10 @@ fn bench(c: &mut Criterion) {
     .unwrap();
     let adapters: [(&str, &BodyOf); 2] = [
         ("openai", &|r| {
-            serde_json::to_vec(&openai.request_body(r)).unwrap()
+            serde_json::to_vec(&openai.request_body(r, &r.tools)).unwrap()
         }),
         ("anthropic", &|r| {
-            serde_json::to_vec(&anthropic.request_body(r)).unwrap()
+            serde_json::to_vec(&anthropic.request_body(r, &r.tools)).unwrap()
         }),
     ];
     let mut group = c.benchmark_group("context");

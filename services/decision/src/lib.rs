@@ -47,7 +47,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use agentloop_proto::v1::decision_service_server::DecisionService;
-use agentloop_proto::v1::{DecideRequest, DecideResponse};
+use agentloop_proto::v1::{DecideRequest, DecideResponse, ToolDescriptor};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
@@ -244,6 +244,21 @@ impl DecisionServer {
     ///
     /// A [`ModelError`]; see the crate documentation for the status each maps to.
     pub async fn decide(&self, request: &DecideRequest) -> Result<ModelReply, ModelError> {
+        self.decide_with(request, &request.tools).await
+    }
+
+    /// [`DecisionServer::decide`] with the tools apart from the request (whose own
+    /// `tools` are not read), for a caller in the same process that shares one list of
+    /// tools among many invocations; see [`Model::decide_with`].
+    ///
+    /// # Errors
+    ///
+    /// As [`DecisionServer::decide`].
+    pub async fn decide_with(
+        &self,
+        request: &DecideRequest,
+        tools: &[ToolDescriptor],
+    ) -> Result<ModelReply, ModelError> {
         if request.invocation_id.is_empty() {
             return Err(ModelError::InvalidRequest(
                 "invocation_id is required".into(),
@@ -262,14 +277,14 @@ impl DecisionServer {
         }
         if !request.scripted_model_json.is_empty() {
             let script = self.scripts.get_or_parse(&request.scripted_model_json)?;
-            return script.decide(request).await;
+            return script.decide_with(request, tools).await;
         }
         match self
             .profiles
             .get(&request.profile)
             .or(self.default_model.as_ref())
         {
-            Some(model) => model.decide(request).await,
+            Some(model) => model.decide_with(request, tools).await,
             None => Err(ModelError::NoModel),
         }
     }

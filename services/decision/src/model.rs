@@ -8,7 +8,7 @@ use agentloop_proto::v1::decision::{
     CannotContinue, Clarification, Final, Kind, RequestApproval, ToolCalls,
 };
 use agentloop_proto::v1::{
-    DecideRequest, DecideResponse, Decision, InvalidOutput, ToolCall, Usage,
+    DecideRequest, DecideResponse, Decision, InvalidOutput, ToolCall, ToolDescriptor, Usage,
 };
 
 use crate::script::{ScriptError, ScriptedCall, ScriptedDecision, ScriptedModel};
@@ -91,13 +91,29 @@ impl From<ModelError> for tonic::Status {
 /// cancel-safe: the server drops the future when the client goes away.
 #[async_trait::async_trait]
 pub trait Model: Send + Sync + fmt::Debug {
-    /// Proposes the decision for `request.turn`.
+    /// Proposes the decision for `request.turn`, offering the model `tools`; the
+    /// request's own `tools` field is not read. The tools come apart so that a caller
+    /// in the same process can share one list among all the invocations that may call
+    /// the same tools, instead of a copy in each request.
     ///
     /// # Errors
     ///
     /// A [`ModelError`]; a provider failure is [`ModelError::Provider`], while output
     /// that is not a decision is an `Ok` reply with an `InvalidOutput` outcome.
-    async fn decide(&self, request: &DecideRequest) -> Result<ModelReply, ModelError>;
+    async fn decide_with(
+        &self,
+        request: &DecideRequest,
+        tools: &[ToolDescriptor],
+    ) -> Result<ModelReply, ModelError>;
+
+    /// [`Model::decide_with`] the request's own tools.
+    ///
+    /// # Errors
+    ///
+    /// As [`Model::decide_with`].
+    async fn decide(&self, request: &DecideRequest) -> Result<ModelReply, ModelError> {
+        self.decide_with(request, &request.tools).await
+    }
 }
 
 fn call(call: &ScriptedCall) -> ToolCall {
@@ -114,7 +130,11 @@ fn decision(kind: Kind) -> Outcome {
 
 #[async_trait::async_trait]
 impl Model for ScriptedModel {
-    async fn decide(&self, request: &DecideRequest) -> Result<ModelReply, ModelError> {
+    async fn decide_with(
+        &self,
+        request: &DecideRequest,
+        _tools: &[ToolDescriptor],
+    ) -> Result<ModelReply, ModelError> {
         if request.turn == 0 {
             return Err(ModelError::InvalidRequest("turn must be 1 or more".into()));
         }

@@ -11,7 +11,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use agentloop_engine::MicroUsd;
-use agentloop_proto::v1::{DecideRequest, Usage};
+use agentloop_proto::v1::{DecideRequest, ToolDescriptor, Usage};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Model, ModelError, ModelReply};
@@ -75,8 +75,12 @@ impl PricedModel {
 
 #[async_trait::async_trait]
 impl Model for PricedModel {
-    async fn decide(&self, request: &DecideRequest) -> Result<ModelReply, ModelError> {
-        let mut reply = self.model.decide(request).await?;
+    async fn decide_with(
+        &self,
+        request: &DecideRequest,
+        tools: &[ToolDescriptor],
+    ) -> Result<ModelReply, ModelError> {
+        let mut reply = self.model.decide_with(request, tools).await?;
         reply.usage.cost_micro_usd = Some(self.price.cost(&reply.usage).0);
         Ok(reply)
     }

@@ -958,6 +958,38 @@ async fn profiles_route_to_their_models_and_others_to_the_default() {
     }
 }
 
+/// The tools given apart from the request are the ones offered to the model, and the
+/// request's own are not read: an orchestrator in the same process shares one list of
+/// tools among its invocations instead of a copy in each request.
+#[tokio::test]
+async fn the_tools_given_apart_from_the_request_are_the_ones_offered() {
+    let s = setup(Provider::Openai, |_| {}).await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(json_response(&openai_text_body(
+            json!("done"),
+            "stop",
+            Value::Null,
+        )))
+        .expect(2)
+        .mount(&s.server)
+        .await;
+    let decision = DecisionServer::new(Some(s.model.clone()));
+    let mut bare = request();
+    bare.tools.clear();
+    decision.decide_with(&bare, &tools()).await.unwrap();
+    decision.decide_with(&request(), &[]).await.unwrap();
+    let bodies = sent_bodies(&s.server).await;
+    let offered: Vec<&Value> = bodies[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tool| &tool["function"]["name"])
+        .collect();
+    assert_eq!(offered, [&json!("lookup_customer"), &json!("get_policy")]);
+    assert!(bodies[1].get("tools").is_none(), "{}", bodies[1]);
+}
+
 // ---------------------------------------------------------------- bounded context
 
 /// The prompt depends on a bounded suffix of the history only: a request that carries
@@ -997,13 +1029,16 @@ async fn a_prompt_reads_only_a_bounded_suffix_of_the_history() {
     let anthropic =
         AnthropicModel::from_config(&ModelConfig::from_spec("anthropic:m").unwrap(), &env, &deps)
             .unwrap();
-    assert_eq!(openai.request_body(&whole), openai.request_body(&suffix));
     assert_eq!(
-        anthropic.request_body(&whole),
-        anthropic.request_body(&suffix)
+        openai.request_body(&whole, &whole.tools),
+        openai.request_body(&suffix, &suffix.tools)
+    );
+    assert_eq!(
+        anthropic.request_body(&whole, &whole.tools),
+        anthropic.request_body(&suffix, &suffix.tools)
     );
     // And the window is what the config keeps: the last turns in full, the rest noted.
-    let body = anthropic.request_body(&whole).to_string();
+    let body = anthropic.request_body(&whole, &whole.tools).to_string();
     assert!(body.contains("call-999") && !body.contains(r#""call-900""#));
 }
 

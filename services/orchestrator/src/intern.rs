@@ -7,6 +7,8 @@ use std::collections::HashSet;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use agentloop_proto::v1 as pb;
+
 /// A bounded set of shared values: [`Interner::intern`] hands out the held copy of an
 /// equal value, and holds new ones until it holds `max`. Values are never evicted (they
 /// are small and few), so past `max` a new value is simply not shared.
@@ -38,6 +40,24 @@ impl<T: Hash + Eq> Interner<T> {
     }
 }
 
+/// The descriptors of the tools an invocation may call, as shown to the model: an
+/// [`Interner`] value (prost messages are neither `Eq` nor `Hash`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Descriptors(pub(crate) Vec<pb::ToolDescriptor>);
+
+// A descriptor holds text, integers and a duration: equality is total.
+impl Eq for Descriptors {}
+
+impl Hash for Descriptors {
+    // By name alone: equal lists have equal names, and a deployment rarely has two
+    // lists of the same names.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        for descriptor in &self.0 {
+            descriptor.name.hash(state);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,5 +75,26 @@ mod tests {
         assert!(!Arc::ptr_eq(&c, &interner.intern("c".to_owned())));
         // The held ones still are.
         assert!(Arc::ptr_eq(&b, &interner.intern("b".to_owned())));
+    }
+
+    /// Descriptor lists hash by name but are shared only when equal in every field.
+    #[test]
+    fn descriptor_lists_are_shared_only_when_equal() {
+        let lookup = |description: &str| {
+            Descriptors(vec![pb::ToolDescriptor {
+                name: "lookup".into(),
+                description: description.into(),
+                ..pb::ToolDescriptor::default()
+            }])
+        };
+        let interner = Interner::new(8);
+        let first = interner.intern(lookup("Looks a key up"));
+        assert!(Arc::ptr_eq(
+            &first,
+            &interner.intern(lookup("Looks a key up"))
+        ));
+        let changed = interner.intern(lookup("Looks a key up, faster"));
+        assert!(!Arc::ptr_eq(&first, &changed));
+        assert_eq!(changed.0[0].description, "Looks a key up, faster");
     }
 }

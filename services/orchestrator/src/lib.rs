@@ -41,14 +41,14 @@ pub use error::OrchestratorError;
 pub use ports::{DecisionPort, InProcess, LedgerPort, PolicyPort, Ports, ToolsPort};
 pub use workers::Workers;
 
-use crate::intern::Interner;
+use crate::intern::{Descriptors, Interner};
 use crate::runner::Runner;
 use crate::spec::InvocationSpec;
 
 /// Events a resumed runner reads back to rebuild its state, per page.
 const RESTORE_PAGE: u32 = 1_000;
-/// Distinct tool sets whose engine catalog invocations share; beyond it each invocation
-/// builds its own.
+/// Distinct tool sets whose lists (as the spec, the engine and the model see them)
+/// invocations share; beyond it each invocation has its own.
 const MAX_SHARED_CATALOGS: usize = 1_024;
 
 /// State shared by the gRPC handlers and the runners.
@@ -75,6 +75,10 @@ pub(crate) struct Shared {
     descriptors: RwLock<Option<Arc<Vec<pb::ToolDescriptor>>>>,
     /// The engine's tool catalogs, one per distinct set of tools.
     catalogs: Interner<ToolCatalog>,
+    /// The tools' descriptors shown to the model, one list per distinct set of tools.
+    tool_lists: Interner<Descriptors>,
+    /// The invocations' tools as their specs list them, one list per distinct set.
+    tool_entries: Interner<Vec<spec::ToolEntry>>,
 }
 
 impl Shared {
@@ -138,16 +142,18 @@ impl Shared {
         running.get(&invocation_id).map(|r| r.progress.clone())
     }
 
-    /// The descriptors of the invocation's tools, for the model.
-    fn descriptors_for(&self, spec: &InvocationSpec) -> Vec<pb::ToolDescriptor> {
-        self.cached_descriptors()
-            .map(|all| {
-                all.iter()
-                    .filter(|d| spec.tool(&d.name).is_some())
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default()
+    /// The descriptors of the invocation's tools, for the model; shared with every
+    /// invocation of the same tools. Empty while the gateway's tools are not known yet.
+    fn descriptors_for(&self, spec: &InvocationSpec) -> Arc<Descriptors> {
+        let Some(all) = self.cached_descriptors() else {
+            return Arc::default();
+        };
+        let own = all
+            .iter()
+            .filter(|d| spec.tool(&d.name).is_some())
+            .cloned()
+            .collect();
+        self.tool_lists.intern(Descriptors(own))
     }
 
     fn cached_descriptors(&self) -> Option<Arc<Vec<pb::ToolDescriptor>>> {
@@ -286,6 +292,8 @@ impl Orchestrator {
                 drain: CancellationToken::new(),
                 descriptors: RwLock::new(None),
                 catalogs: Interner::new(MAX_SHARED_CATALOGS),
+                tool_lists: Interner::new(MAX_SHARED_CATALOGS),
+                tool_entries: Interner::new(MAX_SHARED_CATALOGS),
                 workers,
                 freed: Notify::new(),
                 started: AtomicBool::new(false),
@@ -532,7 +540,7 @@ impl Orchestrator {
     async fn spawn_runner(
         &self,
         id: Uuid,
-        spec: InvocationSpec,
+        mut spec: InvocationSpec,
         engine: Invocation,
         history: Vec<pb::Event>,
         lease: Lease,
@@ -563,16 +571,18 @@ impl Orchestrator {
         let lost = CancellationToken::new();
         let keeper = keepers.keep(lease, lost.clone());
         self.shared.hub.open(id, engine.protocol().version);
-        let context = Arc::new(runner::context(&self.shared, id, &spec, history));
+        let context = Arc::new(runner::context(id, &mut spec, history));
+        let tools = self.shared.descriptors_for(&spec);
         let runner = Runner {
             shared: self.shared.clone(),
             id,
-            spec: Arc::new(spec),
+            spec: Arc::new(spec.share_tools(&self.shared.tool_entries)),
             engine,
             keeper: Some(keeper),
             lost,
             cancel_requested,
             context,
+            tools,
             progress,
         };
         self.shared.tracker.spawn(runner.run());

@@ -21,9 +21,15 @@ use tonic::{Request, Status};
 /// The model, behind the decision service.
 #[async_trait]
 pub trait DecisionPort: Send + Sync + 'static {
-    /// One decision. The request is shared: the runner keeps it from turn to turn, so an
-    /// in-process model reads it where it is and only a network client copies it.
-    async fn decide(&self, request: Arc<pb::DecideRequest>) -> Result<pb::DecideResponse, Status>;
+    /// One decision, offering the model `tools` (the request's own `tools` are empty).
+    /// Both are borrowed: the runner keeps the request from turn to turn and shares the
+    /// tools with every invocation of the same tools, so an in-process model reads them
+    /// where they are and only a network client copies them.
+    async fn decide(
+        &self,
+        request: &pb::DecideRequest,
+        tools: &[pb::ToolDescriptor],
+    ) -> Result<pb::DecideResponse, Status>;
 }
 
 /// Policy: argument schemas, authorization, approval gates, final-answer validators.
@@ -112,19 +118,31 @@ pub struct InProcess<S>(pub Arc<S>);
 
 #[async_trait]
 impl DecisionPort for DecisionServiceClient<Channel> {
-    async fn decide(&self, request: Arc<pb::DecideRequest>) -> Result<pb::DecideResponse, Status> {
-        DecisionServiceClient::decide(&mut self.clone(), Arc::unwrap_or_clone(request))
+    async fn decide(
+        &self,
+        request: &pb::DecideRequest,
+        tools: &[pb::ToolDescriptor],
+    ) -> Result<pb::DecideResponse, Status> {
+        let request = pb::DecideRequest {
+            tools: tools.to_vec(),
+            ..request.clone()
+        };
+        DecisionServiceClient::decide(&mut self.clone(), request)
             .await
             .map(tonic::Response::into_inner)
     }
 }
 
 /// The decision service in the same process, called through its core rather than its
-/// gRPC trait, which would need the request by value.
+/// gRPC trait, which would need the request by value, with the tools inside.
 #[async_trait]
 impl DecisionPort for DecisionServer {
-    async fn decide(&self, request: Arc<pb::DecideRequest>) -> Result<pb::DecideResponse, Status> {
-        DecisionServer::decide(self, &request)
+    async fn decide(
+        &self,
+        request: &pb::DecideRequest,
+        tools: &[pb::ToolDescriptor],
+    ) -> Result<pb::DecideResponse, Status> {
+        DecisionServer::decide_with(self, request, tools)
             .await
             .map(pb::DecideResponse::from)
             .map_err(Status::from)

@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
+use crate::intern::Descriptors;
 use crate::spec::{InvocationSpec, ToolEntry};
 use crate::{Progress, Shared, Taken};
 use crate::{effects, wire};
@@ -57,6 +58,7 @@ struct Batch {
 pub(crate) struct Runner {
     pub(crate) shared: Arc<Shared>,
     pub(crate) id: Uuid,
+    /// Without its goal and script: they moved to `context`.
     pub(crate) spec: Arc<InvocationSpec>,
     pub(crate) engine: Invocation,
     /// Keeps the lease; `None` only while it is being replaced after a revocation.
@@ -67,29 +69,33 @@ pub(crate) struct Runner {
     pub(crate) cancel_requested: bool,
     /// The model's request, kept from turn to turn: a turn changes only its number and
     /// the history window (the last [`HISTORY`] committed events). The decide call in
-    /// flight shares it, so an in-process model reads it without a copy.
+    /// flight shares it, so an in-process model reads it without a copy. Its `tools` are
+    /// empty: they travel apart, as `tools`.
     pub(crate) context: Arc<pb::DecideRequest>,
+    /// The tools offered to the model, shared with the invocations of the same tools.
+    pub(crate) tools: Arc<Descriptors>,
     pub(crate) progress: Arc<Progress>,
 }
 
 /// The model's request of an invocation whose last committed events are `history` (at
-/// most [`HISTORY`]); [`Runner`] keeps it and sets the turn before each call.
+/// most [`HISTORY`]); [`Runner`] keeps it and sets the turn before each call. The goal and
+/// the script, which may be long, move from `spec` to the request: the runner reads them
+/// there, and keeps one copy.
 pub(crate) fn context(
-    shared: &Shared,
     id: Uuid,
-    spec: &InvocationSpec,
+    spec: &mut InvocationSpec,
     history: Vec<pb::Event>,
 ) -> pb::DecideRequest {
     pb::DecideRequest {
         invocation_id: id.to_string(),
         turn: 0,
-        goal: spec.goal.clone(),
+        goal: std::mem::take(&mut spec.goal),
         profile: spec.profile.clone(),
-        tools: shared.descriptors_for(spec),
+        tools: Vec::new(),
         history,
         context_from_seq: 0,
         summary: String::new(),
-        scripted_model_json: spec.script.clone().unwrap_or_default(),
+        scripted_model_json: spec.script.take().unwrap_or_default(),
     }
 }
 
@@ -189,7 +195,10 @@ impl Runner {
                         if let Some(batch) = &batch {
                             batch.token.cancel();
                         }
-                        match self.regain().await {
+                        // Boxed, like the commit and the timer below: what a future
+                        // awaits is part of it, and a parked invocation keeps the
+                        // runner's future whole while it waits in neither.
+                        match Box::pin(self.regain()).await {
                             Ok(token) => {
                                 lost = token;
                                 Input::Cancel
@@ -294,7 +303,8 @@ impl Runner {
                         totals,
                     } => {
                         let ends = events.iter().any(|e| matches!(e.body, EventBody::Ended(_)));
-                        let input = match self.commit(expected_version, events, totals).await {
+                        let commit = Box::pin(self.commit(expected_version, events, totals));
+                        let input = match commit.await {
                             Ok(input) => input,
                             Err(why) => return Exit::Lost(why),
                         };
@@ -330,14 +340,14 @@ impl Runner {
         let context = Arc::make_mut(&mut self.context);
         context.turn = turn;
         context.context_from_seq = context.history.first().map_or(0, |event| event.seq);
-        if context.tools.is_empty() {
+        if self.tools.0.is_empty() {
             // Empty when the gateway's tools were not fetched yet as the runner started.
-            context.tools = self.shared.descriptors_for(&self.spec);
+            self.tools = self.shared.descriptors_for(&self.spec);
         }
-        let request = Arc::clone(&self.context);
+        let (request, tools) = (Arc::clone(&self.context), Arc::clone(&self.tools));
         let port = self.shared.ports.decision.clone();
         Box::pin(async move {
-            match port.decide(request).await {
+            match port.decide(&request, &tools.0).await {
                 Ok(response) => wire::decided(response),
                 Err(status) => Input::DecisionFailed {
                     message: format!("{:?}: {}", status.code(), status.message()),
@@ -381,7 +391,7 @@ impl Runner {
         let request = pb::ValidateFinalRequest {
             invocation_id: self.id.to_string(),
             profile: self.spec.profile.clone(),
-            goal: self.spec.goal.clone(),
+            goal: self.context.goal.clone(),
             answer,
             evidence_refs,
         };
@@ -558,7 +568,7 @@ fn instant_of(at: UnixMillis, now: UnixMillis) -> tokio::time::Instant {
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
+        Some(at) => Box::pin(tokio::time::sleep_until(at)).await,
         None => std::future::pending().await,
     }
 }

@@ -190,7 +190,7 @@ impl Orchestrator {
             actor: request.actor.clone(),
             tenant: request.tenant.clone(),
             limits,
-            tools,
+            tools: Arc::new(tools),
             script,
         };
         let spec_json = serde_json::to_string(&spec)

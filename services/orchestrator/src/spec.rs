@@ -17,15 +17,16 @@ pub(crate) struct InvocationSpec {
     pub(crate) actor: String,
     pub(crate) tenant: String,
     pub(crate) limits: Limits,
-    /// The tools it may call, as they were when it started.
-    pub(crate) tools: Vec<ToolEntry>,
+    /// The tools it may call, as they were when it started; shared with the invocations
+    /// of the same tools (see [`InvocationSpec::share_tools`]).
+    pub(crate) tools: Arc<Vec<ToolEntry>>,
     /// The scripted model, for offline runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) script: Option<String>,
 }
 
 /// One tool of an invocation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub(crate) struct ToolEntry {
     pub(crate) name: String,
     pub(crate) side_effect: SideEffect,
@@ -34,6 +35,12 @@ pub(crate) struct ToolEntry {
 }
 
 impl InvocationSpec {
+    /// Swaps its tools for the copy `entries` holds of the same tools, if any.
+    pub(crate) fn share_tools(mut self, entries: &Interner<Vec<ToolEntry>>) -> InvocationSpec {
+        self.tools = entries.intern(Arc::unwrap_or_clone(self.tools));
+        self
+    }
+
     /// The engine's catalog of these tools, shared with every invocation of the same
     /// tools that `catalogs` holds.
     pub(crate) fn catalog(&self, catalogs: &Interner<ToolCatalog>) -> Arc<ToolCatalog> {

@@ -1,6 +1,6 @@
 //! Anthropic Messages: `tool_use` blocks out, `tool_result` blocks back by `tool_use_id`.
 
-use agentloop_proto::v1::{DecideRequest, Usage};
+use agentloop_proto::v1::{DecideRequest, ToolDescriptor, Usage};
 use serde_json::{Value, json};
 
 use super::config::{AdapterDeps, EnvSource, ModelConfig, ModelConfigError, Provider, Settings};
@@ -44,8 +44,9 @@ impl AnthropicModel {
         AnthropicModel { settings, endpoint }
     }
 
-    /// The Messages request body for `request`: what is sent, minus headers.
-    pub fn request_body(&self, request: &DecideRequest) -> Value {
+    /// The Messages request body for `request` offering `tools`: what is sent, minus
+    /// headers.
+    pub fn request_body(&self, request: &DecideRequest, tools: &[ToolDescriptor]) -> Value {
         let prompt = context::build(request, &self.settings.context);
         let mut body = json!({
             "model": self.settings.model,
@@ -53,9 +54,8 @@ impl AnthropicModel {
             "system": prompt.system,
             "messages": messages(&prompt),
         });
-        if !request.tools.is_empty() {
-            body["tools"] = request
-                .tools
+        if !tools.is_empty() {
+            body["tools"] = tools
                 .iter()
                 .map(|tool| {
                     json!({
@@ -209,8 +209,12 @@ pub(crate) fn parse(
 
 #[async_trait::async_trait]
 impl Model for AnthropicModel {
-    async fn decide(&self, request: &DecideRequest) -> Result<ModelReply, ModelError> {
-        let body = self.request_body(request);
+    async fn decide_with(
+        &self,
+        request: &DecideRequest,
+        tools: &[ToolDescriptor],
+    ) -> Result<ModelReply, ModelError> {
+        let body = self.request_body(request, tools);
         let mut headers = vec![("anthropic-version", ANTHROPIC_VERSION)];
         if let Some(key) = &self.settings.api_key {
             headers.push(("x-api-key", key.0.as_str()));

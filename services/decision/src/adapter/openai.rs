@@ -1,7 +1,7 @@
 //! OpenAI Chat Completions (and every server that speaks it): function tools,
 //! parallel `tool_calls`, results as `tool` messages by `tool_call_id`.
 
-use agentloop_proto::v1::{DecideRequest, Usage};
+use agentloop_proto::v1::{DecideRequest, ToolDescriptor, Usage};
 use serde_json::{Value, json};
 
 use super::config::{AdapterDeps, EnvSource, ModelConfig, ModelConfigError, Provider, Settings};
@@ -39,17 +39,17 @@ impl OpenAiModel {
         OpenAiModel { settings, endpoint }
     }
 
-    /// The Chat Completions request body for `request`: what is sent, minus headers.
+    /// The Chat Completions request body for `request` offering `tools`: what is sent,
+    /// minus headers.
     /// Public for benchmarks and diagnosis.
-    pub fn request_body(&self, request: &DecideRequest) -> Value {
+    pub fn request_body(&self, request: &DecideRequest, tools: &[ToolDescriptor]) -> Value {
         let prompt = context::build(request, &self.settings.context);
         let mut body = json!({
             "model": self.settings.model,
             "messages": messages(&prompt),
         });
-        if !request.tools.is_empty() {
-            body["tools"] = request
-                .tools
+        if !tools.is_empty() {
+            body["tools"] = tools
                 .iter()
                 .map(|tool| {
                     json!({"type": "function", "function": {
@@ -193,8 +193,12 @@ pub(crate) fn parse(
 
 #[async_trait::async_trait]
 impl Model for OpenAiModel {
-    async fn decide(&self, request: &DecideRequest) -> Result<ModelReply, ModelError> {
-        let body = self.request_body(request);
+    async fn decide_with(
+        &self,
+        request: &DecideRequest,
+        tools: &[ToolDescriptor],
+    ) -> Result<ModelReply, ModelError> {
+        let body = self.request_body(request, tools);
         let auth = self
             .settings
             .api_key
