@@ -345,7 +345,9 @@ fn totals(steps: u32) -> Totals {
     }
 }
 
-fn append_of(expected_version: u64, lease_epoch: u64, events: &[Event]) -> Append<'_> {
+/// An append of `events` after version `expected_version` under `lease_epoch`, with the
+/// totals of that many turns and a commit time that grows with the version.
+pub fn append_of(expected_version: u64, lease_epoch: u64, events: &[Event]) -> Append<'_> {
     Append {
         expected_version,
         lease_epoch,

@@ -12,9 +12,8 @@
     clippy::wildcard_enum_match_arm
 )]
 
-use agentloop_engine::{Event, UnixMillis};
-use agentloop_store::conformance::{lookup_turn, new_invocation};
-use agentloop_store::{Append, Created, EventStore, SqliteStore, StoreError};
+use agentloop_store::conformance::{append_of, lookup_turn, new_invocation};
+use agentloop_store::{Created, EventStore, SqliteStore, StoreError};
 use futures::future::join_all;
 use uuid::Uuid;
 
@@ -82,16 +81,6 @@ async fn invocations(store: &SqliteStore, count: u64) -> Vec<Uuid> {
     ids
 }
 
-fn append(expected_version: u64, lease_epoch: u64, events: &[Event]) -> Append<'_> {
-    Append {
-        expected_version,
-        lease_epoch,
-        events,
-        totals: Default::default(),
-        committed_at: UnixMillis(2_000),
-    }
-}
-
 #[tokio::test]
 async fn concurrent_appends_share_one_transaction_and_one_fsync() {
     let (store, _dir) = fresh().await;
@@ -100,7 +89,7 @@ async fn concurrent_appends_share_one_transaction_and_one_fsync() {
     let before = store.stats();
     let appends = join_all(
         ids.iter()
-            .map(|id| store.append(*id, append(0, 1, &events))),
+            .map(|id| store.append(*id, append_of(0, 1, &events))),
     );
     let (results, commits) = in_one_group(&store, 20, appends).await;
     let after = store.stats();
@@ -135,7 +124,7 @@ async fn a_refused_append_does_not_fail_the_rest_of_its_group() {
     };
     // Set-up: `fenced` has seen epoch 5, `ended` has ended.
     store
-        .append(fenced, append(0, 5, &[lookup_turn(1, 1)]))
+        .append(fenced, append_of(0, 5, &[lookup_turn(1, 1)]))
         .await
         .unwrap();
     let end = agentloop_store::conformance::every_kind_of_event()
@@ -147,7 +136,7 @@ async fn a_refused_append_does_not_fail_the_rest_of_its_group() {
         })
         .unwrap();
     store
-        .append(ended, append(0, 1, std::slice::from_ref(&end)))
+        .append(ended, append_of(0, 1, std::slice::from_ref(&end)))
         .await
         .unwrap();
 
@@ -156,17 +145,17 @@ async fn a_refused_append_does_not_fail_the_rest_of_its_group() {
     let turn4 = [lookup_turn(4, 4)];
     let missing = Uuid::now_v7();
     let appends = join_all([
-        store.append(good, append(0, 1, &turn1)),
-        store.append(conflict, append(3, 1, &turn4)),
-        store.append(fenced, append(1, 4, &turn2)),
-        store.append(ended, append(1, 1, &turn2)),
-        store.append(missing, append(0, 1, &turn1)),
+        store.append(good, append_of(0, 1, &turn1)),
+        store.append(conflict, append_of(3, 1, &turn4)),
+        store.append(fenced, append_of(1, 4, &turn2)),
+        store.append(ended, append_of(1, 1, &turn2)),
+        store.append(missing, append_of(0, 1, &turn1)),
         // Two appends to one invocation in one group: the second extends the first.
-        store.append(twice, append(0, 1, &turn1)),
-        store.append(twice, append(1, 1, &turn2)),
+        store.append(twice, append_of(0, 1, &turn1)),
+        store.append(twice, append_of(1, 1, &turn2)),
         // The same version twice: the first wins, the second sees it.
-        store.append(other, append(0, 1, &turn1)),
-        store.append(other, append(0, 1, &turn1)),
+        store.append(other, append_of(0, 1, &turn1)),
+        store.append(other, append_of(0, 1, &turn1)),
     ]);
     let (results, commits) = in_one_group(&store, 9, appends).await;
     assert_eq!(commits, 1, "one group: {results:?}");
@@ -225,7 +214,7 @@ async fn a_failing_statement_fails_only_its_own_append() {
     let events = [lookup_turn(1, 1)];
     let appends = join_all(
         ids.iter()
-            .map(|id| store.append(*id, append(0, 1, &events))),
+            .map(|id| store.append(*id, append_of(0, 1, &events))),
     );
     let (results, commits) = in_one_group(&store, 4, appends).await;
     assert!(
@@ -248,13 +237,13 @@ async fn close_commits_what_is_queued_and_refuses_later_writes() {
     let (appended, ()) = tokio::join!(
         join_all(
             ids.iter()
-                .map(|id| store.append(*id, append(0, 1, &events)))
+                .map(|id| store.append(*id, append_of(0, 1, &events)))
         ),
         store.close()
     );
     assert!(appended.iter().all(Result::is_ok), "{appended:?}");
     let late = store
-        .append(ids[0], append(1, 1, &[lookup_turn(2, 2)]))
+        .append(ids[0], append_of(1, 1, &[lookup_turn(2, 2)]))
         .await;
     assert!(matches!(late, Err(StoreError::Database(_))), "{late:?}");
 
@@ -279,7 +268,7 @@ async fn the_log_stays_bounded_under_steady_writes() {
             for turn in 1..=TURNS {
                 let events = [lookup_turn(turn, u32::try_from(turn).unwrap())];
                 store
-                    .append(id, append(turn - 1, 1, &events))
+                    .append(id, append_of(turn - 1, 1, &events))
                     .await
                     .unwrap();
             }
@@ -365,8 +354,8 @@ async fn a_create_survives_the_replay_of_its_groups_appends() {
     let writes = async {
         tokio::join!(
             store.create(new.clone()),
-            store.append(culprit, append(0, 1, &events)),
-            store.append(ids[1], append(0, 1, &events)),
+            store.append(culprit, append_of(0, 1, &events)),
+            store.append(ids[1], append_of(0, 1, &events)),
         )
     };
     let ((created, culprit_append, other_append), commits) = in_one_group(&store, 3, writes).await;

@@ -11,10 +11,10 @@
 
 use std::sync::Arc;
 
-use agentloop_engine::{CallId, CallOutcome, CallResult, EventBody, UnixMillis};
-use agentloop_store::conformance::{self, lookup_turn, new_invocation};
+use agentloop_engine::{CallId, CallOutcome, CallResult, EventBody};
+use agentloop_store::conformance::{self, append_of, lookup_turn, new_invocation};
 use agentloop_store::testing::{PostgresServer, TestDatabase};
-use agentloop_store::{Append, Created, EventStore, PgOptions, PgStore, StoreError};
+use agentloop_store::{Created, EventStore, PgOptions, PgStore, StoreError};
 use sqlx::Connection;
 use tokio::sync::Barrier;
 
@@ -27,20 +27,6 @@ async fn store_on(database: &TestDatabase) -> PgStore {
 async fn fresh(server: &PostgresServer) -> (PgStore, TestDatabase) {
     let database = server.create_database().await.expect("create database");
     (store_on(&database).await, database)
-}
-
-fn append(
-    expected_version: u64,
-    lease_epoch: u64,
-    events: &[agentloop_engine::Event],
-) -> Append<'_> {
-    Append {
-        expected_version,
-        lease_epoch,
-        events,
-        totals: Default::default(),
-        committed_at: UnixMillis(2_000 + expected_version),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,7 +88,7 @@ async fn committed_events_survive_a_reconnect() {
         Created::New(_)
     ));
     let events = [lookup_turn(1, 1), lookup_turn(2, 2)];
-    store.append(id, append(0, 4, &events)).await.unwrap();
+    store.append(id, append_of(0, 4, &events)).await.unwrap();
     let before = store.get(id).await.unwrap();
     store.close().await;
     drop(store);
@@ -154,7 +140,7 @@ async fn writer(
         let version = store.get(id).await.unwrap().version;
         let turn = u32::try_from(epoch).unwrap() * 1_000 + written;
         let events = [lookup_turn(version + 1, turn)];
-        match store.append(id, append(version, epoch, &events)).await {
+        match store.append(id, append_of(version, epoch, &events)).await {
             Ok(()) => {
                 report.committed.push(version + 1);
                 written += 1;
@@ -256,17 +242,20 @@ async fn a_frozen_writer_is_fenced_after_a_takeover() {
     let id = new.invocation_id;
     store.create(new).await.unwrap();
     store
-        .append(id, append(0, 1, &[lookup_turn(1, 1)]))
+        .append(id, append_of(0, 1, &[lookup_turn(1, 1)]))
         .await
         .unwrap();
     // The old worker reads version 1, then freezes; a new worker (epoch 2) takes over and
     // commits turn 2. The old worker wakes and tries to commit its turn 2 at version 1:
     // the epoch is refused before the version is even looked at.
     store
-        .append(id, append(1, 2, &[lookup_turn(2, 2)]))
+        .append(id, append_of(1, 2, &[lookup_turn(2, 2)]))
         .await
         .unwrap();
-    match store.append(id, append(1, 1, &[lookup_turn(2, 1)])).await {
+    match store
+        .append(id, append_of(1, 1, &[lookup_turn(2, 1)]))
+        .await
+    {
         Err(StoreError::StaleEpoch {
             presented: 1,
             current: 2,
@@ -276,7 +265,9 @@ async fn a_frozen_writer_is_fenced_after_a_takeover() {
     }
     // Even at the right version.
     assert!(matches!(
-        store.append(id, append(2, 1, &[lookup_turn(3, 1)])).await,
+        store
+            .append(id, append_of(2, 1, &[lookup_turn(3, 1)]))
+            .await,
         Err(StoreError::StaleEpoch { .. })
     ));
     assert_eq!(store.get(id).await.unwrap().version, 2);
@@ -304,7 +295,7 @@ async fn json_postgres_is_picky_about_round_trips() {
         },
     }];
     store
-        .append(id, append(0, 1, std::slice::from_ref(&event)))
+        .append(id, append_of(0, 1, std::slice::from_ref(&event)))
         .await
         .unwrap();
     let read = store.events(id, 1, 10).await.unwrap();
@@ -323,7 +314,7 @@ async fn corrupt_rows_are_reported_with_the_invocation_and_seq() {
     let id = new.invocation_id;
     store.create(new).await.unwrap();
     store
-        .append(id, append(0, 1, &[lookup_turn(1, 1)]))
+        .append(id, append_of(0, 1, &[lookup_turn(1, 1)]))
         .await
         .unwrap();
     let mut conn = sqlx::PgConnection::connect(database.url()).await.unwrap();

@@ -9,9 +9,9 @@
 
 use std::path::Path;
 
-use agentloop_engine::{EventBody, UnixMillis};
+use agentloop_engine::EventBody;
 use agentloop_store::conformance::{self, lookup_turn, new_invocation};
-use agentloop_store::{Append, Created, EventStore, SqliteOptions, SqliteStore, StoreError};
+use agentloop_store::{Created, EventStore, SqliteOptions, SqliteStore, StoreError};
 
 async fn fresh() -> (SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -38,16 +38,7 @@ async fn committed_events_survive_a_reopen() {
     ));
     let events = [lookup_turn(1, 1), lookup_turn(2, 2)];
     store
-        .append(
-            id,
-            Append {
-                expected_version: 0,
-                lease_epoch: 4,
-                events: &events,
-                totals: Default::default(),
-                committed_at: UnixMillis(2_000),
-            },
-        )
+        .append(id, conformance::append_of(0, 4, &events))
         .await
         .unwrap();
     let before = store.get(id).await.unwrap();
@@ -129,16 +120,7 @@ async fn corrupt_rows_are_reported_with_the_invocation_and_seq() {
     let id = new.invocation_id;
     store.create(new).await.unwrap();
     store
-        .append(
-            id,
-            Append {
-                expected_version: 0,
-                lease_epoch: 1,
-                events: &[lookup_turn(1, 1)],
-                totals: Default::default(),
-                committed_at: UnixMillis(2_000),
-            },
-        )
+        .append(id, conformance::append_of(0, 1, &[lookup_turn(1, 1)]))
         .await
         .unwrap();
     let path = dir.path().join("events.db");
@@ -234,16 +216,7 @@ async fn a_database_from_before_the_spec_moved_is_upgraded_whole() {
         Created::Existing(existing) if existing.invocation_id == id
     ));
     store
-        .append(
-            id,
-            Append {
-                expected_version: 0,
-                lease_epoch: 1,
-                events: &[lookup_turn(1, 1)],
-                totals: agentloop_engine::Totals::default(),
-                committed_at: UnixMillis(7_000),
-            },
-        )
+        .append(id, conformance::append_of(0, 1, &[lookup_turn(1, 1)]))
         .await
         .unwrap();
     assert_eq!(store.get(id).await.unwrap().version, 1);
