@@ -24,13 +24,13 @@ use std::future::Future;
 use std::sync::Once;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::body::Body;
 use tonic::codegen::Service;
 use tonic::codegen::http::{Request, Response};
 use tonic::server::NamedService;
 use tonic::service::RoutesBuilder;
 use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tower_http::classify::{GrpcCode, GrpcErrorsAsFailures, SharedClassifier};
 use tower_http::trace::TraceLayer;
@@ -267,10 +267,19 @@ pub async fn serve(
             caller_errors_are_not_failures(),
         )))
         .add_routes(routes.routes())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), drain)
+        .serve_with_incoming_shutdown(incoming(listener), drain)
         .await?;
     tracing::info!("gRPC server drained and stopped");
     Ok(())
+}
+
+/// The connections `listener` accepts, with TCP_NODELAY on.
+///
+/// Without it, a reply written in pieces waits for the peer's delayed ACK (Nagle's
+/// algorithm): on loopback, a lone invocation's turn took 43 ms instead of 2. tonic sets
+/// it only on the listeners it binds itself, not on one handed to it.
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// Service name of the standard gRPC health service.
@@ -279,3 +288,23 @@ const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
 const REFLECTION_V1_SERVICE: &str = "grpc.reflection.v1.ServerReflection";
 /// Service name of gRPC reflection v1alpha (still the one many tools ask for).
 const REFLECTION_V1ALPHA_SERVICE: &str = "grpc.reflection.v1alpha.ServerReflection";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio_stream::StreamExt;
+
+    #[tokio::test]
+    async fn accepted_connections_send_small_writes_at_once() -> std::io::Result<()> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let address = listener.local_addr()?;
+        let mut incoming = incoming(listener);
+        let _client = tokio::net::TcpStream::connect(address).await?;
+        let accepted = incoming
+            .next()
+            .await
+            .ok_or_else(|| std::io::Error::other("the listener closed"))??;
+        assert!(accepted.nodelay()?, "TCP_NODELAY is off");
+        Ok(())
+    }
+}
