@@ -2,8 +2,8 @@
 //!
 //! Five services would otherwise repeat the same plumbing; here it is written once:
 //!
-//! - [`serve`] with a [`ServiceSet`]: a tonic server over a caller-bound listener, with a
-//!   tracing layer, the standard gRPC health service (SERVING for every added service,
+//! - [`serve`] with a [`ServiceSet`]: a tonic server over a caller-bound listener (its
+//!   connections with TCP_NODELAY), with a tracing layer, the standard gRPC health service (SERVING for every added service,
 //!   NOT_SERVING as soon as shutdown begins) and gRPC server reflection from the
 //!   agentloop descriptor set, then a graceful drain of in-flight RPCs;
 //! - [`config::load`]: layered configuration (defaults -> TOML file -> `AGENTLOOP_*`
@@ -201,7 +201,8 @@ fn caller_errors_are_not_failures() -> GrpcErrorsAsFailures {
 /// accepting connections and waits for in-flight RPCs to finish before this returns
 /// `Ok(())`.
 ///
-/// The caller binds the listener, so tests can bind `127.0.0.1:0` and read the port.
+/// The caller binds the listener, so tests can bind `127.0.0.1:0` and read the port. The
+/// connections it accepts get TCP_NODELAY.
 pub async fn serve(
     listener: TcpListener,
     services: ServiceSet,
