@@ -3,9 +3,10 @@
 //! Five services would otherwise repeat the same plumbing; here it is written once:
 //!
 //! - [`serve`] with a [`ServiceSet`]: a tonic server over a caller-bound listener (its
-//!   connections with TCP_NODELAY), with a tracing layer, the standard gRPC health service (SERVING for every added service,
-//!   NOT_SERVING as soon as shutdown begins) and gRPC server reflection from the
-//!   agentloop descriptor set, then a graceful drain of in-flight RPCs;
+//!   connections with TCP_NODELAY), with a tracing layer, the standard gRPC health
+//!   service (SERVING for every added service, NOT_SERVING as soon as shutdown begins)
+//!   and gRPC server reflection from the agentloop descriptor set, then a graceful drain
+//!   of in-flight RPCs;
 //! - [`config::load`]: layered configuration (defaults -> TOML file -> `AGENTLOOP_*`
 //!   environment -> command-line overrides);
 //! - [`init_tracing`], [`shutdown_signal`], [`install_crypto_provider`] and the
