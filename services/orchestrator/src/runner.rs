@@ -9,11 +9,11 @@
 //! policy check or verification at a time, or the calls of one batch.
 //!
 //! The runner holds the invocation's lease through a [`Keeper`], and every commit carries
-//! the lease's epoch. When the lease goes, the running calls are cancelled at once. A
-//! revoked lease means a caller asked to cancel (`CancelInvocation` records the request,
-//! then revokes): the runner takes the lease again and ends the invocation `cancelled`,
-//! committing what the interrupted calls did. A lease lost any other way (renewals failed,
-//! another worker took over) stops the runner without committing anything more.
+//! the lease's epoch. When the lease goes, the running calls are cancelled at once. If a
+//! caller asked to cancel (`CancelInvocation` records the request, then revokes), the
+//! runner takes the lease again and ends the invocation `cancelled`, committing what the
+//! interrupted calls did. A lease lost any other way (renewals failed, another worker took
+//! over) stops the runner without committing anything more.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -465,27 +465,35 @@ impl Runner {
         })
     }
 
-    /// After the keeper fired: if the lease was revoked (a cancel request), take it again
-    /// and return the new keeper's token, so the runner can end the invocation `cancelled`
-    /// under a fresh epoch. Any other loss, or another worker winning the lease first,
-    /// is `Err` with why: this runner must stop.
+    /// After the keeper fired: if a cancel was requested, take the lease again and return
+    /// the new keeper's token, so the runner can end the invocation `cancelled` under a
+    /// fresh epoch. Any other loss, or another worker winning the lease first, is `Err`
+    /// with why: this runner must stop.
+    ///
+    /// A revoked lease may also reach the keeper as `Lost`: revoking deletes the lease,
+    /// then publishes, and a renewal can land in between. So both are taken at their word
+    /// only after the store is asked whether a cancel was recorded.
     async fn regain(&mut self) -> Result<CancellationToken, String> {
         let Some(keeper) = self.keeper.take() else {
             return Err("no lease".into());
         };
         let exit = keeper.stop();
-        if exit != KeeperExit::Revoked {
+        if !matches!(exit, KeeperExit::Revoked | KeeperExit::Lost) {
             return Err(format!("{exit:?}"));
         }
         let lease = match self.shared.take(self.id).await {
-            Ok(Taken::Held(lease, _record)) => lease,
-            Ok(Taken::Elsewhere) => {
-                return Err("revoked, and another worker holds the lease now".into());
+            Ok(Taken::Held(lease, record)) if record.cancel_requested_at.is_some() => lease,
+            Ok(Taken::Held(lease, _record)) => {
+                self.shared.let_go(&lease).await;
+                return Err(format!("{exit:?}, and no cancel was requested"));
             }
-            Ok(Taken::Ended) => return Err("revoked, and the invocation has ended".into()),
+            Ok(Taken::Elsewhere) => {
+                return Err(format!("{exit:?}, and another worker holds the lease now"));
+            }
+            Ok(Taken::Ended) => return Err(format!("{exit:?}, and the invocation has ended")),
             Err(error) => {
                 return Err(format!(
-                    "revoked, and the lease could not be taken again: {error}"
+                    "{exit:?}, and the lease could not be taken again: {error}"
                 ));
             }
         };
@@ -495,7 +503,7 @@ impl Runner {
             .workers
             .keepers()
             .await
-            .map_err(|error| format!("revoked, and the lease could not be kept: {error}"))?;
+            .map_err(|error| format!("cancelled, and the lease could not be kept: {error}"))?;
         self.keeper = Some(keepers.keep(lease, token.clone()));
         Ok(token)
     }

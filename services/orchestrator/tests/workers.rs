@@ -24,7 +24,7 @@ use agentloop_store::{
 };
 use async_trait::async_trait;
 use common::{Cluster, check_log, events_until_end, percentile, start};
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, broadcast, watch};
 use uuid::Uuid;
 
 const LONG: u64 = 3_600_000;
@@ -142,6 +142,77 @@ async fn revocation_to_tool_cancellation_latency() {
     a.stop().await;
     b.stop().await;
     cluster.stop().await;
+}
+
+/// Revoking deletes the lease, then publishes; a renewal can land in between, and the
+/// holder then learns of the cancel as a lost lease. Here the holder never hears the
+/// publish at all: it still ends the invocation `cancelled`, at its next renewal, with
+/// the running call cancelled, instead of stopping and leaving it to a sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_seen_as_a_lost_renewal_still_cancels() {
+    let Some(cluster) = Cluster::start_or_skip("cancel_seen_as_lost").await else {
+        return;
+    };
+    let deaf = Arc::new(DeafLeases {
+        inner: cluster.leases(),
+        never: broadcast::channel(1).0,
+    });
+    let a = cluster
+        .worker(
+            cluster.config("a", 1_000, LONG),
+            cluster.store().await,
+            deaf,
+        )
+        .await;
+    let mut via_a = a.client().await;
+    let mut stats = cluster.executor.watch_stats();
+    let id = start(&mut via_a, SLEEP_THEN_FINAL, "cancel-lost-1").await;
+    stats.wait_for(|s| s.sleeps_started == 1).await.unwrap();
+
+    via_a
+        .cancel_invocation(pb::CancelInvocationRequest {
+            invocation_id: id.clone(),
+            reason: "test".into(),
+        })
+        .await
+        .unwrap();
+    stats.wait_for(|s| s.sleeps_cancelled == 1).await.unwrap();
+    let events = events_until_end(&mut via_a, &id).await;
+    assert_eq!(check_log(&events), pb::TerminalReason::Cancelled);
+    a.stop().await;
+    cluster.stop().await;
+}
+
+/// Leases whose holder never hears a revocation: it learns only from its renewals.
+#[derive(Debug)]
+struct DeafLeases {
+    inner: Arc<dyn LeaseBackend>,
+    /// Kept so the subscription stays open and silent, as a delayed message would.
+    never: broadcast::Sender<String>,
+}
+
+#[async_trait]
+impl LeaseBackend for DeafLeases {
+    async fn acquire(
+        &self,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LeaseError> {
+        self.inner.acquire(key, owner, ttl).await
+    }
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, LeaseError> {
+        self.inner.renew(lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LeaseError> {
+        self.inner.release(lease).await
+    }
+    async fn revoke(&self, key: &str) -> Result<bool, LeaseError> {
+        self.inner.revoke(key).await
+    }
+    async fn subscribe_revocations(&self) -> Result<Revocations, LeaseError> {
+        Ok(self.never.subscribe())
+    }
 }
 
 /// A draining worker hands its parked invocation off; another worker, whose sweep is
