@@ -1036,4 +1036,61 @@ mod tests {
         assert_eq!(placeholders(2, 2), "(?, ?), (?, ?)");
         assert_eq!(placeholders(3, 1), "?, ?, ?");
     }
+
+    /// `n` jobs; `Close` is the one kind that needs nothing to build.
+    fn jobs(n: usize) -> Vec<Job> {
+        (0..n).map(|_| Job::Close).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_invocation_never_waits() {
+        let (_queue_tx, mut queue) = mpsc::channel(8);
+        let mut group = jobs(1);
+        let started = Instant::now();
+        gather(&mut queue, &mut group, 1, Duration::from_secs(1)).await;
+        assert_eq!((group.len(), started.elapsed()), (1, Duration::ZERO));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_small_group_waits_for_more_until_it_is_half_the_last() {
+        let (queue_tx, mut queue) = mpsc::channel(64);
+        let mut group = jobs(1);
+        let late = async {
+            for _ in 0..4 {
+                assert!(queue_tx.send(Job::Close).await.is_ok());
+                tokio::task::yield_now().await;
+            }
+        };
+        let started = Instant::now();
+        tokio::join!(
+            gather(&mut queue, &mut group, 10, Duration::from_secs(1)),
+            late
+        );
+        // The queue stays open: it stopped because 1 + 4 is half of 10, not at a timeout.
+        assert_eq!((group.len(), started.elapsed()), (5, Duration::ZERO));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_is_bounded_by_half_the_last_commit_and_by_gather_max() {
+        let (_queue_tx, mut queue) = mpsc::channel(8);
+        for (last_commit, waited) in [
+            (Duration::from_millis(2), Duration::from_millis(1)),
+            (Duration::from_secs(1), GATHER_MAX),
+        ] {
+            let mut group = jobs(1);
+            let started = Instant::now();
+            gather(&mut queue, &mut group, 10, last_commit).await;
+            assert_eq!((group.len(), started.elapsed()), (1, waited));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_queue_ends_the_wait() {
+        let (queue_tx, mut queue) = mpsc::channel(8);
+        drop(queue_tx);
+        let mut group = jobs(1);
+        let started = Instant::now();
+        gather(&mut queue, &mut group, 10, Duration::from_secs(1)).await;
+        assert_eq!((group.len(), started.elapsed()), (1, Duration::ZERO));
+    }
 }
