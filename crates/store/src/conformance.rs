@@ -371,6 +371,31 @@ async fn event_count(store: &dyn EventStore, id: Uuid) -> usize {
 // ---------------------------------------------------------------------------------------
 // Checks.
 
+/// The invocation an upgrade test writes with an earlier release's schema, before it
+/// upgrades: (idempotency key, request digest, spec).
+pub const EARLIER_ROW: (&str, &str, &str) = ("key-1", "digest-1", r#"{"goal":"old"}"#);
+
+/// After an upgrade: invocation `id`, written as [`EARLIER_ROW`] describes, is whole, its
+/// key still finds it, and it takes appends.
+pub async fn earlier_row_goes_on(store: &dyn EventStore, id: Uuid) {
+    let (key, digest, spec) = EARLIER_ROW;
+    let record = store.get(id).await.unwrap();
+    assert_eq!(record.spec, spec);
+    assert_eq!(record.request_digest, digest);
+    assert_eq!(record.idempotency_key.as_deref(), Some(key));
+    let mut again = new_invocation(6_000, Some(key), digest);
+    again.spec = spec.to_owned();
+    assert!(matches!(
+        store.create(again).await.unwrap(),
+        Created::Existing(existing) if existing.invocation_id == id
+    ));
+    store
+        .append(id, append_of(0, 1, &[lookup_turn(1, 1)]))
+        .await
+        .unwrap();
+    assert_eq!(store.get(id).await.unwrap().version, 1);
+}
+
 /// A created invocation reads back exactly, running at version 0.
 pub async fn create_get_round_trip(store: Arc<dyn EventStore>) {
     let new = new_invocation(1_000, Some("key-1"), "digest-1");

@@ -115,7 +115,7 @@ macro_rules! select_invocation {
     () => {
         "SELECT invocation_id::text AS invocation_id, idempotency_key, request_digest, spec, \
          state, version, lease_epoch, totals, end_record, cancel_requested_at, created_at, \
-         updated_at FROM invocations"
+         updated_at FROM invocations JOIN invocation_specs USING (invocation_id)"
     };
 }
 
@@ -127,11 +127,15 @@ impl EventStore for PgStore {
         let created_at = time_to_i64(new.created_at);
         for _ in 0..CREATE_ATTEMPTS {
             // Without a key nothing can conflict but the ID itself, which is an error.
+            // One statement writes both rows, or neither when the key is taken.
             let inserted = sqlx::query(
-                "INSERT INTO invocations (invocation_id, idempotency_key, request_digest, spec, \
-                 state, version, lease_epoch, totals, end_record, created_at, updated_at) \
-                 VALUES ($1::uuid, $2, $3, $4, 'running', 0, 0, $5, NULL, $6, $6) \
-                 ON CONFLICT (idempotency_key) DO NOTHING",
+                "WITH new AS (\
+                 INSERT INTO invocations (invocation_id, idempotency_key, state, version, \
+                 lease_epoch, totals, end_record, created_at, updated_at) \
+                 VALUES ($1::uuid, $2, 'running', 0, 0, $5, NULL, $6, $6) \
+                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING invocation_id) \
+                 INSERT INTO invocation_specs (invocation_id, request_digest, spec) \
+                 SELECT invocation_id, $3, $4 FROM new",
             )
             .bind(&id_text)
             .bind(new.idempotency_key.as_deref())
@@ -395,7 +399,7 @@ async fn locked_record(
 ) -> Result<InvocationRecord, StoreError> {
     let row = sqlx::query(concat!(
         select_invocation!(),
-        " WHERE invocation_id = $1::uuid FOR UPDATE"
+        " WHERE invocation_id = $1::uuid FOR UPDATE OF invocations"
     ))
     .bind(invocation_id.hyphenated().to_string())
     .fetch_optional(&mut **tx)

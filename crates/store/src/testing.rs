@@ -28,8 +28,10 @@
 #![allow(clippy::panic)]
 
 use std::io::Write;
+use std::path::Path;
 use std::time::Duration;
 
+use sqlx::migrate::Migrator;
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 /// The environment variable naming the server's admin URL.
@@ -206,6 +208,37 @@ fn loud(line: &str) {
 /// Whether a missing server fails the test instead of skipping it.
 pub fn postgres_required() -> bool {
     std::env::var(REQUIRE_POSTGRES_VAR).is_ok_and(|value| value.trim() == "1")
+}
+
+/// The first `count` migrations of `backend` (`"sqlite"` or `"postgres"`), copied into
+/// `dir`: they build a database as an earlier release left it, so that a test can check an
+/// upgrade keeps what is there.
+///
+/// # Panics
+///
+/// When the migrations cannot be read or copied, or there are fewer than `count`.
+pub async fn earlier_migrations(backend: &str, count: usize, dir: &Path) -> Migrator {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations")
+        .join(backend);
+    let mut files: Vec<_> = std::fs::read_dir(&source)
+        .unwrap_or_else(|error| panic!("cannot read {}: {error}", source.display()))
+        .map(|entry| entry.unwrap_or_else(|error| panic!("{error}")).path())
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= count,
+        "{backend} has {} migrations",
+        files.len()
+    );
+    for path in &files[..count] {
+        let name = path.file_name().unwrap_or_default();
+        std::fs::copy(path, dir.join(name))
+            .unwrap_or_else(|error| panic!("cannot copy {}: {error}", path.display()));
+    }
+    Migrator::new(dir)
+        .await
+        .unwrap_or_else(|error| panic!("cannot load the copied migrations: {error}"))
 }
 
 /// `url` with its database (the path) replaced by `database`, keeping user, password,

@@ -11,6 +11,7 @@ use std::path::Path;
 
 use agentloop_engine::EventBody;
 use agentloop_store::conformance::{self, lookup_turn, new_invocation};
+use agentloop_store::testing::earlier_migrations;
 use agentloop_store::{Created, EventStore, SqliteOptions, SqliteStore, StoreError};
 
 async fn fresh() -> (SqliteStore, tempfile::TempDir) {
@@ -167,17 +168,7 @@ async fn a_database_from_before_the_spec_moved_is_upgraded_whole() {
     let dir = tempfile::tempdir().unwrap();
     let old_migrations = dir.path().join("migrations");
     std::fs::create_dir(&old_migrations).unwrap();
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
-    for entry in std::fs::read_dir(&source).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-        if ["0001_", "0002_", "0003_"]
-            .iter()
-            .any(|p| name.starts_with(p))
-        {
-            std::fs::copy(&path, old_migrations.join(&name)).unwrap();
-        }
-    }
+    let old = earlier_migrations("sqlite", 3, &old_migrations).await;
     let path = dir.path().join("events.db");
     let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
         .filename(&path)
@@ -185,18 +176,18 @@ async fn a_database_from_before_the_spec_moved_is_upgraded_whole() {
         .connect()
         .await
         .unwrap();
-    let old = sqlx::migrate::Migrator::new(old_migrations.as_path())
-        .await
-        .unwrap();
-    assert_eq!(old.iter().count(), 3);
     old.run(&mut conn).await.unwrap();
+    let (key, digest, spec) = conformance::EARLIER_ROW;
     let id = conformance::id_at(5_000);
     sqlx::query(
         "INSERT INTO invocations (invocation_id, idempotency_key, request_digest, spec, state, \
          version, lease_epoch, totals, end_record, created_at, updated_at) \
-         VALUES (?, 'key-1', 'digest-1', '{\"goal\":\"old\"}', 'running', 0, 0, ?, NULL, 5000, 5000)",
+         VALUES (?, ?, ?, ?, 'running', 0, 0, ?, NULL, 5000, 5000)",
     )
     .bind(id.hyphenated().to_string())
+    .bind(key)
+    .bind(digest)
+    .bind(spec)
     .bind(serde_json::to_string(&agentloop_engine::Totals::default()).unwrap())
     .execute(&mut conn)
     .await
@@ -204,20 +195,5 @@ async fn a_database_from_before_the_spec_moved_is_upgraded_whole() {
     drop(conn);
 
     let store = SqliteStore::open(SqliteOptions::new(&path)).await.unwrap();
-    let record = store.get(id).await.unwrap();
-    assert_eq!(record.spec, "{\"goal\":\"old\"}");
-    assert_eq!(record.request_digest, "digest-1");
-    assert_eq!(record.idempotency_key.as_deref(), Some("key-1"));
-    // The same key and digest find the upgraded row again instead of creating another.
-    let mut again = new_invocation(6_000, Some("key-1"), "digest-1");
-    again.spec = record.spec.clone();
-    assert!(matches!(
-        store.create(again).await.unwrap(),
-        Created::Existing(existing) if existing.invocation_id == id
-    ));
-    store
-        .append(id, conformance::append_of(0, 1, &[lookup_turn(1, 1)]))
-        .await
-        .unwrap();
-    assert_eq!(store.get(id).await.unwrap().version, 1);
+    conformance::earlier_row_goes_on(&store, id).await;
 }
