@@ -65,11 +65,7 @@ pub fn effect_key(invocation_id: &str, call_id: &str) -> String {
         hasher.update((part.len() as u64).to_be_bytes());
         hasher.update(part.as_bytes());
     }
-    hasher
-        .finalize()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    hex::encode(hasher.finalize())
 }
 
 /// The ledger's configuration (layered by `agentloop_server::config`).

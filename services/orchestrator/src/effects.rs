@@ -492,8 +492,7 @@ pub(crate) fn effect_key(invocation_id: Uuid, turn: u32, call: &ToolCall) -> Str
         hasher.update((part.len() as u64).to_be_bytes());
         hasher.update(part);
     }
-    let digest = hasher.finalize();
-    digest.iter().map(|byte| format!("{byte:02x}")).collect()
+    hex::encode(hasher.finalize())
 }
 
 #[cfg(test)]

@@ -195,10 +195,7 @@ impl Orchestrator {
         };
         let spec_json = serde_json::to_string(&spec)
             .map_err(|e| invalid(format!("cannot encode the invocation: {e}")))?;
-        let digest: String = Sha256::digest(request.encode_to_vec())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let digest = hex::encode(Sha256::digest(request.encode_to_vec()));
         let new = NewInvocation {
             invocation_id: Uuid::now_v7(),
             idempotency_key: Some(request.idempotency_key.clone()).filter(|key| !key.is_empty()),
