@@ -79,9 +79,10 @@ impl Fingerprint {
 }
 
 impl fmt::Display for Fingerprint {
-    /// Lowercase hex. Every committed turn's record carries its plan's fingerprint, and
-    /// 32 `{:02x}` writes through the formatting machinery (and through serde_json's
-    /// escaping, one fragment at a time) were 3% of an embedded turn's instructions.
+    /// Lowercase hex, in one write. Every committed turn's record carries its plan's
+    /// fingerprint, and writing it as 32 `{:02x}` fragments, each through the formatting
+    /// machinery and serde_json's escaping, took a tenth of an embedded turn's
+    /// instructions (callgrind: 199 against 180 million for the bench's 1,000 turns).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut text = [0u8; 64];
         hex::encode_to_slice(self.0, &mut text).map_err(|_| fmt::Error)?;
