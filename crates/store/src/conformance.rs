@@ -375,6 +375,21 @@ async fn event_count(store: &dyn EventStore, id: Uuid) -> usize {
 /// upgrades: (idempotency key, request digest, spec).
 pub const EARLIER_ROW: (&str, &str, &str) = ("key-1", "digest-1", r#"{"goal":"old"}"#);
 
+/// The statement that writes [`EARLIER_ROW`] as invocation `id` into the invocations table
+/// of the schema before the spec moved out of it, the same in SQLite and PostgreSQL. The
+/// values are literals: the test's own constants.
+pub fn earlier_row_insert(id: Uuid) -> String {
+    let (key, digest, spec) = EARLIER_ROW;
+    let totals = serde_json::to_string(&Totals::default()).unwrap();
+    format!(
+        "INSERT INTO invocations (invocation_id, idempotency_key, request_digest, spec, state, \
+         version, lease_epoch, totals, end_record, created_at, updated_at) \
+         VALUES ('{}', '{key}', '{digest}', '{spec}', 'running', 0, 0, '{totals}', NULL, \
+         5000, 5000)",
+        id.hyphenated()
+    )
+}
+
 /// After an upgrade: invocation `id`, written as [`EARLIER_ROW`] describes, is whole, its
 /// key still finds it, and it takes appends.
 pub async fn earlier_row_goes_on(store: &dyn EventStore, id: Uuid) {

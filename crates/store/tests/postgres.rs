@@ -15,7 +15,7 @@ use agentloop_engine::{CallId, CallOutcome, CallResult, EventBody};
 use agentloop_store::conformance::{self, append_of, lookup_turn, new_invocation};
 use agentloop_store::testing::{PostgresServer, TestDatabase, earlier_migrations};
 use agentloop_store::{Created, EventStore, PgOptions, PgStore, StoreError};
-use sqlx::Connection;
+use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::Barrier;
 
 async fn store_on(database: &TestDatabase) -> PgStore {
@@ -385,21 +385,11 @@ async fn a_database_from_before_the_spec_moved_is_upgraded_whole() {
     let old = earlier_migrations("postgres", 2, dir.path()).await;
     let mut conn = sqlx::PgConnection::connect(database.url()).await.unwrap();
     old.run(&mut conn).await.unwrap();
-    let (key, digest, spec) = conformance::EARLIER_ROW;
     let id = conformance::id_at(5_000);
-    sqlx::query(
-        "INSERT INTO invocations (invocation_id, idempotency_key, request_digest, spec, state, \
-         version, lease_epoch, totals, end_record, created_at, updated_at) \
-         VALUES ($1::uuid, $2, $3, $4, 'running', 0, 0, $5, NULL, 5000, 5000)",
-    )
-    .bind(id.hyphenated().to_string())
-    .bind(key)
-    .bind(digest)
-    .bind(spec)
-    .bind(serde_json::to_string(&agentloop_engine::Totals::default()).unwrap())
-    .execute(&mut conn)
-    .await
-    .unwrap();
+    sqlx::query(AssertSqlSafe(conformance::earlier_row_insert(id)))
+        .execute(&mut conn)
+        .await
+        .unwrap();
     conn.close().await.unwrap();
 
     conformance::earlier_row_goes_on(&store_on(&database).await, id).await;

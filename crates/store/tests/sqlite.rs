@@ -13,6 +13,7 @@ use agentloop_engine::EventBody;
 use agentloop_store::conformance::{self, lookup_turn, new_invocation};
 use agentloop_store::testing::earlier_migrations;
 use agentloop_store::{Created, EventStore, SqliteOptions, SqliteStore, StoreError};
+use sqlx::AssertSqlSafe;
 
 async fn fresh() -> (SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -177,21 +178,11 @@ async fn a_database_from_before_the_spec_moved_is_upgraded_whole() {
         .await
         .unwrap();
     old.run(&mut conn).await.unwrap();
-    let (key, digest, spec) = conformance::EARLIER_ROW;
     let id = conformance::id_at(5_000);
-    sqlx::query(
-        "INSERT INTO invocations (invocation_id, idempotency_key, request_digest, spec, state, \
-         version, lease_epoch, totals, end_record, created_at, updated_at) \
-         VALUES (?, ?, ?, ?, 'running', 0, 0, ?, NULL, 5000, 5000)",
-    )
-    .bind(id.hyphenated().to_string())
-    .bind(key)
-    .bind(digest)
-    .bind(spec)
-    .bind(serde_json::to_string(&agentloop_engine::Totals::default()).unwrap())
-    .execute(&mut conn)
-    .await
-    .unwrap();
+    sqlx::query(AssertSqlSafe(conformance::earlier_row_insert(id)))
+        .execute(&mut conn)
+        .await
+        .unwrap();
     drop(conn);
 
     let store = SqliteStore::open(SqliteOptions::new(&path)).await.unwrap();

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use agentloop_lease::{Lease, LeaseBackend, LeaseError, Revocations};
 use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use agentloop_store::{
     Append, Created, EventStore, InvocationRecord, ListRequest, NewInvocation, StoreError,
     StoredEvent,
@@ -25,6 +26,7 @@ use agentloop_store::{
 use async_trait::async_trait;
 use common::{Cluster, check_log, events_until_end, percentile, start};
 use tokio::sync::{Notify, broadcast, watch};
+use tonic::transport::Channel;
 use uuid::Uuid;
 
 const LONG: u64 = 3_600_000;
@@ -32,6 +34,17 @@ const LONG: u64 = 3_600_000;
 const SLEEP_THEN_FINAL: &str = r#"{"turns": [
   {"tool_calls": [{"id": "s", "name": "sleep", "arguments": {"ms": 60000}}]},
   {"final": "never"}]}"#;
+
+/// Asks to cancel invocation `id` through `client`.
+async fn cancel(client: &mut OrchestratorServiceClient<Channel>, id: &str) {
+    client
+        .cancel_invocation(pb::CancelInvocationRequest {
+            invocation_id: id.to_owned(),
+            reason: "test".into(),
+        })
+        .await
+        .unwrap();
+}
 
 /// A caller cancels through worker B an invocation worker A runs: A's lease is revoked,
 /// the running tool call is dropped at the executor, and the invocation ends `cancelled`
@@ -60,13 +73,7 @@ async fn cancel_through_another_worker_revokes_and_cancels_the_tool() {
     stats.wait_for(|s| s.sleeps_started == 1).await.unwrap();
 
     let mut via_b = b.client().await;
-    via_b
-        .cancel_invocation(pb::CancelInvocationRequest {
-            invocation_id: id.clone(),
-            reason: "test".into(),
-        })
-        .await
-        .unwrap();
+    cancel(&mut via_b, &id).await;
     stats.wait_for(|s| s.sleeps_cancelled == 1).await.unwrap();
     let events = events_until_end(&mut via_b, &id).await;
     assert_eq!(check_log(&events), pb::TerminalReason::Cancelled);
@@ -115,13 +122,7 @@ async fn revocation_to_tool_cancellation_latency() {
         let id = start(&mut via_a, SLEEP_THEN_FINAL, &format!("latency-{trial}")).await;
         stats.wait_for(|s| s.sleeps_started == trial).await.unwrap();
         let sent = tokio::time::Instant::now();
-        via_b
-            .cancel_invocation(pb::CancelInvocationRequest {
-                invocation_id: id.clone(),
-                reason: String::new(),
-            })
-            .await
-            .unwrap();
+        cancel(&mut via_b, &id).await;
         stats
             .wait_for(|s| s.sleeps_cancelled == trial)
             .await
@@ -153,9 +154,10 @@ async fn a_cancel_seen_as_a_lost_renewal_still_cancels() {
     let Some(cluster) = Cluster::start_or_skip("cancel_seen_as_lost").await else {
         return;
     };
-    let deaf = Arc::new(DeafLeases {
+    let deaf = Arc::new(FaultyLeases {
         inner: cluster.leases(),
-        never: broadcast::channel(1).0,
+        freeze: Arc::default(),
+        deaf: Some(broadcast::channel(1).0),
     });
     let a = cluster
         .worker(
@@ -169,50 +171,12 @@ async fn a_cancel_seen_as_a_lost_renewal_still_cancels() {
     let id = start(&mut via_a, SLEEP_THEN_FINAL, "cancel-lost-1").await;
     stats.wait_for(|s| s.sleeps_started == 1).await.unwrap();
 
-    via_a
-        .cancel_invocation(pb::CancelInvocationRequest {
-            invocation_id: id.clone(),
-            reason: "test".into(),
-        })
-        .await
-        .unwrap();
+    cancel(&mut via_a, &id).await;
     stats.wait_for(|s| s.sleeps_cancelled == 1).await.unwrap();
     let events = events_until_end(&mut via_a, &id).await;
     assert_eq!(check_log(&events), pb::TerminalReason::Cancelled);
     a.stop().await;
     cluster.stop().await;
-}
-
-/// Leases whose holder never hears a revocation: it learns only from its renewals.
-#[derive(Debug)]
-struct DeafLeases {
-    inner: Arc<dyn LeaseBackend>,
-    /// Kept so the subscription stays open and silent, as a delayed message would.
-    never: broadcast::Sender<String>,
-}
-
-#[async_trait]
-impl LeaseBackend for DeafLeases {
-    async fn acquire(
-        &self,
-        key: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LeaseError> {
-        self.inner.acquire(key, owner, ttl).await
-    }
-    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, LeaseError> {
-        self.inner.renew(lease, ttl).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LeaseError> {
-        self.inner.release(lease).await
-    }
-    async fn revoke(&self, key: &str) -> Result<bool, LeaseError> {
-        self.inner.revoke(key).await
-    }
-    async fn subscribe_revocations(&self) -> Result<Revocations, LeaseError> {
-        Ok(self.never.subscribe())
-    }
 }
 
 /// A draining worker hands its parked invocation off; another worker, whose sweep is
@@ -384,14 +348,19 @@ impl EventStore for FrozenStore {
     }
 }
 
+/// Leases with the faults a test turns on: renewals hang while `freeze` holds, and a
+/// `deaf` holder never hears a revocation, so it learns of one only from its renewals.
 #[derive(Debug)]
-struct FrozenLeases {
+struct FaultyLeases {
     inner: Arc<dyn LeaseBackend>,
     freeze: Arc<Freeze>,
+    /// When set, subscriptions come from here, where nothing is ever sent: open and
+    /// silent, as a message delayed for good would be.
+    deaf: Option<broadcast::Sender<String>>,
 }
 
 #[async_trait]
-impl LeaseBackend for FrozenLeases {
+impl LeaseBackend for FaultyLeases {
     async fn acquire(
         &self,
         key: &str,
@@ -411,7 +380,10 @@ impl LeaseBackend for FrozenLeases {
         self.inner.revoke(key).await
     }
     async fn subscribe_revocations(&self) -> Result<Revocations, LeaseError> {
-        self.inner.subscribe_revocations().await
+        match &self.deaf {
+            Some(never) => Ok(never.subscribe()),
+            None => self.inner.subscribe_revocations().await,
+        }
     }
 }
 
@@ -429,9 +401,10 @@ async fn a_worker_frozen_past_its_lease_cannot_commit() {
         inner: cluster.store().await,
         freeze: freeze.clone(),
     });
-    let frozen_leases = Arc::new(FrozenLeases {
+    let frozen_leases = Arc::new(FaultyLeases {
         inner: cluster.leases(),
         freeze: freeze.clone(),
+        deaf: None,
     });
     let a = cluster
         .worker(cluster.config("a", 300, LONG), frozen_store, frozen_leases)
@@ -478,13 +451,7 @@ async fn a_worker_frozen_past_its_lease_cannot_commit() {
             .is_err_and(|e| e.contains("older than")),
         "the frozen worker's commit is refused for its stale epoch: {outcomes:?}"
     );
-    via_b
-        .cancel_invocation(pb::CancelInvocationRequest {
-            invocation_id: id.clone(),
-            reason: String::new(),
-        })
-        .await
-        .unwrap();
+    cancel(&mut via_b, &id).await;
     let events = events_until_end(&mut via_b, &id).await;
     assert_eq!(check_log(&events), pb::TerminalReason::Cancelled);
     assert_eq!(
@@ -551,9 +518,10 @@ async fn a_write_in_flight_at_takeover_is_settled_not_sent_again() {
         return;
     };
     let freeze = Arc::new(Freeze::default());
-    let frozen_leases = Arc::new(FrozenLeases {
+    let frozen_leases = Arc::new(FaultyLeases {
         inner: cluster.leases(),
         freeze: freeze.clone(),
+        deaf: None,
     });
     let a = cluster
         .worker(
