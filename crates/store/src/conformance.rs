@@ -375,19 +375,26 @@ async fn event_count(store: &dyn EventStore, id: Uuid) -> usize {
 /// upgrades: (idempotency key, request digest, spec).
 pub const EARLIER_ROW: (&str, &str, &str) = ("key-1", "digest-1", r#"{"goal":"old"}"#);
 
-/// The statement that writes [`EARLIER_ROW`] as invocation `id` into the invocations table
-/// of the schema before the spec moved out of it, the same in SQLite and PostgreSQL. The
-/// values are literals: the test's own constants.
-pub fn earlier_row_insert(id: Uuid) -> String {
+/// Writes [`EARLIER_ROW`] into the invocations table of the schema before the spec moved
+/// out of it, through `executor` (a SQLite or PostgreSQL connection: the statement is the
+/// same in both), and returns the invocation's ID. The values are literals: the test's own
+/// constants.
+pub async fn write_earlier_row<'e, E: sqlx::Executor<'e>>(executor: E) -> Uuid {
     let (key, digest, spec) = EARLIER_ROW;
+    let id = id_at(5_000);
     let totals = serde_json::to_string(&Totals::default()).unwrap();
-    format!(
+    let insert = format!(
         "INSERT INTO invocations (invocation_id, idempotency_key, request_digest, spec, state, \
          version, lease_epoch, totals, end_record, created_at, updated_at) \
          VALUES ('{}', '{key}', '{digest}', '{spec}', 'running', 0, 0, '{totals}', NULL, \
          5000, 5000)",
         id.hyphenated()
-    )
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(insert))
+        .execute(executor)
+        .await
+        .unwrap();
+    id
 }
 
 /// After an upgrade: invocation `id`, written as [`EARLIER_ROW`] describes, is whole, its

@@ -15,7 +15,7 @@ use agentloop_engine::{CallId, CallOutcome, CallResult, EventBody};
 use agentloop_store::conformance::{self, append_of, lookup_turn, new_invocation};
 use agentloop_store::testing::{PostgresServer, TestDatabase, earlier_migrations};
 use agentloop_store::{Created, EventStore, PgOptions, PgStore, StoreError};
-use sqlx::{AssertSqlSafe, Connection};
+use sqlx::Connection;
 use tokio::sync::Barrier;
 
 async fn store_on(database: &TestDatabase) -> PgStore {
@@ -385,11 +385,7 @@ async fn a_database_from_before_the_spec_moved_is_upgraded_whole() {
     let old = earlier_migrations("postgres", 2, dir.path()).await;
     let mut conn = sqlx::PgConnection::connect(database.url()).await.unwrap();
     old.run(&mut conn).await.unwrap();
-    let id = conformance::id_at(5_000);
-    sqlx::query(AssertSqlSafe(conformance::earlier_row_insert(id)))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    let id = conformance::write_earlier_row(&mut conn).await;
     conn.close().await.unwrap();
 
     conformance::earlier_row_goes_on(&store_on(&database).await, id).await;

@@ -13,7 +13,6 @@ use agentloop_engine::EventBody;
 use agentloop_store::conformance::{self, lookup_turn, new_invocation};
 use agentloop_store::testing::earlier_migrations;
 use agentloop_store::{Created, EventStore, SqliteOptions, SqliteStore, StoreError};
-use sqlx::AssertSqlSafe;
 
 async fn fresh() -> (SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -178,11 +177,7 @@ async fn a_database_from_before_the_spec_moved_is_upgraded_whole() {
         .await
         .unwrap();
     old.run(&mut conn).await.unwrap();
-    let id = conformance::id_at(5_000);
-    sqlx::query(AssertSqlSafe(conformance::earlier_row_insert(id)))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    let id = conformance::write_earlier_row(&mut conn).await;
     drop(conn);
 
     let store = SqliteStore::open(SqliteOptions::new(&path)).await.unwrap();
