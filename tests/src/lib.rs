@@ -17,7 +17,7 @@ use agentloop_decision::DecisionServer;
 use agentloop_demo_executor::{DemoConfig, DemoExecutor};
 use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Ports};
 use agentloop_policy::{PolicyConfig, PolicyServer};
-use agentloop_proto::client::{ClientConfig, connect};
+use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
@@ -28,7 +28,6 @@ use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 /// The two ways of running agentloop that every scenario is checked against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +59,7 @@ async fn listener() -> (TcpListener, String) {
     (listener, endpoint)
 }
 
-async fn channel(endpoint: &str) -> Channel {
+async fn channel(endpoint: &str) -> Transport {
     connect(
         endpoint,
         ClientConfig::default()
@@ -192,12 +191,12 @@ impl System {
     }
 
     /// A client of the orchestrator.
-    pub async fn client(&self) -> OrchestratorServiceClient<Channel> {
+    pub async fn client(&self) -> OrchestratorServiceClient<Transport> {
         agentloop_proto::client::orchestrator(channel(&self.endpoint).await)
     }
 
     /// A client of the effect ledger.
-    pub async fn ledger(&self) -> EffectLedgerServiceClient<Channel> {
+    pub async fn ledger(&self) -> EffectLedgerServiceClient<Transport> {
         agentloop_proto::client::effect_ledger(channel(&self.ledger_endpoint).await)
     }
 
@@ -224,7 +223,7 @@ pub fn start_request(script: &str) -> pb::StartInvocationRequest {
 
 /// Starts an invocation; returns its ID.
 pub async fn start(
-    client: &mut OrchestratorServiceClient<Channel>,
+    client: &mut OrchestratorServiceClient<Transport>,
     request: pb::StartInvocationRequest,
 ) -> String {
     client
@@ -239,7 +238,7 @@ pub async fn start(
 
 /// Every committed event from `from_seq` to the end.
 pub async fn events_until_end(
-    client: &mut OrchestratorServiceClient<Channel>,
+    client: &mut OrchestratorServiceClient<Transport>,
     id: &str,
     from_seq: u64,
 ) -> Vec<pb::Event> {
@@ -259,7 +258,7 @@ pub async fn events_until_end(
 }
 
 /// The invocation as the orchestrator reports it now.
-pub async fn get(client: &mut OrchestratorServiceClient<Channel>, id: &str) -> pb::Invocation {
+pub async fn get(client: &mut OrchestratorServiceClient<Transport>, id: &str) -> pb::Invocation {
     client
         .get_invocation(pb::GetInvocationRequest {
             invocation_id: id.into(),
@@ -273,7 +272,7 @@ pub async fn get(client: &mut OrchestratorServiceClient<Channel>, id: &str) -> p
 
 /// Runs a script to its end; returns the ended invocation and its events.
 pub async fn run_to_end(
-    client: &mut OrchestratorServiceClient<Channel>,
+    client: &mut OrchestratorServiceClient<Transport>,
     request: pb::StartInvocationRequest,
 ) -> (pb::Invocation, Vec<pb::Event>) {
     let id = start(client, request).await;

@@ -57,7 +57,7 @@ use agentloop_decision::{DecisionServer, Model, ModelError, ModelReply};
 use agentloop_demo_executor::{DemoConfig, DemoExecutor};
 use agentloop_orchestrator::{InProcess, Orchestrator, OrchestratorConfig, Ports};
 use agentloop_policy::{PolicyConfig, PolicyServer};
-use agentloop_proto::client::{ClientConfig, connect};
+use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
@@ -72,7 +72,6 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 /// Most invocations one run may start.
 pub const MAX_INVOCATIONS: u32 = 1_000_000;
@@ -458,7 +457,7 @@ impl Model for BenchModel {
 #[derive(Clone)]
 enum Client {
     InProcess(Orchestrator),
-    Grpc(OrchestratorServiceClient<Channel>),
+    Grpc(OrchestratorServiceClient<Transport>),
 }
 
 type Events = BoxStream<'static, Result<pb::WatchInvocationResponse, tonic::Status>>;
@@ -676,7 +675,7 @@ async fn listen() -> anyhow::Result<(tokio::net::TcpListener, String)> {
     Ok((listener, endpoint))
 }
 
-async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
+async fn channel(endpoint: &str) -> anyhow::Result<Transport> {
     let config = ClientConfig::default()
         .with_lazy(true)
         // Watches last as long as their invocation.

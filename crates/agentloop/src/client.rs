@@ -6,12 +6,11 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agentloop_proto::client::{ClientConfig, connect};
+use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use anyhow::{Context, bail};
 use futures::StreamExt;
-use tonic::transport::Channel;
 
 use crate::exit;
 use crate::view::{EventView, Summary, reason_of};
@@ -100,7 +99,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(millis))
 }
 
-async fn client(server: &str) -> anyhow::Result<OrchestratorServiceClient<Channel>> {
+async fn client(server: &str) -> anyhow::Result<OrchestratorServiceClient<Transport>> {
     let config = ClientConfig::default().with_request_timeout(None);
     let channel = connect(server, config)
         .await

@@ -16,13 +16,12 @@ use std::io::Write;
 use std::path::Path;
 
 use agentloop_ledger::{EffectState, LedgerConfig, LedgerService, LedgerStore};
-use agentloop_proto::client::{ClientConfig, connect};
+use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
 use agentloop_proto::v1::effect_ledger_service_server::EffectLedgerService;
 use anyhow::{Context, bail};
 use serde::Serialize;
-use tonic::transport::Channel;
 
 use crate::embedded::LEDGER_DIR;
 
@@ -106,7 +105,7 @@ fn millis(time: Option<&prost_types::Timestamp>) -> i64 {
 
 /// A ledger to page through: a remote one, or the service over a local file.
 enum Ledger {
-    Remote(EffectLedgerServiceClient<Channel>),
+    Remote(EffectLedgerServiceClient<Transport>),
     Local(LedgerService, LedgerStore),
 }
 

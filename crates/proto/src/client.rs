@@ -1,10 +1,11 @@
 //! The one client factory for agentloop services.
 //!
-//! [`connect`] builds a [`Channel`] with the connect and request timeouts of a
+//! [`connect`] builds a [`Transport`] with the connect and request timeouts of a
 //! [`ClientConfig`]; the per-service functions ([`orchestrator`], [`decision`], ...)
-//! wrap a channel in the generated client with the message size limit
+//! wrap a transport in the generated client with the message size limit
 //! ([`MAX_MESSAGE_BYTES`]). Every service of the workspace gets its clients here, so
-//! those settings are chosen in one place.
+//! those settings are chosen in one place. Why a transport of our own rather than
+//! tonic's `Channel`: see [`Transport`]'s module.
 //!
 //! Compression: none. The services' messages are small (a few KB) and travel inside a
 //! cluster, and tonic's gzip builds a fresh deflate state for every message (hundreds
@@ -13,9 +14,13 @@
 //! (see the `server` module), so a client across a slow link can opt in with
 //! `send_compressed` / `accept_compressed` on the generated client.
 
+mod transport;
+
 use std::time::Duration;
 
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{ClientTlsConfig, Endpoint};
+
+pub use transport::Transport;
 
 use crate::MAX_MESSAGE_BYTES;
 use crate::v1::decision_service_client::DecisionServiceClient;
@@ -25,7 +30,7 @@ use crate::v1::policy_service_client::PolicyServiceClient;
 use crate::v1::tool_executor_service_client::ToolExecutorServiceClient;
 use crate::v1::tool_gateway_service_client::ToolGatewayServiceClient;
 
-/// How [`connect`] builds a channel.
+/// How [`connect`] builds a transport.
 ///
 /// Construct it with [`ClientConfig::default`] and the `with_*` methods, so fields can
 /// be added later without breaking callers.
@@ -78,7 +83,7 @@ impl ClientConfig {
     }
 }
 
-/// Why [`connect`] could not produce a channel.
+/// Why [`connect`] could not produce a transport.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectError {
@@ -107,51 +112,70 @@ pub enum ConnectError {
         endpoint: String,
         /// The transport error.
         #[source]
-        source: tonic::transport::Error,
+        source: tonic::codegen::StdError,
     },
 }
 
-/// Builds a channel to `endpoint` (`http://host:port`, or `https://...` for TLS with the
-/// system's root certificates) with the timeouts of `config`.
+/// Builds a transport to `endpoint` (`http://host:port`, or `https://...` for TLS with
+/// the system's root certificates) with the timeouts of `config`.
 ///
-/// A [`Channel`] is cheap to clone and multiplexes calls over one HTTP/2 connection;
-/// build one per target service and share it.
+/// A [`Transport`] is cheap to clone and multiplexes calls over one HTTP/2 connection;
+/// build one per target service and share it. A closed connection is opened again by
+/// the next call.
 ///
 /// # Errors
 ///
 /// [`ConnectError::InvalidEndpoint`] for an unparsable endpoint, [`ConnectError::Tls`]
 /// when TLS cannot be configured, and [`ConnectError::Connect`] when an eager
 /// connection fails.
-pub async fn connect(endpoint: &str, config: ClientConfig) -> Result<Channel, ConnectError> {
-    let mut builder = Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|source| ConnectError::InvalidEndpoint {
+pub async fn connect(endpoint: &str, config: ClientConfig) -> Result<Transport, ConnectError> {
+    let builder = Endpoint::from_shared(endpoint.to_owned()).map_err(|source| {
+        ConnectError::InvalidEndpoint {
             endpoint: endpoint.to_owned(),
             source,
-        })?
-        .connect_timeout(config.connect_timeout)
-        // Small RPCs (ledger transitions, policy checks) must not wait for Nagle.
-        .tcp_nodelay(true);
-    if let Some(timeout) = config.request_timeout {
-        builder = builder.timeout(timeout);
+        }
+    })?;
+    let connect_failed = |source| ConnectError::Connect {
+        endpoint: endpoint.to_owned(),
+        source,
+    };
+    let transport = match (builder.uri().scheme_str(), builder.uri().authority()) {
+        (Some("https"), _) => {
+            let mut builder = builder
+                .connect_timeout(config.connect_timeout)
+                .tcp_nodelay(true)
+                .tls_config(ClientTlsConfig::new().with_native_roots())
+                .map_err(|source| ConnectError::Tls {
+                    endpoint: endpoint.to_owned(),
+                    source,
+                })?;
+            if let Some(timeout) = config.request_timeout {
+                builder = builder.timeout(timeout);
+            }
+            if config.lazy {
+                return Ok(Transport::tls(builder.connect_lazy()));
+            }
+            let channel = builder
+                .connect()
+                .await
+                .map_err(|error| connect_failed(error.into()))?;
+            Transport::tls(channel)
+        }
+        (_, Some(authority)) => Transport::plain(
+            authority.clone(),
+            config.connect_timeout,
+            config.request_timeout,
+        ),
+        (_, None) => {
+            return Err(connect_failed(
+                "the endpoint names no host (expected e.g. http://127.0.0.1:50051)".into(),
+            ));
+        }
+    };
+    if !config.lazy {
+        transport.open().await.map_err(connect_failed)?;
     }
-    if builder.uri().scheme_str() == Some("https") {
-        builder = builder
-            .tls_config(ClientTlsConfig::new().with_native_roots())
-            .map_err(|source| ConnectError::Tls {
-                endpoint: endpoint.to_owned(),
-                source,
-            })?;
-    }
-    if config.lazy {
-        return Ok(builder.connect_lazy());
-    }
-    builder
-        .connect()
-        .await
-        .map_err(|source| ConnectError::Connect {
-            endpoint: endpoint.to_owned(),
-            source,
-        })
+    Ok(transport)
 }
 
 /// Applies the shared limits to a generated client. A macro because the generated
@@ -166,36 +190,36 @@ macro_rules! configured {
 
 /// A client of the orchestrator's public API, with the shared limits.
 #[must_use]
-pub fn orchestrator(channel: Channel) -> OrchestratorServiceClient<Channel> {
-    configured!(OrchestratorServiceClient::new(channel))
+pub fn orchestrator(transport: Transport) -> OrchestratorServiceClient<Transport> {
+    configured!(OrchestratorServiceClient::new(transport))
 }
 
 /// A client of the decision service, with the shared limits.
 #[must_use]
-pub fn decision(channel: Channel) -> DecisionServiceClient<Channel> {
-    configured!(DecisionServiceClient::new(channel))
+pub fn decision(transport: Transport) -> DecisionServiceClient<Transport> {
+    configured!(DecisionServiceClient::new(transport))
 }
 
 /// A client of the policy service, with the shared limits.
 #[must_use]
-pub fn policy(channel: Channel) -> PolicyServiceClient<Channel> {
-    configured!(PolicyServiceClient::new(channel))
+pub fn policy(transport: Transport) -> PolicyServiceClient<Transport> {
+    configured!(PolicyServiceClient::new(transport))
 }
 
 /// A client of the tool gateway, with the shared limits.
 #[must_use]
-pub fn tool_gateway(channel: Channel) -> ToolGatewayServiceClient<Channel> {
-    configured!(ToolGatewayServiceClient::new(channel))
+pub fn tool_gateway(transport: Transport) -> ToolGatewayServiceClient<Transport> {
+    configured!(ToolGatewayServiceClient::new(transport))
 }
 
 /// A client of a tool executor, with the shared limits.
 #[must_use]
-pub fn tool_executor(channel: Channel) -> ToolExecutorServiceClient<Channel> {
-    configured!(ToolExecutorServiceClient::new(channel))
+pub fn tool_executor(transport: Transport) -> ToolExecutorServiceClient<Transport> {
+    configured!(ToolExecutorServiceClient::new(transport))
 }
 
 /// A client of the effect ledger, with the shared limits.
 #[must_use]
-pub fn effect_ledger(channel: Channel) -> EffectLedgerServiceClient<Channel> {
-    configured!(EffectLedgerServiceClient::new(channel))
+pub fn effect_ledger(transport: Transport) -> EffectLedgerServiceClient<Transport> {
+    configured!(EffectLedgerServiceClient::new(transport))
 }

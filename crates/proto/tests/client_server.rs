@@ -79,7 +79,7 @@ async fn describe_through_the_client_factory() {
     let config = ClientConfig::default()
         .with_connect_timeout(Duration::from_secs(5))
         .with_request_timeout(Some(Duration::from_secs(10)));
-    let channel = client::connect(&format!("http://{address}"), config)
+    let transport = client::connect(&format!("http://{address}"), config)
         .await
         .expect("connects");
     let encoding = |response: &Response<DescribeResponse>| {
@@ -88,7 +88,7 @@ async fn describe_through_the_client_factory() {
             .get("grpc-encoding")
             .and_then(|v| v.to_str().ok().map(str::to_owned))
     };
-    let plain = client::tool_executor(channel.clone());
+    let plain = client::tool_executor(transport.clone());
     let response = plain
         .clone()
         .describe(DescribeRequest {})
@@ -139,4 +139,166 @@ async fn a_refused_connection_is_a_typed_error() {
         .await
         .expect_err("must not connect");
     assert!(matches!(error, ConnectError::Connect { .. }), "{error:?}");
+}
+
+/// Serves `service` on `listener` until the returned sender fires or is dropped.
+fn serve_until_stopped<S>(
+    listener: TcpListener,
+    service: S,
+) -> (
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+)
+where
+    S: ToolExecutorService,
+{
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let serving = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(server::tool_executor(service))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = stop_rx.await;
+            }),
+    );
+    (stop_tx, serving)
+}
+
+async fn describe(transport: &client::Transport) -> Result<Vec<ToolDescriptor>, Status> {
+    client::tool_executor(transport.clone())
+        .describe(DescribeRequest {})
+        .await
+        .map(|response| response.into_inner().tools)
+}
+
+#[tokio::test]
+async fn a_lazy_transport_connects_once_the_server_is_up() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+    let address = listener.local_addr().expect("local address");
+    drop(listener);
+    let transport = client::connect(
+        &format!("http://{address}"),
+        ClientConfig::default().with_lazy(true),
+    )
+    .await
+    .expect("a lazy transport does not connect yet");
+
+    let status = describe(&transport).await.expect_err("nothing listens yet");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    // The gateway reads a connect error among the sources as "nothing was sent".
+    let mut source = std::error::Error::source(&status);
+    let mut not_sent = false;
+    while let Some(error) = source {
+        not_sent |= error.downcast_ref::<tonic::ConnectError>().is_some();
+        source = error.source();
+    }
+    assert!(not_sent, "no connect error among the sources of {status:?}");
+
+    let listener = TcpListener::bind(address)
+        .await
+        .expect("bind the port again");
+    let (stop, serving) = serve_until_stopped(listener, OneTool);
+    assert_eq!(
+        describe(&transport).await.expect("connects now"),
+        vec![descriptor()]
+    );
+    stop.send(()).expect("server still running");
+    serving
+        .await
+        .expect("server task joins")
+        .expect("server shuts down cleanly");
+}
+
+#[tokio::test]
+async fn a_closed_connection_is_opened_again_by_a_later_call() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+    let address = listener.local_addr().expect("local address");
+    let (stop, serving) = serve_until_stopped(listener, OneTool);
+    let transport = client::connect(&format!("http://{address}"), ClientConfig::default())
+        .await
+        .expect("connects");
+    assert_eq!(
+        describe(&transport).await.expect("first call"),
+        vec![descriptor()]
+    );
+
+    // The server goes away, closing the connection, and comes back on the same port.
+    stop.send(()).expect("server still running");
+    serving
+        .await
+        .expect("server task joins")
+        .expect("server shuts down cleanly");
+    let listener = TcpListener::bind(address)
+        .await
+        .expect("bind the port again");
+    let (stop, serving) = serve_until_stopped(listener, OneTool);
+
+    // The first call may still find the old connection, before the client has read its
+    // end; that call fails and the connection is closed by then. So within two calls, one
+    // must go through a new connection.
+    let mut answered = None;
+    for _ in 0..2 {
+        if let Ok(tools) = describe(&transport).await {
+            answered = Some(tools);
+            break;
+        }
+    }
+    assert_eq!(
+        answered,
+        Some(vec![descriptor()]),
+        "no call reached the new server"
+    );
+    stop.send(()).expect("server still running");
+    serving
+        .await
+        .expect("server task joins")
+        .expect("server shuts down cleanly");
+}
+
+/// A tool executor that never answers.
+struct Silent;
+
+#[tonic::async_trait]
+impl ToolExecutorService for Silent {
+    async fn describe(
+        &self,
+        _request: Request<DescribeRequest>,
+    ) -> Result<Response<DescribeResponse>, Status> {
+        std::future::pending().await
+    }
+
+    async fn execute(
+        &self,
+        _request: Request<ToolExecutorServiceExecuteRequest>,
+    ) -> Result<Response<ToolExecutorServiceExecuteResponse>, Status> {
+        std::future::pending().await
+    }
+
+    async fn reconcile(
+        &self,
+        _request: Request<ToolExecutorServiceReconcileRequest>,
+    ) -> Result<Response<ToolExecutorServiceReconcileResponse>, Status> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test]
+async fn a_call_without_an_answer_ends_at_the_request_timeout() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+    let address = listener.local_addr().expect("local address");
+    let (stop, serving) = serve_until_stopped(listener, Silent);
+    let transport = client::connect(
+        &format!("http://{address}"),
+        ClientConfig::default().with_request_timeout(Some(Duration::from_millis(100))),
+    )
+    .await
+    .expect("connects");
+
+    // The server knows no deadline (none is sent): only the client's own timer ends it.
+    let status = describe(&transport).await.expect_err("no answer comes");
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    stop.send(()).expect("server still running");
+    serving
+        .await
+        .expect("server task joins")
+        .expect("server shuts down cleanly");
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop_decision::{DecisionConfig, DecisionServer, ScriptedModel};
+use agentloop_proto::client::Transport;
 use agentloop_proto::v1::decide_response::Outcome;
 use agentloop_proto::v1::decision::Kind;
 use agentloop_proto::v1::decision_service_client::DecisionServiceClient;
@@ -17,7 +18,6 @@ use agentloop_proto::v1::{DecideRequest, DecideResponse};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Code;
-use tonic::transport::Channel;
 
 const SCRIPT: &str = r#"{"turns": [
     {"tool_calls": [{"id": "c1", "name": "lookup", "arguments": {"n": 123456789012345678901234567890}}],
@@ -27,7 +27,7 @@ const SCRIPT: &str = r#"{"turns": [
     {"final": "done"}
 ]}"#;
 
-async fn start(server: DecisionServer) -> DecisionServiceClient<Channel> {
+async fn start(server: DecisionServer) -> DecisionServiceClient<Transport> {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(
@@ -54,7 +54,7 @@ fn request(turn: u32, script: &str) -> DecideRequest {
 }
 
 async fn decide(
-    client: &mut DecisionServiceClient<Channel>,
+    client: &mut DecisionServiceClient<Transport>,
     req: DecideRequest,
 ) -> Result<DecideResponse, tonic::Status> {
     client.decide(req).await.map(tonic::Response::into_inner)

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use agentloop_demo_executor::record::RECORD_FILE_NAME;
 use agentloop_demo_executor::{DemoConfig, DemoError, DemoExecutor, FaultConfig, read_record, run};
+use agentloop_proto::client::Transport;
 use agentloop_proto::client::{self, ClientConfig};
 use agentloop_proto::v1::tool_executor_service_client::ToolExecutorServiceClient;
 use agentloop_proto::v1::tool_result::Outcome;
@@ -21,11 +22,10 @@ use agentloop_proto::v1::{
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::Code;
-use tonic::transport::Channel;
 
 struct Server {
     executor: DemoExecutor,
-    client: ToolExecutorServiceClient<Channel>,
+    client: ToolExecutorServiceClient<Transport>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -83,7 +83,7 @@ fn request(tool: &str, args: &str, effect_key: &str) -> ToolExecutorServiceExecu
 }
 
 async fn execute(
-    client: &mut ToolExecutorServiceClient<Channel>,
+    client: &mut ToolExecutorServiceClient<Transport>,
     req: ToolExecutorServiceExecuteRequest,
 ) -> Result<Outcome, tonic::Status> {
     let result = client.execute(req).await?.into_inner().result.unwrap();
@@ -92,7 +92,7 @@ async fn execute(
 }
 
 async fn reconcile(
-    client: &mut ToolExecutorServiceClient<Channel>,
+    client: &mut ToolExecutorServiceClient<Transport>,
     tool: &str,
     key: &str,
 ) -> Result<agentloop_proto::v1::ToolExecutorServiceReconcileResponse, tonic::Status> {

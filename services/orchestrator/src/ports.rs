@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use agentloop_decision::DecisionServer;
+use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::decision_service_client::DecisionServiceClient;
 use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
@@ -15,7 +16,6 @@ use agentloop_proto::v1::policy_service_server::PolicyService;
 use agentloop_proto::v1::tool_gateway_service_client::ToolGatewayServiceClient;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use async_trait::async_trait;
-use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 /// The model, behind the decision service.
@@ -98,8 +98,13 @@ impl std::fmt::Debug for Ports {
 }
 
 impl Ports {
-    /// Ports over gRPC channels (the distributed deployment).
-    pub fn grpc(decision: Channel, policy: Channel, tools: Channel, ledger: Channel) -> Ports {
+    /// Ports over gRPC connections (the distributed deployment).
+    pub fn grpc(
+        decision: Transport,
+        policy: Transport,
+        tools: Transport,
+        ledger: Transport,
+    ) -> Ports {
         Ports {
             decision: Arc::new(agentloop_proto::client::decision(decision)),
             policy: Arc::new(agentloop_proto::client::policy(policy)),
@@ -117,7 +122,7 @@ impl Ports {
 pub struct InProcess<S>(pub Arc<S>);
 
 #[async_trait]
-impl DecisionPort for DecisionServiceClient<Channel> {
+impl DecisionPort for DecisionServiceClient<Transport> {
     async fn decide(
         &self,
         request: &pb::DecideRequest,
@@ -150,7 +155,7 @@ impl DecisionPort for DecisionServer {
 }
 
 #[async_trait]
-impl PolicyPort for PolicyServiceClient<Channel> {
+impl PolicyPort for PolicyServiceClient<Transport> {
     async fn evaluate(&self, request: pb::EvaluateRequest) -> Result<pb::EvaluateResponse, Status> {
         PolicyServiceClient::evaluate(&mut self.clone(), request)
             .await
@@ -188,7 +193,7 @@ impl<S: PolicyService> PolicyPort for InProcess<S> {
 }
 
 #[async_trait]
-impl ToolsPort for ToolGatewayServiceClient<Channel> {
+impl ToolsPort for ToolGatewayServiceClient<Transport> {
     async fn list_tools(
         &self,
         request: pb::ListToolsRequest,
@@ -251,7 +256,7 @@ impl<S: ToolGatewayService> ToolsPort for InProcess<S> {
 }
 
 #[async_trait]
-impl LedgerPort for EffectLedgerServiceClient<Channel> {
+impl LedgerPort for EffectLedgerServiceClient<Transport> {
     async fn prepare(&self, request: pb::PrepareRequest) -> Result<pb::PrepareResponse, Status> {
         EffectLedgerServiceClient::prepare(&mut self.clone(), request)
             .await

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentloop_lease::{Lease, LeaseBackend, LeaseError, Revocations};
+use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use agentloop_store::{
@@ -26,7 +27,6 @@ use agentloop_store::{
 use async_trait::async_trait;
 use common::{Cluster, check_log, events_until_end, percentile, start};
 use tokio::sync::{Notify, broadcast, watch};
-use tonic::transport::Channel;
 use uuid::Uuid;
 
 const LONG: u64 = 3_600_000;
@@ -36,7 +36,7 @@ const SLEEP_THEN_FINAL: &str = r#"{"turns": [
   {"final": "never"}]}"#;
 
 /// Asks to cancel invocation `id` through `client`.
-async fn cancel(client: &mut OrchestratorServiceClient<Channel>, id: &str) {
+async fn cancel(client: &mut OrchestratorServiceClient<Transport>, id: &str) {
     client
         .cancel_invocation(pb::CancelInvocationRequest {
             invocation_id: id.to_owned(),

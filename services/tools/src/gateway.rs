@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop_engine::SideEffect;
-use agentloop_proto::client::{self, ClientConfig};
+use agentloop_proto::client::{self, ClientConfig, Transport};
 use agentloop_proto::v1::tool_executor_service_client::ToolExecutorServiceClient;
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
@@ -18,7 +18,6 @@ use agentloop_proto::v1::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::config::{ToolEntry, ToolsConfig};
@@ -62,8 +61,8 @@ pub type InProcessExecutors = Vec<(String, Arc<dyn ToolExecutorService>)>;
 
 /// How the gateway reaches one executor endpoint.
 enum Route {
-    /// A lazily connected channel (cheap to clone, multiplexed).
-    Grpc(ToolExecutorServiceClient<Channel>),
+    /// A lazily connected transport (cheap to clone, multiplexed).
+    Grpc(ToolExecutorServiceClient<Transport>),
     /// The executor's service implementation, in this process.
     InProcess(Arc<dyn ToolExecutorService>),
 }

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use agentloop_demo_executor::{DemoConfig, DemoExecutor, FaultConfig};
+use agentloop_proto::client::Transport;
 use agentloop_proto::client::{self, ClientConfig};
 use agentloop_proto::v1::tool_gateway_service_client::ToolGatewayServiceClient;
 use agentloop_proto::v1::tool_result::Outcome;
@@ -20,7 +21,6 @@ use agentloop_proto::v1::{
 use agentloop_tools::{Gateway, GatewayError, GatewayLimits, ToolsConfig};
 use tokio::sync::oneshot;
 use tonic::Code;
-use tonic::transport::Channel;
 
 /// A served thing that stops when dropped (the test runtime ends anyway).
 struct Served {
@@ -38,7 +38,7 @@ async fn serve_executor(executor: DemoExecutor) -> Served {
     Served { addr, _stop: stop }
 }
 
-async fn serve_gateway(gateway: Gateway) -> (Served, ToolGatewayServiceClient<Channel>) {
+async fn serve_gateway(gateway: Gateway) -> (Served, ToolGatewayServiceClient<Transport>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
@@ -53,7 +53,7 @@ async fn serve_gateway(gateway: Gateway) -> (Served, ToolGatewayServiceClient<Ch
 
 struct Setup {
     executor: DemoExecutor,
-    client: ToolGatewayServiceClient<Channel>,
+    client: ToolGatewayServiceClient<Transport>,
     _dir: tempfile::TempDir,
     _served: (Served, Served),
 }
@@ -110,7 +110,7 @@ fn with_timeout(
 }
 
 async fn execute(
-    client: &mut ToolGatewayServiceClient<Channel>,
+    client: &mut ToolGatewayServiceClient<Transport>,
     req: ToolGatewayServiceExecuteRequest,
 ) -> Result<Outcome, tonic::Status> {
     let result = client.execute(req).await?.into_inner().result.unwrap();

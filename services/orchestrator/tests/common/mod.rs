@@ -18,7 +18,7 @@ use agentloop_lease::testing::RedisServer;
 use agentloop_lease::{LeaseBackend, RedisHandoff, RedisLeaseConfig, RedisLeases};
 use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Ports, Workers};
 use agentloop_policy::{PolicyConfig, PolicyServer};
-use agentloop_proto::client::{ClientConfig, connect};
+use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use agentloop_store::testing::{PostgresServer, TestDatabase};
@@ -29,7 +29,6 @@ use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 pub(crate) async fn listener() -> (TcpListener, String) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -37,7 +36,7 @@ pub(crate) async fn listener() -> (TcpListener, String) {
     (listener, endpoint)
 }
 
-pub(crate) async fn channel(endpoint: &str) -> Channel {
+pub(crate) async fn channel(endpoint: &str) -> Transport {
     connect(
         endpoint,
         ClientConfig::default()
@@ -259,14 +258,10 @@ impl Drop for Process {
 
 impl Process {
     /// A client once the process answers (it is starting: connection refused until then).
-    pub(crate) async fn client(&self) -> OrchestratorServiceClient<Channel> {
+    pub(crate) async fn client(&self) -> OrchestratorServiceClient<Transport> {
         for _ in 0..200 {
-            if let Ok(channel) = Channel::from_shared(self.endpoint.clone())
-                .unwrap()
-                .connect()
-                .await
-            {
-                return agentloop_proto::client::orchestrator(channel);
+            if let Ok(transport) = connect(&self.endpoint, ClientConfig::default()).await {
+                return agentloop_proto::client::orchestrator(transport);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -331,7 +326,7 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    pub(crate) async fn client(&self) -> OrchestratorServiceClient<Channel> {
+    pub(crate) async fn client(&self) -> OrchestratorServiceClient<Transport> {
         agentloop_proto::client::orchestrator(channel(&self.endpoint).await)
     }
 
@@ -352,7 +347,7 @@ pub(crate) fn start_request(script: &str, key: &str) -> pb::StartInvocationReque
 }
 
 pub(crate) async fn start(
-    client: &mut OrchestratorServiceClient<Channel>,
+    client: &mut OrchestratorServiceClient<Transport>,
     script: &str,
     key: &str,
 ) -> String {
@@ -368,7 +363,7 @@ pub(crate) async fn start(
 
 /// Every committed event of `id`, once it has ended (the watch follows it wherever it runs).
 pub(crate) async fn events_until_end(
-    client: &mut OrchestratorServiceClient<Channel>,
+    client: &mut OrchestratorServiceClient<Transport>,
     id: &str,
 ) -> Vec<pb::Event> {
     let mut stream = client

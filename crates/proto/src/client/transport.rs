@@ -1,0 +1,403 @@
+//! [`Transport`]: the connection under every generated client of the workspace.
+//!
+//! tonic's `Channel` puts a tower `Buffer` in front of its connection: each call is
+//! queued to a worker task, which hands the response future back through a second
+//! channel. Over loopback, where an RPC is nearly all overhead, that hop is a tenth of
+//! the CPU of a distributed turn (README, Performance). So a plain-text endpoint is
+//! served by hyper's HTTP/2 client directly: a call clones the connection's sender and
+//! goes to the connection's task, the only task between the caller and the socket.
+//! `https` endpoints keep tonic's channel and its TLS (rustls, the system's roots).
+//!
+//! Both routes send a request's message with END_STREAM on its DATA frame ([`Eager`])
+//! rather than an empty DATA frame after it, one frame less per call.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tonic::body::Body;
+use tonic::codegen::http::uri::{Authority, Scheme, Uri};
+use tonic::codegen::http::{HeaderMap, Request, Response};
+use tonic::codegen::{Bytes, Service, StdError};
+use tonic::transport::Channel;
+use tonic::{ConnectError, Status};
+
+/// A connection to one service: cheap to clone, and its clones share one HTTP/2
+/// connection, which multiplexes their calls. Build it with [`super::connect`].
+#[derive(Clone)]
+pub struct Transport(Route);
+
+#[derive(Clone)]
+enum Route {
+    Plain(Arc<Plain>),
+    Tls(Channel),
+}
+
+impl fmt::Debug for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Route::Plain(plain) => f
+                .debug_struct("Transport")
+                .field("authority", &plain.authority)
+                .finish_non_exhaustive(),
+            Route::Tls(channel) => f.debug_tuple("Transport").field(channel).finish(),
+        }
+    }
+}
+
+impl Transport {
+    /// Over tonic's channel (`https`).
+    pub(super) fn tls(channel: Channel) -> Transport {
+        Transport(Route::Tls(channel))
+    }
+
+    /// Over hyper's HTTP/2 client (`http`), connected on first use.
+    pub(super) fn plain(
+        authority: Authority,
+        connect_timeout: Duration,
+        request_timeout: Option<Duration>,
+    ) -> Transport {
+        Transport(Route::Plain(Arc::new(Plain {
+            authority,
+            connect_timeout,
+            request_timeout,
+            sender: Mutex::new(None),
+            attempts: AtomicU64::new(0),
+            connecting: tokio::sync::Mutex::new(None),
+        })))
+    }
+
+    /// Connects now, instead of on the first call.
+    pub(super) async fn open(&self) -> Result<(), StdError> {
+        match &self.0 {
+            Route::Plain(plain) => plain.sender().await.map(drop).map_err(StdError::from),
+            Route::Tls(_) => Ok(()),
+        }
+    }
+}
+
+/// A plain-text HTTP/2 connection, opened again when it closes.
+struct Plain {
+    authority: Authority,
+    connect_timeout: Duration,
+    request_timeout: Option<Duration>,
+    /// The open connection's sender; cloned by each call.
+    sender: Mutex<Option<http2::SendRequest<Body>>>,
+    /// Attempts to connect so far; changed only under `connecting`.
+    attempts: AtomicU64,
+    /// Held while a connection is being opened, so that callers finding none open one,
+    /// not one each; holds why the last attempt failed.
+    connecting: tokio::sync::Mutex<Option<String>>,
+}
+
+type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, StdError>> + Send>>;
+
+impl Service<Request<Body>> for Transport {
+    type Response = Response<Body>;
+    type Error = StdError;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StdError>> {
+        match &mut self.0 {
+            // Calls wait for a connection inside their future, where a deadline bounds
+            // the wait.
+            Route::Plain(_) => Poll::Ready(Ok(())),
+            Route::Tls(channel) => channel.poll_ready(cx).map_err(StdError::from),
+        }
+    }
+
+    fn call(&mut self, request: Request<Body>) -> ResponseFuture {
+        let request = request.map(Eager::wrap);
+        match &mut self.0 {
+            Route::Plain(plain) => Box::pin(Arc::clone(plain).call(request)),
+            Route::Tls(channel) => {
+                let response = channel.call(request);
+                Box::pin(async move { response.await.map_err(StdError::from) })
+            }
+        }
+    }
+}
+
+impl Plain {
+    /// One call, within the smaller of the request's own deadline (`grpc-timeout`) and
+    /// the configured one. Dropping it resets the stream.
+    async fn call(self: Arc<Self>, request: Request<Body>) -> Result<Response<Body>, StdError> {
+        let deadline = match (grpc_timeout(request.headers()), self.request_timeout) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let exchange = self.exchange(request);
+        match deadline {
+            None => exchange.await,
+            Some(deadline) => tokio::time::timeout(deadline, exchange)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Status::deadline_exceeded(format!(
+                        "no response from {} within {deadline:?}",
+                        self.authority
+                    ))
+                    .into())
+                }),
+        }
+    }
+
+    async fn exchange(&self, request: Request<Body>) -> Result<Response<Body>, StdError> {
+        let mut sender = self.sender().await?;
+        let (mut parts, body) = request.into_parts();
+        // The generated clients send the path alone; HTTP/2 wants the scheme and
+        // authority as well.
+        let mut uri = parts.uri.into_parts();
+        uri.scheme = Some(Scheme::HTTP);
+        uri.authority = Some(self.authority.clone());
+        parts.uri = Uri::from_parts(uri)?;
+        let response = sender
+            .send_request(Request::from_parts(parts, body))
+            .await?;
+        Ok(response.map(Body::new))
+    }
+
+    /// The open connection's sender, opening a connection if there is none. Callers that
+    /// waited for an attempt share its failure instead of each trying again in turn, so
+    /// an unreachable service costs them one connect timeout, not one each.
+    ///
+    /// A failure is a [`tonic::ConnectError`], which tonic reports as UNAVAILABLE and
+    /// which tells whoever looks for it in the status's sources that nothing was sent.
+    async fn sender(&self) -> Result<http2::SendRequest<Body>, ConnectError> {
+        if let Some(sender) = self.open_sender() {
+            return Ok(sender);
+        }
+        let seen = self.attempts.load(Ordering::Acquire);
+        let mut failure = self.connecting.lock().await;
+        if let Some(sender) = self.open_sender() {
+            return Ok(sender);
+        }
+        if self.attempts.load(Ordering::Acquire) != seen
+            && let Some(failure) = &*failure
+        {
+            // An attempt was made while this caller waited for it, and failed.
+            return Err(ConnectError(failure.clone().into()));
+        }
+        self.attempts.fetch_add(1, Ordering::AcqRel);
+        let connected = tokio::time::timeout(self.connect_timeout, self.connect())
+            .await
+            .unwrap_or_else(|_| Err(format!("timed out after {:?}", self.connect_timeout)))
+            .map_err(|error| format!("cannot connect to {}: {error}", self.authority));
+        match connected {
+            Ok(sender) => {
+                *failure = None;
+                *self.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender.clone());
+                Ok(sender)
+            }
+            Err(error) => {
+                *failure = Some(error.clone());
+                Err(ConnectError(error.into()))
+            }
+        }
+    }
+
+    fn open_sender(&self) -> Option<http2::SendRequest<Body>> {
+        self.sender
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .filter(|sender| !sender.is_closed())
+            .cloned()
+    }
+
+    async fn connect(&self) -> Result<http2::SendRequest<Body>, String> {
+        let host = self.authority.host();
+        // An IPv6 literal comes bracketed in a URI, not in a socket address.
+        let host = host
+            .strip_prefix('[')
+            .and_then(|host| host.strip_suffix(']'))
+            .unwrap_or(host);
+        let port = self.authority.port_u16().unwrap_or(80);
+        let stream = tokio::net::TcpStream::connect((host, port))
+            .await
+            .map_err(|error| error.to_string())?;
+        // Small RPCs (ledger transitions, policy checks) must not wait for Nagle.
+        stream
+            .set_nodelay(true)
+            .map_err(|error| error.to_string())?;
+        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|error| error.to_string())?;
+        // The connection ends when the peer closes it or the last sender is dropped;
+        // its calls fail with its error, and the next call opens a new connection.
+        tokio::spawn(connection);
+        Ok(sender)
+    }
+}
+
+/// The deadline a request carries (`grpc-timeout`: up to 8 digits and a unit).
+fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount * 3600),
+        "M" => Duration::from_secs(amount * 60),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+/// A request body that looks one frame ahead, so that its last DATA frame says it is
+/// the last: a unary request's message then travels as one DATA frame with END_STREAM,
+/// where hyper would otherwise send an empty DATA frame after it.
+struct Eager {
+    inner: Body,
+    /// The frame read ahead.
+    next: Option<Result<Frame<Bytes>, Status>>,
+    /// The inner body has ended.
+    ended: bool,
+}
+
+impl Eager {
+    fn wrap(inner: Body) -> Body {
+        Body::new(Eager {
+            inner,
+            next: None,
+            ended: false,
+        })
+    }
+}
+
+impl HttpBody for Eager {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = &mut *self;
+        let frame = match this.next.take() {
+            Some(frame) => frame,
+            None if this.ended => return Poll::Ready(None),
+            None => match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(frame) => frame,
+                None => {
+                    this.ended = true;
+                    return Poll::Ready(None);
+                }
+            },
+        };
+        if frame.is_ok() {
+            // Pending is fine: the inner body keeps the waker, and this frame goes now.
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(None) => this.ended = true,
+                Poll::Ready(Some(next)) => this.next = Some(next),
+                Poll::Pending => {}
+            }
+        }
+        Poll::Ready(Some(frame))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended && self.next.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::codegen::http::HeaderValue;
+
+    fn timeout_of(value: &str) -> Option<Duration> {
+        let mut headers = HeaderMap::new();
+        headers.insert("grpc-timeout", HeaderValue::from_str(value).ok()?);
+        grpc_timeout(&headers)
+    }
+
+    #[test]
+    fn grpc_timeouts_are_read_in_every_unit() {
+        assert_eq!(timeout_of("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(timeout_of("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(timeout_of("4S"), Some(Duration::from_secs(4)));
+        assert_eq!(timeout_of("300m"), Some(Duration::from_millis(300)));
+        assert_eq!(timeout_of("250000u"), Some(Duration::from_millis(250)));
+        assert_eq!(
+            timeout_of("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+    }
+
+    #[test]
+    fn malformed_grpc_timeouts_are_ignored() {
+        for value in ["", "S", "100", "100x", "123456789S", "-1S", "1.5S"] {
+            assert_eq!(timeout_of(value), None, "{value:?}");
+        }
+        assert_eq!(grpc_timeout(&HeaderMap::new()), None);
+    }
+
+    /// A body whose frames are all ready at once.
+    struct Frames(std::collections::VecDeque<&'static str>);
+
+    impl HttpBody for Frames {
+        type Data = Bytes;
+        type Error = Status;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            Poll::Ready(
+                self.0
+                    .pop_front()
+                    .map(|data| Ok(Frame::data(Bytes::from(data)))),
+            )
+        }
+    }
+
+    /// Polls `body` to its end, noting after each frame whether it said it was the last.
+    fn drain(mut body: Body) -> Vec<(Bytes, bool)> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut seen = Vec::new();
+        while let Poll::Ready(Some(frame)) = Pin::new(&mut body).poll_frame(&mut cx) {
+            let data = frame
+                .ok()
+                .and_then(|frame| frame.into_data().ok())
+                .unwrap_or_default();
+            seen.push((data, body.is_end_stream()));
+        }
+        seen
+    }
+
+    #[test]
+    fn a_single_message_ends_the_stream_with_its_frame() {
+        let body = Eager::wrap(Body::new(Frames(["message"].into())));
+        assert_eq!(drain(body), [(Bytes::from("message"), true)]);
+    }
+
+    #[test]
+    fn only_the_last_of_several_frames_ends_the_stream() {
+        let body = Eager::wrap(Body::new(Frames(["one", "two", "three"].into())));
+        assert_eq!(
+            drain(body),
+            [
+                (Bytes::from("one"), false),
+                (Bytes::from("two"), false),
+                (Bytes::from("three"), true),
+            ]
+        );
+    }
+}
