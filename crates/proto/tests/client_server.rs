@@ -67,14 +67,7 @@ async fn describe_through_the_client_factory() {
     // Bound before serving, so the client cannot race the server's start.
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
     let address = listener.local_addr().expect("local address");
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let serving = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(server::tool_executor(OneTool))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                let _ = stop_rx.await;
-            }),
-    );
+    let served = serve(listener, OneTool);
 
     let config = ClientConfig::default()
         .with_connect_timeout(Duration::from_secs(5))
@@ -111,11 +104,7 @@ async fn describe_through_the_client_factory() {
     assert_eq!(encoding(&response).as_deref(), Some("gzip"));
     assert_eq!(response.into_inner().tools, vec![descriptor()]);
 
-    stop_tx.send(()).expect("server still running");
-    serving
-        .await
-        .expect("server task joins")
-        .expect("server shuts down cleanly");
+    served.stop().await.expect("the server stops cleanly");
 }
 
 #[tokio::test]
@@ -141,26 +130,33 @@ async fn a_refused_connection_is_a_typed_error() {
     assert!(matches!(error, ConnectError::Connect { .. }), "{error:?}");
 }
 
-/// Serves `service` on `listener` until the returned sender fires or is dropped.
-fn serve_until_stopped<S>(
-    listener: TcpListener,
-    service: S,
-) -> (
-    oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
-)
-where
-    S: ToolExecutorService,
-{
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+/// A server started by [`serve`].
+struct Served {
+    stop: oneshot::Sender<()>,
+    serving: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Served {
+    /// Shuts the server down and waits until it has.
+    async fn stop(self) -> Result<(), Box<dyn std::error::Error>> {
+        // A send fails only when the server already ended; its result then says why.
+        let _ = self.stop.send(());
+        self.serving.await??;
+        Ok(())
+    }
+}
+
+/// Serves `service` on `listener` until stopped.
+fn serve<S: ToolExecutorService>(listener: TcpListener, service: S) -> Served {
+    let (stop, stopped) = oneshot::channel::<()>();
     let serving = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(server::tool_executor(service))
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                let _ = stop_rx.await;
+                let _ = stopped.await;
             }),
     );
-    (stop_tx, serving)
+    Served { stop, serving }
 }
 
 async fn describe(transport: &client::Transport) -> Result<Vec<ToolDescriptor>, Status> {
@@ -196,23 +192,19 @@ async fn a_lazy_transport_connects_once_the_server_is_up() {
     let listener = TcpListener::bind(address)
         .await
         .expect("bind the port again");
-    let (stop, serving) = serve_until_stopped(listener, OneTool);
+    let served = serve(listener, OneTool);
     assert_eq!(
         describe(&transport).await.expect("connects now"),
         vec![descriptor()]
     );
-    stop.send(()).expect("server still running");
-    serving
-        .await
-        .expect("server task joins")
-        .expect("server shuts down cleanly");
+    served.stop().await.expect("the server stops cleanly");
 }
 
 #[tokio::test]
 async fn a_closed_connection_is_opened_again_by_a_later_call() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
     let address = listener.local_addr().expect("local address");
-    let (stop, serving) = serve_until_stopped(listener, OneTool);
+    let served = serve(listener, OneTool);
     let transport = client::connect(&format!("http://{address}"), ClientConfig::default())
         .await
         .expect("connects");
@@ -222,15 +214,11 @@ async fn a_closed_connection_is_opened_again_by_a_later_call() {
     );
 
     // The server goes away, closing the connection, and comes back on the same port.
-    stop.send(()).expect("server still running");
-    serving
-        .await
-        .expect("server task joins")
-        .expect("server shuts down cleanly");
+    served.stop().await.expect("the server stops cleanly");
     let listener = TcpListener::bind(address)
         .await
         .expect("bind the port again");
-    let (stop, serving) = serve_until_stopped(listener, OneTool);
+    let served = serve(listener, OneTool);
 
     // The first call may still find the old connection, before the client has read its
     // end; that call fails and the connection is closed by then. So within two calls, one
@@ -247,11 +235,7 @@ async fn a_closed_connection_is_opened_again_by_a_later_call() {
         Some(vec![descriptor()]),
         "no call reached the new server"
     );
-    stop.send(()).expect("server still running");
-    serving
-        .await
-        .expect("server task joins")
-        .expect("server shuts down cleanly");
+    served.stop().await.expect("the server stops cleanly");
 }
 
 /// A tool executor that never answers.
@@ -285,7 +269,7 @@ impl ToolExecutorService for Silent {
 async fn a_call_without_an_answer_ends_at_the_request_timeout() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
     let address = listener.local_addr().expect("local address");
-    let (stop, serving) = serve_until_stopped(listener, Silent);
+    let served = serve(listener, Silent);
     let transport = client::connect(
         &format!("http://{address}"),
         ClientConfig::default().with_request_timeout(Some(Duration::from_millis(100))),
@@ -296,9 +280,5 @@ async fn a_call_without_an_answer_ends_at_the_request_timeout() {
     // The server knows no deadline (none is sent): only the client's own timer ends it.
     let status = describe(&transport).await.expect_err("no answer comes");
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
-    stop.send(()).expect("server still running");
-    serving
-        .await
-        .expect("server task joins")
-        .expect("server shuts down cleanly");
+    served.stop().await.expect("the server stops cleanly");
 }
