@@ -192,18 +192,29 @@ async fn schema_violation_is_refused_before_execution(wiring: Wiring) {
     system.stop().await;
 }
 
-const SLEEP: &str =
-    r#"{"turns": [{"tool_calls": [{"id": "s", "name": "sleep", "arguments": {"ms": 60000}}]}]}"#;
+/// Two long sleeps in one turn: one stage of reads, which the distributed wiring sends
+/// to the gateway as one request.
+const SLEEPS: &str = r#"{"turns": [{"tool_calls": [
+  {"id": "s1", "name": "sleep", "arguments": {"ms": 60000}},
+  {"id": "s2", "name": "sleep", "arguments": {"ms": 60000}}]}]}"#;
+
+fn all_cancelled(turn: &pb::TurnCommitted) -> bool {
+    turn.results.len() == 2
+        && turn
+            .results
+            .iter()
+            .all(|result| matches!(result.outcome, Some(pb::tool_result::Outcome::Cancelled(_))))
+}
 
 async fn cancel_stops_a_running_sleep(wiring: Wiring) {
     let system = System::start(wiring, OrchestratorConfig::default()).await;
     let mut client = system.client().await;
     let mut stats = system.executor.watch_stats();
-    let id = start(&mut client, start_request(SLEEP)).await;
-    stats.wait_for(|s| s.sleeps_started == 1).await.unwrap();
-    // While it runs, the orchestrator reports where it is.
+    let id = start(&mut client, start_request(SLEEPS)).await;
+    stats.wait_for(|s| s.sleeps_started == 2).await.unwrap();
+    // While they run, the orchestrator reports where it is.
     let live = get(&mut client, &id).await;
-    assert_eq!((live.current_turn, live.calls_in_flight), (1, 1));
+    assert_eq!((live.current_turn, live.calls_in_flight), (1, 2));
     let cancelled = client
         .cancel_invocation(pb::CancelInvocationRequest {
             invocation_id: id.clone(),
@@ -214,8 +225,8 @@ async fn cancel_stops_a_running_sleep(wiring: Wiring) {
         .into_inner();
     assert!(cancelled.invocation.is_some());
     let events = events_until_end(&mut client, &id, 1).await;
-    // The executor saw its request dropped.
-    stats.wait_for(|s| s.sleeps_cancelled == 1).await.unwrap();
+    // The executor saw both requests dropped.
+    stats.wait_for(|s| s.sleeps_cancelled == 2).await.unwrap();
     let ended = get(&mut client, &id).await;
     assert_eq!(
         (ended.current_turn, ended.calls_in_flight),
@@ -223,10 +234,7 @@ async fn cancel_stops_a_running_sleep(wiring: Wiring) {
         "an ended invocation has no live progress"
     );
     let turn = turns(&events)[0];
-    assert!(matches!(
-        turn.results[0].outcome,
-        Some(pb::tool_result::Outcome::Cancelled(_))
-    ));
+    assert!(all_cancelled(turn), "{turn:?}");
     match &events.last().unwrap().body {
         Some(pb::event::Body::Ended(ended)) => {
             assert_eq!(ended.reason(), pb::TerminalReason::Cancelled)
@@ -239,7 +247,7 @@ async fn cancel_stops_a_running_sleep(wiring: Wiring) {
 async fn deadline_cancels_a_running_sleep(wiring: Wiring) {
     let system = System::start(wiring, OrchestratorConfig::default()).await;
     let mut client = system.client().await;
-    let mut request = start_request(SLEEP);
+    let mut request = start_request(SLEEPS);
     request.budget_overrides = Some(pb::BudgetOverrides {
         deadline: Some(prost_types::Duration {
             seconds: 0,
@@ -249,14 +257,11 @@ async fn deadline_cancels_a_running_sleep(wiring: Wiring) {
     });
     let (invocation, events) = run_to_end(&mut client, request).await;
     assert_eq!(reason(&invocation), pb::TerminalReason::DeadlineExceeded);
-    assert!(matches!(
-        turns(&events)[0].results[0].outcome,
-        Some(pb::tool_result::Outcome::Cancelled(_))
-    ));
+    assert!(all_cancelled(turns(&events)[0]), "{events:?}");
     system
         .executor
         .watch_stats()
-        .wait_for(|s| s.sleeps_cancelled == 1)
+        .wait_for(|s| s.sleeps_cancelled == 2)
         .await
         .unwrap();
     system.stop().await;

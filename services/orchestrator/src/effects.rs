@@ -26,6 +26,7 @@ use agentloop_engine::{
     CallId, CallOutcome, ErrorType, Input, NextAction, SideEffect, ToolCall, ToolError,
 };
 use agentloop_proto::v1 as pb;
+use futures::future::join_all;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -72,6 +73,13 @@ impl Call<'_> {
     /// Sends the call, again while the answer is a retryable error and the call may be
     /// repeated (read-only, or an idempotent write under the same effect key).
     async fn send_retrying(&self, effect_key: &str, attempt: u32) -> Sent {
+        let sent = self.send(effect_key, attempt).await;
+        self.resend_while_retryable(sent, effect_key, attempt).await
+    }
+
+    /// After a first send answered `sent`: sends again while the answer is a retryable
+    /// error and the call may be repeated, [`SEND_ATTEMPTS`] sends in all.
+    async fn resend_while_retryable(&self, mut sent: Sent, effect_key: &str, attempt: u32) -> Sent {
         let repeatable = match self.side_effect {
             SideEffect::ReadOnly | SideEffect::IdempotentWrite => true,
             SideEffect::Write => false,
@@ -79,7 +87,6 @@ impl Call<'_> {
         let mut pause = RESEND_PAUSE;
         let mut sends = 1;
         loop {
-            let sent = self.send(effect_key, attempt).await;
             let retryable = matches!(&sent.outcome, CallOutcome::Error(error) if error.retryable);
             if !(repeatable && retryable) || sends == SEND_ATTEMPTS {
                 return sent;
@@ -91,15 +98,14 @@ impl Call<'_> {
             debug!(invocation = %self.invocation, call = %self.call.call_id, sends, "sending a retryable call again");
             pause *= 2;
             sends += 1;
+            sent = self.send(effect_key, attempt).await;
         }
     }
 
-    /// One send through the gateway; dropping it (cancellation) drops the RPC, which
-    /// cancels it at the executor.
-    async fn send(&self, effect_key: &str, attempt: u32) -> Sent {
-        let writes = self.side_effect.writes();
+    /// The gateway's request for one send of the call.
+    fn request(&self, effect_key: &str, attempt: u32) -> pb::ToolGatewayServiceExecuteRequest {
         let timeout_ms = self.timeout_ms;
-        let request = pb::ToolGatewayServiceExecuteRequest {
+        pb::ToolGatewayServiceExecuteRequest {
             invocation_id: self.invocation.to_string(),
             call: Some(wire::tool_call(self.call)),
             effect_key: effect_key.to_owned(),
@@ -108,7 +114,14 @@ impl Call<'_> {
                 seconds: i64::try_from(timeout_ms / 1000).unwrap_or(i64::MAX),
                 nanos: i32::try_from((timeout_ms % 1000) * 1_000_000).unwrap_or(0),
             }),
-        };
+        }
+    }
+
+    /// One send through the gateway; dropping it (cancellation) drops the RPC, which
+    /// cancels it at the executor.
+    async fn send(&self, effect_key: &str, attempt: u32) -> Sent {
+        let writes = self.side_effect.writes();
+        let request = self.request(effect_key, attempt);
         let tools = self.shared.ports.tools.clone();
         tokio::select! {
             biased;
@@ -126,7 +139,7 @@ impl Call<'_> {
                 },
                 Err(status) => Sent::of(wire::unanswered(
                     writes,
-                    format!("the tool gateway failed: {:?}: {}", status.code(), status.message()),
+                    gateway_failed(status.code(), status.message()),
                 )),
             },
         }
@@ -274,6 +287,58 @@ impl Call<'_> {
     async fn record(&self, key: &str, expected: pb::EffectState, recorded: Recorded) {
         record(self.shared, key, expected, recorded).await;
     }
+}
+
+/// The read-only calls of one stage (all under `token`), sent to the gateway as one
+/// request: each call's first answer is what its own send would have been, and a call
+/// answered with a retryable error is sent again on its own, as [`Call::run`] would.
+/// The outcomes are in the order of `calls`.
+pub(crate) async fn run_stage(
+    shared: &Shared,
+    token: &CancellationToken,
+    calls: &[Call<'_>],
+) -> Vec<CallOutcome> {
+    if token.is_cancelled() {
+        return calls.iter().map(|_| CallOutcome::NotStarted).collect();
+    }
+    let request = pb::ExecuteStageRequest {
+        calls: calls.iter().map(|call| call.request("", 1)).collect(),
+    };
+    let answered = tokio::select! {
+        biased;
+        () = token.cancelled() => return calls.iter().map(|_| CallOutcome::Cancelled).collect(),
+        answered = shared.ports.tools.execute_stage(request) => answered,
+    };
+    let unanswered = |detail: String| -> Vec<Sent> {
+        calls
+            .iter()
+            .map(|_| Sent::of(wire::unanswered(false, detail.clone())))
+            .collect()
+    };
+    let first = match answered {
+        Ok(response) if response.answers.len() == calls.len() => calls
+            .iter()
+            .zip(response.answers)
+            .map(|(call, answer)| Sent::from_stage_answer(call.call, answer))
+            .collect(),
+        Ok(response) => unanswered(format!(
+            "the tool gateway answered {} calls of a stage of {}",
+            response.answers.len(),
+            calls.len()
+        )),
+        Err(status) => unanswered(gateway_failed(status.code(), status.message())),
+    };
+    join_all(
+        calls.iter().zip(first).map(|(call, sent)| async move {
+            call.resend_while_retryable(sent, "", 1).await.outcome
+        }),
+    )
+    .await
+}
+
+/// What a call's outcome says when the gateway failed it instead of answering.
+fn gateway_failed(code: Code, message: &str) -> String {
+    format!("the tool gateway failed: {code:?}: {message}")
 }
 
 /// The engine's reconcile step for one write whose outcome is unknown: ask the executor,
@@ -451,6 +516,29 @@ impl Sent {
             outcome,
             receipt: String::new(),
         }
+    }
+
+    /// A read's answer within a stage: its result, or how the gateway refused it.
+    fn from_stage_answer(call: &ToolCall, answer: pb::StageAnswer) -> Sent {
+        use pb::stage_answer::Answer;
+        Sent::of(match answer.answer {
+            Some(Answer::Result(result)) if result.call_id == call.call_id.as_str() => {
+                return Sent::from_result(result, false);
+            }
+            Some(Answer::Result(result)) => wire::unanswered(
+                false,
+                format!(
+                    "the tool gateway answered for call {:?} in the place of {:?}",
+                    result.call_id,
+                    call.call_id.as_str()
+                ),
+            ),
+            Some(Answer::Refused(refused)) => wire::unanswered(
+                false,
+                gateway_failed(Code::from(refused.code), &refused.message),
+            ),
+            None => wire::unanswered(false, "the tool gateway sent no result".into()),
+        })
     }
 
     fn from_result(result: pb::ToolResult, writes: bool) -> Sent {

@@ -42,8 +42,27 @@ use crate::{effects, wire};
 /// Committed events kept to show the model (bounded context; older turns are in the log).
 pub(crate) const HISTORY: usize = 16;
 
-/// An operation in flight; it resolves to the input that reports it.
-type Op = Pin<Box<dyn Future<Output = Input> + Send>>;
+/// An operation in flight; it resolves to the inputs that report it.
+type Op = Pin<Box<dyn Future<Output = Done> + Send>>;
+
+/// What an operation reports.
+enum Done {
+    /// Most operations: one input.
+    One(Input),
+    /// A stage sent as one request: one `CallFinished` per call.
+    Stage(Vec<Input>),
+}
+
+impl Done {
+    /// How many calls of the batch this reports finished.
+    fn finished_calls(&self) -> usize {
+        match self {
+            Done::One(Input::CallFinished { .. }) => 1,
+            Done::One(_) => 0,
+            Done::Stage(inputs) => inputs.len(),
+        }
+    }
+}
 
 /// The batch being executed: its calls, the stages not started yet, and how many calls of
 /// the current stage still run (a stage starts when the one before it is done).
@@ -236,12 +255,19 @@ impl Runner {
                         drain_cutoff = Some(tokio::time::Instant::now() + timeout);
                         continue;
                     }
-                    Some(input) = ops.next() => {
-                        if let (Input::CallFinished { .. }, Some(batch)) = (&input, &mut batch) {
-                            batch.running = batch.running.saturating_sub(1);
+                    Some(done) = ops.next() => {
+                        let finished = done.finished_calls();
+                        if let (1.., Some(batch)) = (finished, &mut batch) {
+                            batch.running = batch.running.saturating_sub(finished);
                             self.start_stage(batch, &mut ops);
                         }
-                        input
+                        match done {
+                            Done::One(input) => input,
+                            Done::Stage(inputs) => {
+                                queue.extend(inputs);
+                                continue;
+                            }
+                        }
                     }
                 },
             };
@@ -323,16 +349,27 @@ impl Runner {
     }
 
     /// Starts the next stages of `batch` until one has calls running (a stage of calls
-    /// that are all missing from the batch counts as done).
+    /// that are all missing from the batch counts as done). A stage of several reads
+    /// goes as one operation when the gateway port prefers that.
     fn start_stage(&self, batch: &mut Batch, ops: &mut FuturesUnordered<Op>) {
         while batch.running == 0 {
             let Some(stage) = batch.stages.next() else {
                 return;
             };
-            for call in stage.iter().filter_map(|&index| batch.calls.get(index)) {
-                ops.push(self.call(batch.turn, call.clone(), batch.token.clone()));
-                batch.running += 1;
+            let calls = || stage.iter().filter_map(|&index| batch.calls.get(index));
+            let count = calls().count();
+            if count > 1
+                && self.shared.ports.tools.sends_stages()
+                && calls()
+                    .all(|call| settings(&self.spec, &self.shared, call).0 == SideEffect::ReadOnly)
+            {
+                ops.push(self.stage(batch.turn, calls().cloned().collect(), batch.token.clone()));
+            } else {
+                for call in calls() {
+                    ops.push(self.call(batch.turn, call.clone(), batch.token.clone()));
+                }
             }
+            batch.running += count;
         }
     }
 
@@ -347,12 +384,12 @@ impl Runner {
         let (request, tools) = (Arc::clone(&self.context), Arc::clone(&self.tools));
         let port = self.shared.ports.decision.clone();
         Box::pin(async move {
-            match port.decide(&request, &tools.0).await {
+            Done::One(match port.decide(&request, &tools.0).await {
                 Ok(response) => wire::decided(response),
                 Err(status) => Input::DecisionFailed {
                     message: format!("{:?}: {}", status.code(), status.message()),
                 },
-            }
+            })
         })
     }
 
@@ -382,7 +419,7 @@ impl Runner {
                     ),
                 },
             };
-            Input::Authorized(verdict)
+            Done::One(Input::Authorized(verdict))
         })
     }
 
@@ -408,7 +445,7 @@ impl Runner {
                     ),
                 },
             };
-            Input::Verified(verification)
+            Done::One(Input::Verified(verification))
         })
     }
 
@@ -430,23 +467,14 @@ impl Runner {
 
     fn reconcile(&self, turn: u32, call: ToolCall) -> Op {
         let (shared, id) = (self.shared.clone(), self.id);
-        Box::pin(async move { effects::reconcile(&shared, id, turn, &call).await })
+        Box::pin(async move { Done::One(effects::reconcile(&shared, id, turn, &call).await) })
     }
 
     /// One call of a batch; `token` cancels the batch.
     fn call(&self, turn: u32, call: ToolCall, token: CancellationToken) -> Op {
         let (shared, spec, id) = (self.shared.clone(), self.spec.clone(), self.id);
         Box::pin(async move {
-            let (side_effect, timeout_ms) = match spec.tool(&call.tool) {
-                Some(ToolEntry {
-                    side_effect,
-                    timeout_ms,
-                    ..
-                }) => (*side_effect, *timeout_ms),
-                // The engine only executes catalog tools; treat a mismatch as the riskier
-                // kind.
-                None => (SideEffect::Write, shared.config.limits.tool_timeout_ms),
-            };
+            let (side_effect, timeout_ms) = settings(&spec, &shared, &call);
             let outcome = effects::Call {
                 shared: &shared,
                 invocation: id,
@@ -458,10 +486,40 @@ impl Runner {
             }
             .run()
             .await;
-            Input::CallFinished {
+            Done::One(Input::CallFinished {
                 call_id: call.call_id,
                 outcome,
-            }
+            })
+        })
+    }
+
+    /// The read-only calls of one stage, as one request; `token` cancels the batch.
+    fn stage(&self, turn: u32, calls: Vec<ToolCall>, token: CancellationToken) -> Op {
+        let (shared, spec, id) = (self.shared.clone(), self.spec.clone(), self.id);
+        Box::pin(async move {
+            let stage: Vec<effects::Call<'_>> = calls
+                .iter()
+                .map(|call| effects::Call {
+                    shared: &shared,
+                    invocation: id,
+                    turn,
+                    call,
+                    side_effect: SideEffect::ReadOnly,
+                    timeout_ms: settings(&spec, &shared, call).1,
+                    token: &token,
+                })
+                .collect();
+            let outcomes = effects::run_stage(&shared, &token, &stage).await;
+            Done::Stage(
+                calls
+                    .into_iter()
+                    .zip(outcomes)
+                    .map(|(call, outcome)| Input::CallFinished {
+                        call_id: call.call_id,
+                        outcome,
+                    })
+                    .collect(),
+            )
         })
     }
 
@@ -568,6 +626,19 @@ enum Exit {
     Parked,
     /// The lease is gone; why.
     Lost(String),
+}
+
+/// A call's side-effect class and timeout, from the invocation's catalog. The engine
+/// only executes catalog tools; a mismatch is treated as the riskier kind.
+fn settings(spec: &InvocationSpec, shared: &Shared, call: &ToolCall) -> (SideEffect, u64) {
+    match spec.tool(&call.tool) {
+        Some(ToolEntry {
+            side_effect,
+            timeout_ms,
+            ..
+        }) => (*side_effect, *timeout_ms),
+        None => (SideEffect::Write, shared.config.limits.tool_timeout_ms),
+    }
 }
 
 fn instant_of(at: UnixMillis, now: UnixMillis) -> tokio::time::Instant {

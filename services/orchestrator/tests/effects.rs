@@ -40,12 +40,54 @@ enum Answer {
     Lost,
 }
 
-/// The fake gateway: the demo executor's tools plus an idempotent `upsert`, answers
-/// from a script, and a log of every request it got.
+/// The fake gateway: the demo executor's tools plus an idempotent, commutative `upsert`, answers
+/// from a script, and a log of every request it got. It takes stages when told to.
 struct FaultyTools {
     script: Mutex<Script>,
+    sends_stages: bool,
     executed: Mutex<Vec<pb::ToolGatewayServiceExecuteRequest>>,
+    stages: Mutex<Vec<pb::ExecuteStageRequest>>,
     reconciled: Mutex<u32>,
+}
+
+impl FaultyTools {
+    /// The scripted answer to one call: the next for its tool (the last one repeats).
+    fn answer(&self, call: &pb::ToolCall) -> Answer {
+        let mut script = self.script.lock().unwrap();
+        let answers = script
+            .execute
+            .iter_mut()
+            .find(|(tool, _)| *tool == call.tool)
+            .map(|(_, answers)| answers)
+            .unwrap();
+        if answers.len() > 1 {
+            answers.pop_front().unwrap()
+        } else {
+            answers.front().cloned().unwrap()
+        }
+    }
+
+    /// The call's result, or `None` when the answer is lost.
+    fn result(&self, call: pb::ToolCall) -> Option<pb::ToolResult> {
+        use pb::tool_result::Outcome;
+        let outcome = match self.answer(&call) {
+            Answer::Output(json) => Outcome::Output(pb::ToolOutput {
+                output_json: json.into(),
+                receipt: "r-1".into(),
+            }),
+            Answer::RetryableError => Outcome::Error(pb::ToolError {
+                error_type: pb::ErrorType::Unavailable.into(),
+                message: "busy".into(),
+                retryable: true,
+                next_allowed_action: pb::NextAction::Retry.into(),
+            }),
+            Answer::Lost => return None,
+        };
+        Some(pb::ToolResult {
+            call_id: call.call_id,
+            outcome: Some(outcome),
+        })
+    }
 }
 
 #[async_trait]
@@ -62,6 +104,8 @@ impl ToolsPort for FaultyTools {
             .unwrap();
         upsert.name = "upsert".into();
         upsert.set_side_effect(pb::SideEffect::IdempotentWrite);
+        // So that two upserts of a turn make one stage, as two lookups do.
+        upsert.commutative = true;
         tools.push(upsert);
         Ok(pb::ListToolsResponse { tools })
     }
@@ -72,40 +116,38 @@ impl ToolsPort for FaultyTools {
     ) -> Result<pb::ToolGatewayServiceExecuteResponse, Status> {
         let call = request.call.clone().unwrap();
         self.executed.lock().unwrap().push(request);
-        let answer = {
-            let mut script = self.script.lock().unwrap();
-            let answers = script
-                .execute
-                .iter_mut()
-                .find(|(tool, _)| *tool == call.tool)
-                .map(|(_, answers)| answers)
-                .unwrap();
-            if answers.len() > 1 {
-                answers.pop_front().unwrap()
-            } else {
-                answers.front().cloned().unwrap()
-            }
-        };
-        use pb::tool_result::Outcome;
-        let outcome = match answer {
-            Answer::Output(json) => Outcome::Output(pb::ToolOutput {
-                output_json: json.into(),
-                receipt: "r-1".into(),
+        match self.result(call) {
+            Some(result) => Ok(pb::ToolGatewayServiceExecuteResponse {
+                result: Some(result),
             }),
-            Answer::RetryableError => Outcome::Error(pb::ToolError {
-                error_type: pb::ErrorType::Unavailable.into(),
-                message: "busy".into(),
-                retryable: true,
-                next_allowed_action: pb::NextAction::Retry.into(),
-            }),
-            Answer::Lost => return Err(Status::unavailable("connection reset")),
-        };
-        Ok(pb::ToolGatewayServiceExecuteResponse {
-            result: Some(pb::ToolResult {
-                call_id: call.call_id,
-                outcome: Some(outcome),
-            }),
-        })
+            None => Err(Status::unavailable("connection reset")),
+        }
+    }
+
+    /// A lost answer loses the whole stage's reply.
+    async fn execute_stage(
+        &self,
+        request: pb::ExecuteStageRequest,
+    ) -> Result<pb::ExecuteStageResponse, Status> {
+        assert!(
+            self.sends_stages,
+            "a stage was sent to a port that takes none"
+        );
+        self.stages.lock().unwrap().push(request.clone());
+        let mut answers = Vec::new();
+        for call in request.calls {
+            let result = self.result(call.call.unwrap());
+            answers.push(pb::StageAnswer {
+                answer: Some(pb::stage_answer::Answer::Result(
+                    result.ok_or_else(|| Status::unavailable("connection reset"))?,
+                )),
+            });
+        }
+        Ok(pb::ExecuteStageResponse { answers })
+    }
+
+    fn sends_stages(&self) -> bool {
+        self.sends_stages
     }
 
     async fn reconcile(
@@ -131,10 +173,16 @@ struct Setup {
 }
 
 async fn setup(script: Script) -> Setup {
+    setup_with(script, false).await
+}
+
+async fn setup_with(script: Script, sends_stages: bool) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let tools = Arc::new(FaultyTools {
         script: Mutex::new(script),
+        sends_stages,
         executed: Mutex::new(Vec::new()),
+        stages: Mutex::new(Vec::new()),
         reconciled: Mutex::new(0),
     });
     let descriptors = tools
@@ -182,6 +230,12 @@ async fn run_one(setup: &Setup, tool: &str) -> (pb::Invocation, pb::ToolResult) 
             r#"{"from": "a", "to": "b", "amount": 5}"#
         }
     );
+    let (invocation, results) = run(setup, script).await;
+    (invocation, results.into_iter().next().unwrap())
+}
+
+/// Runs `script` to the end; returns the ended invocation and the results of turn 1.
+async fn run(setup: &Setup, script: String) -> (pb::Invocation, Vec<pb::ToolResult>) {
     let started = setup
         .orchestrator
         .start_invocation(Request::new(pb::StartInvocationRequest {
@@ -202,13 +256,13 @@ async fn run_one(setup: &Setup, tool: &str) -> (pb::Invocation, pb::ToolResult) 
         .await
         .unwrap()
         .into_inner();
-    let mut result = None;
+    let mut results = Vec::new();
     let all = async {
         while let Some(item) = stream.next().await {
             if let Some(pb::event::Body::Turn(turn)) = item.unwrap().event.unwrap().body
                 && turn.turn == 1
             {
-                result = turn.results.into_iter().next();
+                results = turn.results;
             }
         }
     };
@@ -223,7 +277,7 @@ async fn run_one(setup: &Setup, tool: &str) -> (pb::Invocation, pb::ToolResult) 
         .into_inner()
         .invocation
         .unwrap();
-    (invocation, result.unwrap())
+    (invocation, results)
 }
 
 fn sends(setup: &Setup) -> Vec<pb::ToolGatewayServiceExecuteRequest> {
@@ -285,6 +339,104 @@ async fn a_read_with_retryable_errors_is_sent_again_within_a_bound() {
         Some(pb::tool_result::Outcome::Error(_))
     ));
     assert_eq!(sends(&setup).len(), 3, "the bound holds");
+}
+
+/// Two lookups in one turn: one stage of reads.
+const TWO_LOOKUPS: &str = r#"{"turns": [
+  {"tool_calls": [
+    {"id": "a", "name": "lookup", "arguments": {"key": "profile"}},
+    {"id": "b", "name": "lookup", "arguments": {"key": "policy"}}]},
+  {"final": "done"}]}"#;
+
+fn call_ids(requests: &[pb::ToolGatewayServiceExecuteRequest]) -> Vec<String> {
+    requests
+        .iter()
+        .map(|request| request.call.as_ref().unwrap().call_id.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_of_reads_goes_as_one_request_and_only_a_retryable_call_is_sent_again() {
+    // The stage's first call is busy, the second answers; the first's resend answers.
+    let setup = setup_with(
+        Script {
+            execute: vec![(
+                "lookup",
+                VecDeque::from([Answer::RetryableError, Answer::Output(r#"{"value":"x"}"#)]),
+            )],
+            ..Script::default()
+        },
+        true,
+    )
+    .await;
+    let (invocation, results) = run(&setup, TWO_LOOKUPS.into()).await;
+    assert_eq!(invocation.terminal_reason(), pb::TerminalReason::Completed);
+    let stages = setup.tools.stages.lock().unwrap().clone();
+    assert_eq!(stages.len(), 1, "one request for the stage");
+    assert_eq!(call_ids(&stages[0].calls), ["a", "b"]);
+    assert_eq!(call_ids(&sends(&setup)), ["a"], "only the busy call again");
+    assert_eq!(results.len(), 2);
+    for result in &results {
+        assert!(
+            matches!(result.outcome, Some(pb::tool_result::Outcome::Output(_))),
+            "{result:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_whose_reply_is_lost_sends_each_read_again_on_its_own() {
+    let setup = setup_with(
+        Script {
+            execute: vec![(
+                "lookup",
+                VecDeque::from([Answer::Lost, Answer::Output(r#"{"value":"x"}"#)]),
+            )],
+            ..Script::default()
+        },
+        true,
+    )
+    .await;
+    let (invocation, results) = run(&setup, TWO_LOOKUPS.into()).await;
+    assert_eq!(invocation.terminal_reason(), pb::TerminalReason::Completed);
+    assert_eq!(setup.tools.stages.lock().unwrap().len(), 1);
+    let mut resent = call_ids(&sends(&setup));
+    resent.sort();
+    assert_eq!(resent, ["a", "b"]);
+    assert!(
+        results
+            .iter()
+            .all(|result| matches!(result.outcome, Some(pb::tool_result::Outcome::Output(_)))),
+        "{results:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_of_writes_goes_call_by_call_under_the_ledger() {
+    let setup = setup_with(
+        Script {
+            execute: vec![("upsert", VecDeque::from([Answer::Output(r#"{"ok":true}"#)]))],
+            ..Script::default()
+        },
+        true,
+    )
+    .await;
+    let script = r#"{"turns": [
+      {"tool_calls": [
+        {"id": "a", "name": "upsert", "arguments": {"from": "a", "to": "b", "amount": 5}},
+        {"id": "b", "name": "upsert", "arguments": {"from": "a", "to": "c", "amount": 6}}]},
+      {"final": "done"}]}"#;
+    let (invocation, _) = run(&setup, script.into()).await;
+    assert_eq!(invocation.terminal_reason(), pb::TerminalReason::Completed);
+    assert!(setup.tools.stages.lock().unwrap().is_empty());
+    let sent = sends(&setup);
+    let mut ids = call_ids(&sent);
+    ids.sort();
+    assert_eq!(ids, ["a", "b"]);
+    for request in &sent {
+        let entry = entry(&setup, &invocation.invocation_id, &request.effect_key).await;
+        assert_eq!(entry.state(), pb::EffectState::Committed);
+    }
 }
 
 async fn setup_failing(tool: &'static str) -> Setup {

@@ -39,6 +39,12 @@ impl ToolGatewayService for FakeGateway {
     ) -> Result<tonic::Response<ToolGatewayServiceExecuteResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("fake"))
     }
+    async fn execute_stage(
+        &self,
+        _request: tonic::Request<v1::ExecuteStageRequest>,
+    ) -> Result<tonic::Response<v1::ExecuteStageResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("fake"))
+    }
     async fn reconcile(
         &self,
         _request: tonic::Request<ToolGatewayServiceReconcileRequest>,

@@ -27,6 +27,12 @@ pub enum GatewayError {
     /// unknown name here means the registries disagree, which an operator must fix.
     #[error("tool {0:?} is not registered")]
     UnknownTool(String),
+    /// A write was sent as part of a stage. Writes go through `Execute` one by one, each
+    /// prepared in the effect ledger before it is sent.
+    #[error(
+        "tool {0:?} writes: send its calls through Execute, one by one, under the effect ledger"
+    )]
+    WriteInStage(String),
     /// Reconcile was asked about a read-only tool, which has no effects.
     #[error("tool {0:?} is read-only and has no effects to reconcile")]
     NotReconcilable(String),
@@ -40,9 +46,9 @@ impl From<GatewayError> for tonic::Status {
     fn from(error: GatewayError) -> Self {
         let message = error.to_string();
         match error {
-            GatewayError::InvalidRequest(_) | GatewayError::NotReconcilable(_) => {
-                tonic::Status::invalid_argument(message)
-            }
+            GatewayError::InvalidRequest(_)
+            | GatewayError::NotReconcilable(_)
+            | GatewayError::WriteInStage(_) => tonic::Status::invalid_argument(message),
             GatewayError::UnknownTool(_) => tonic::Status::not_found(message),
             GatewayError::Executor(status) => tonic::Status::new(status.code(), message),
             GatewayError::Config(_) | GatewayError::InvalidLimits(_) | GatewayError::Connect(_) => {
@@ -66,6 +72,10 @@ mod tests {
             ),
             (
                 GatewayError::NotReconcilable("lookup".into()),
+                Code::InvalidArgument,
+            ),
+            (
+                GatewayError::WriteInStage("transfer".into()),
                 Code::InvalidArgument,
             ),
             (GatewayError::UnknownTool("nope".into()), Code::NotFound),

@@ -6,15 +6,17 @@ use std::time::Duration;
 
 use agentloop_engine::SideEffect;
 use agentloop_proto::client::{self, ClientConfig, Transport};
+use agentloop_proto::v1::stage_answer::{Answer, Refused};
 use agentloop_proto::v1::tool_executor_service_client::ToolExecutorServiceClient;
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use agentloop_proto::v1::{
-    ListToolsRequest, ListToolsResponse, ToolDescriptor, ToolExecutorServiceExecuteRequest,
-    ToolExecutorServiceReconcileRequest, ToolGatewayServiceExecuteRequest,
-    ToolGatewayServiceExecuteResponse, ToolGatewayServiceReconcileRequest,
-    ToolGatewayServiceReconcileResponse, ToolResult,
+    ExecuteStageRequest, ExecuteStageResponse, ListToolsRequest, ListToolsResponse, StageAnswer,
+    ToolDescriptor, ToolExecutorServiceExecuteRequest, ToolExecutorServiceReconcileRequest,
+    ToolGatewayServiceExecuteRequest, ToolGatewayServiceExecuteResponse,
+    ToolGatewayServiceReconcileRequest, ToolGatewayServiceReconcileResponse, ToolResult,
 };
+use futures::future::join_all;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -28,6 +30,8 @@ use crate::outcome::{CallFailure, classify_status, failure_outcome};
 pub const MAX_ID_BYTES: usize = 256;
 /// Most names one `ListTools` request may filter by.
 pub const MAX_LIST_NAMES: usize = 1024;
+/// Most calls one `ExecuteStage` request may carry.
+pub const MAX_STAGE_CALLS: usize = 256;
 
 /// Limits of the gateway (file, `AGENTLOOP_TOOLS_*` env, flags).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -306,6 +310,33 @@ impl Gateway {
         })
     }
 
+    /// One call of a stage, answered as `Execute` would have: its result, or the status
+    /// `Execute` would have failed with. A write is refused before anything is sent.
+    async fn stage_call(&self, request: ToolGatewayServiceExecuteRequest) -> StageAnswer {
+        let write = request
+            .call
+            .as_ref()
+            .and_then(|call| self.inner.tools.get(&call.tool))
+            .filter(|tool| tool.entry.side_effect.writes());
+        let result = match write {
+            Some(tool) => Err(GatewayError::WriteInStage(tool.entry.name.clone())),
+            None => self.execute_call(request).await,
+        };
+        let answer = match result {
+            Ok(result) => Answer::Result(result),
+            Err(error) => {
+                let status = Status::from(error);
+                Answer::Refused(Refused {
+                    code: status.code().into(),
+                    message: status.message().to_owned(),
+                })
+            }
+        };
+        StageAnswer {
+            answer: Some(answer),
+        }
+    }
+
     /// Sends the request to the tool's executor, under `deadline`.
     ///
     /// Cancellation needs no code: this future is awaited inside the gRPC handler, so
@@ -435,6 +466,24 @@ impl ToolGatewayService for Gateway {
         Ok(Response::new(ToolGatewayServiceExecuteResponse {
             result: Some(result),
         }))
+    }
+
+    /// The calls run at the same time, within this one handler: dropping it (the caller
+    /// went away) cancels every one of them, as it would cancel one `Execute`.
+    async fn execute_stage(
+        &self,
+        request: Request<ExecuteStageRequest>,
+    ) -> Result<Response<ExecuteStageResponse>, Status> {
+        let calls = request.into_inner().calls;
+        if calls.len() > MAX_STAGE_CALLS {
+            return Err(GatewayError::InvalidRequest(format!(
+                "{} calls in one stage, more than {MAX_STAGE_CALLS}",
+                calls.len()
+            ))
+            .into());
+        }
+        let answers = join_all(calls.into_iter().map(|call| self.stage_call(call))).await;
+        Ok(Response::new(ExecuteStageResponse { answers }))
     }
 
     async fn reconcile(

@@ -12,13 +12,14 @@ use std::time::Duration;
 use agentloop_demo_executor::{DemoConfig, DemoExecutor, FaultConfig};
 use agentloop_proto::client::Transport;
 use agentloop_proto::client::{self, ClientConfig};
+use agentloop_proto::v1::stage_answer::Answer;
 use agentloop_proto::v1::tool_gateway_service_client::ToolGatewayServiceClient;
 use agentloop_proto::v1::tool_result::Outcome;
 use agentloop_proto::v1::{
-    ErrorType, ListToolsRequest, ReconcileStatus, ToolCall, ToolGatewayServiceExecuteRequest,
-    ToolGatewayServiceReconcileRequest,
+    ErrorType, ExecuteStageRequest, ListToolsRequest, ReconcileStatus, ToolCall,
+    ToolGatewayServiceExecuteRequest, ToolGatewayServiceReconcileRequest,
 };
-use agentloop_tools::{Gateway, GatewayError, GatewayLimits, ToolsConfig};
+use agentloop_tools::{Gateway, GatewayError, GatewayLimits, MAX_STAGE_CALLS, ToolsConfig};
 use tokio::sync::oneshot;
 use tonic::Code;
 
@@ -194,6 +195,112 @@ async fn bad_requests_are_refused_before_dispatch() {
         Code::InvalidArgument
     );
     assert_eq!(s.executor.stats().applied, 0);
+}
+
+fn stage_call(
+    call_id: &str,
+    tool: &str,
+    args: &str,
+    effect_key: &str,
+) -> ToolGatewayServiceExecuteRequest {
+    let mut call = request(tool, args, effect_key);
+    if let Some(call) = &mut call.call {
+        call.call_id = call_id.into();
+    }
+    call
+}
+
+#[tokio::test]
+async fn a_stage_answers_each_call_in_order_and_refuses_only_the_bad_ones() {
+    let mut s = setup().await;
+    let answers = s
+        .client
+        .execute_stage(ExecuteStageRequest {
+            calls: vec![
+                stage_call("c1", "lookup", r#"{"key":"policy"}"#, ""),
+                stage_call("c2", "transfer", TRANSFER_ARGS, "effect-1"),
+                stage_call("c3", "teleport", "{}", ""),
+                stage_call("c4", "lookup", r#"{"key":"nope"}"#, ""),
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .answers;
+    let answers: Vec<Answer> = answers.into_iter().map(|a| a.answer.unwrap()).collect();
+    match &answers[..] {
+        [
+            Answer::Result(found),
+            Answer::Refused(write),
+            Answer::Refused(unknown),
+            Answer::Result(missing),
+        ] => {
+            assert_eq!(found.call_id, "c1");
+            match found.outcome.as_ref().unwrap() {
+                Outcome::Output(out) => assert!(out.output_json.contains("refund-under-100")),
+                other => panic!("{other:?}"),
+            }
+            // What `Execute` would have failed with, code and message.
+            assert_eq!(Code::from(write.code), Code::InvalidArgument, "{write:?}");
+            assert!(write.message.contains("Execute"), "{write:?}");
+            assert_eq!(Code::from(unknown.code), Code::NotFound, "{unknown:?}");
+            assert_eq!(missing.call_id, "c4");
+            match missing.outcome.as_ref().unwrap() {
+                Outcome::Error(e) => assert_eq!(e.error_type, ErrorType::NotFound as i32),
+                other => panic!("{other:?}"),
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    // The write in the stage was never sent.
+    assert_eq!(s.executor.stats().applied, 0);
+}
+
+#[tokio::test]
+async fn a_stage_over_its_bound_is_refused_whole() {
+    let mut s = setup().await;
+    let calls = (0..=MAX_STAGE_CALLS)
+        .map(|i| stage_call(&format!("c{i}"), "lookup", r#"{"key":"policy"}"#, ""))
+        .collect();
+    let status = s
+        .client
+        .execute_stage(ExecuteStageRequest { calls })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+}
+
+#[tokio::test]
+async fn a_stage_runs_its_calls_together_and_a_caller_that_gives_up_cancels_them_all() {
+    let s = setup().await;
+    let mut stats = s.executor.watch_stats();
+    let mut client = s.client.clone();
+    let stage = tokio::spawn(async move {
+        client
+            .execute_stage(ExecuteStageRequest {
+                calls: vec![
+                    stage_call("c1", "sleep", r#"{"ms":60000}"#, ""),
+                    stage_call("c2", "sleep", r#"{"ms":60000}"#, ""),
+                ],
+            })
+            .await
+    });
+    // Both sleep at once: one after the other, the second would start after 60 s.
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        stats.wait_for(|s| s.sleeps_started == 2),
+    )
+    .await
+    .expect("the calls of the stage did not run together")
+    .unwrap();
+    stage.abort();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        stats.wait_for(|s| s.sleeps_cancelled == 2),
+    )
+    .await
+    .expect("the executor never saw the cancellations")
+    .unwrap();
 }
 
 #[tokio::test]
