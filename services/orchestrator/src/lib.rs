@@ -38,7 +38,7 @@ use uuid::Uuid;
 
 pub use config::{LimitsConfig, OrchestratorConfig, RequestBounds, WorkersConfig};
 pub use error::OrchestratorError;
-pub use ports::{DecisionPort, InProcess, LedgerPort, PolicyPort, Ports, ToolsPort};
+pub use ports::{DecisionPort, GrpcTools, InProcess, LedgerPort, PolicyPort, Ports, ToolsPort};
 pub use workers::Workers;
 
 use crate::intern::{Descriptors, Interner};

@@ -4,6 +4,8 @@
 //! service code that validates and answers a request is the same either way.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 
 use agentloop_decision::DecisionServer;
 use agentloop_proto::client::Transport;
@@ -16,7 +18,7 @@ use agentloop_proto::v1::policy_service_server::PolicyService;
 use agentloop_proto::v1::tool_gateway_service_client::ToolGatewayServiceClient;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use async_trait::async_trait;
-use tonic::{Request, Status};
+use tonic::{Code, Request, Status};
 
 /// The model, behind the decision service.
 #[async_trait]
@@ -119,7 +121,7 @@ impl Ports {
         Ports {
             decision: Arc::new(agentloop_proto::client::decision(decision)),
             policy: Arc::new(agentloop_proto::client::policy(policy)),
-            tools: Arc::new(agentloop_proto::client::tool_gateway(tools)),
+            tools: Arc::new(GrpcTools::new(agentloop_proto::client::tool_gateway(tools))),
             ledger: Arc::new(agentloop_proto::client::effect_ledger(ledger)),
         }
     }
@@ -203,13 +205,37 @@ impl<S: PolicyService> PolicyPort for InProcess<S> {
     }
 }
 
+/// The tool gateway over gRPC.
+///
+/// Stages go as one `ExecuteStage` until the gateway answers it UNIMPLEMENTED: a gateway
+/// from before that RPC, met during a rolling upgrade that updated the orchestrators
+/// first. From then on this port sends every call on its own. The stage that met the
+/// answer loses nothing: its calls, unanswered, are sent again one by one.
+#[derive(Debug)]
+pub struct GrpcTools {
+    client: ToolGatewayServiceClient<Transport>,
+    stages: AtomicBool,
+}
+
+impl GrpcTools {
+    /// The port over `client`; it tries stages first.
+    pub fn new(client: ToolGatewayServiceClient<Transport>) -> GrpcTools {
+        GrpcTools {
+            client,
+            stages: AtomicBool::new(true),
+        }
+    }
+}
+
 #[async_trait]
-impl ToolsPort for ToolGatewayServiceClient<Transport> {
+impl ToolsPort for GrpcTools {
     async fn list_tools(
         &self,
         request: pb::ListToolsRequest,
     ) -> Result<pb::ListToolsResponse, Status> {
-        ToolGatewayServiceClient::list_tools(&mut self.clone(), request)
+        self.client
+            .clone()
+            .list_tools(request)
             .await
             .map(tonic::Response::into_inner)
     }
@@ -218,7 +244,9 @@ impl ToolsPort for ToolGatewayServiceClient<Transport> {
         &self,
         request: pb::ToolGatewayServiceExecuteRequest,
     ) -> Result<pb::ToolGatewayServiceExecuteResponse, Status> {
-        ToolGatewayServiceClient::execute(&mut self.clone(), request)
+        self.client
+            .clone()
+            .execute(request)
             .await
             .map(tonic::Response::into_inner)
     }
@@ -227,22 +255,28 @@ impl ToolsPort for ToolGatewayServiceClient<Transport> {
         &self,
         request: pb::ExecuteStageRequest,
     ) -> Result<pb::ExecuteStageResponse, Status> {
-        ToolGatewayServiceClient::execute_stage(&mut self.clone(), request)
-            .await
-            .map(tonic::Response::into_inner)
+        let answered = self.client.clone().execute_stage(request).await;
+        if let Err(status) = &answered
+            && status.code() == Code::Unimplemented
+        {
+            self.stages.store(false, Relaxed);
+        }
+        answered.map(tonic::Response::into_inner)
     }
 
     async fn reconcile(
         &self,
         request: pb::ToolGatewayServiceReconcileRequest,
     ) -> Result<pb::ToolGatewayServiceReconcileResponse, Status> {
-        ToolGatewayServiceClient::reconcile(&mut self.clone(), request)
+        self.client
+            .clone()
+            .reconcile(request)
             .await
             .map(tonic::Response::into_inner)
     }
 
     fn sends_stages(&self) -> bool {
-        true
+        self.stages.load(Relaxed)
     }
 }
 

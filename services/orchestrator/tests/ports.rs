@@ -1,0 +1,99 @@
+//! The gRPC tool port against a gateway on a real loopback server: stages stop after an
+//! old gateway says it does not know them, and only then.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::{Arc, Mutex};
+
+use agentloop_orchestrator::{GrpcTools, ToolsPort};
+use agentloop_proto::client::{self, ClientConfig};
+use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
+use tonic::{Code, Request, Response, Status};
+
+/// A gateway whose `ExecuteStage` fails with the given code, each time it is asked.
+struct Failing {
+    code: Code,
+    asked: Arc<Mutex<u32>>,
+}
+
+#[tonic::async_trait]
+impl ToolGatewayService for Failing {
+    async fn list_tools(
+        &self,
+        _request: Request<pb::ListToolsRequest>,
+    ) -> Result<Response<pb::ListToolsResponse>, Status> {
+        Ok(Response::new(pb::ListToolsResponse::default()))
+    }
+
+    async fn execute(
+        &self,
+        _request: Request<pb::ToolGatewayServiceExecuteRequest>,
+    ) -> Result<Response<pb::ToolGatewayServiceExecuteResponse>, Status> {
+        Err(Status::unavailable("not in this test"))
+    }
+
+    async fn execute_stage(
+        &self,
+        _request: Request<pb::ExecuteStageRequest>,
+    ) -> Result<Response<pb::ExecuteStageResponse>, Status> {
+        *self.asked.lock().unwrap() += 1;
+        Err(Status::new(self.code, "as told"))
+    }
+
+    async fn reconcile(
+        &self,
+        _request: Request<pb::ToolGatewayServiceReconcileRequest>,
+    ) -> Result<Response<pb::ToolGatewayServiceReconcileResponse>, Status> {
+        Err(Status::unavailable("not in this test"))
+    }
+}
+
+/// The port, over gRPC, to a gateway that fails stages with `code`.
+/// Returns the port and the count of stages the gateway was asked.
+async fn port_to(code: Code) -> (GrpcTools, Arc<Mutex<u32>>) {
+    let asked = Arc::new(Mutex::new(0));
+    let gateway = Failing {
+        code,
+        asked: asked.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let services =
+        agentloop_server::ServiceSet::new().add(agentloop_proto::server::tool_gateway(gateway));
+    tokio::spawn(agentloop_server::serve(
+        listener,
+        services,
+        std::future::pending(),
+    ));
+    let transport = client::connect(&endpoint, ClientConfig::default().with_lazy(true))
+        .await
+        .unwrap();
+    (GrpcTools::new(client::tool_gateway(transport)), asked)
+}
+
+fn stage() -> pb::ExecuteStageRequest {
+    pb::ExecuteStageRequest {
+        calls: vec![pb::ToolGatewayServiceExecuteRequest::default(); 2],
+    }
+}
+
+#[tokio::test]
+async fn a_gateway_without_stages_gets_calls_one_by_one_from_then_on() {
+    let (port, asked) = port_to(Code::Unimplemented).await;
+    assert!(port.sends_stages());
+    let status = port.execute_stage(stage()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unimplemented);
+    assert!(!port.sends_stages());
+    assert_eq!(*asked.lock().unwrap(), 1);
+}
+
+#[tokio::test]
+async fn a_failed_stage_of_a_gateway_that_has_them_keeps_stages_on() {
+    let (port, asked) = port_to(Code::Unavailable).await;
+    for _ in 0..2 {
+        let status = port.execute_stage(stage()).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable);
+        assert!(port.sends_stages());
+    }
+    assert_eq!(*asked.lock().unwrap(), 2);
+}
