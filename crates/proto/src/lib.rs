@@ -45,3 +45,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("agen
 /// accepts (4 MiB, gRPC's customary default, stated once so both sides agree). Tool
 /// outputs larger than this must be stored elsewhere and referenced.
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Most calls one `ToolGatewayService.ExecuteStage` request may carry; the gateway
+/// refuses a larger stage whole, and the orchestrator sends one call by call.
+pub const MAX_STAGE_CALLS: usize = 256;

@@ -26,6 +26,7 @@ use agentloop_engine::{
     Verdict, Verification,
 };
 use agentloop_lease::{Keeper, KeeperExit};
+use agentloop_proto::MAX_STAGE_CALLS;
 use agentloop_proto::v1 as pb;
 use agentloop_store::{Append, StoreError};
 use futures::StreamExt;
@@ -349,8 +350,9 @@ impl Runner {
     }
 
     /// Starts the next stages of `batch` until one has calls running (a stage of calls
-    /// that are all missing from the batch counts as done). A stage of several reads
-    /// goes as one operation when the gateway port prefers that.
+    /// that are all missing from the batch counts as done). A stage of several reads,
+    /// up to the contract's bound, goes as one operation when the gateway port prefers
+    /// that.
     fn start_stage(&self, batch: &mut Batch, ops: &mut FuturesUnordered<Op>) {
         while batch.running == 0 {
             let Some(stage) = batch.stages.next() else {
@@ -358,7 +360,7 @@ impl Runner {
             };
             let calls = || stage.iter().filter_map(|&index| batch.calls.get(index));
             let count = calls().count();
-            if count > 1
+            if (2..=MAX_STAGE_CALLS).contains(&count)
                 && self.shared.ports.tools.sends_stages()
                 && calls()
                     .all(|call| settings(&self.spec, &self.shared, call).0 == SideEffect::ReadOnly)

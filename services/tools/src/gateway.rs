@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop_engine::SideEffect;
+use agentloop_proto::MAX_STAGE_CALLS;
 use agentloop_proto::client::{self, ClientConfig, Transport};
 use agentloop_proto::v1::stage_answer::{Answer, Refused};
 use agentloop_proto::v1::tool_executor_service_client::ToolExecutorServiceClient;
@@ -30,8 +31,6 @@ use crate::outcome::{CallFailure, classify_status, failure_outcome};
 pub const MAX_ID_BYTES: usize = 256;
 /// Most names one `ListTools` request may filter by.
 pub const MAX_LIST_NAMES: usize = 1024;
-/// Most calls one `ExecuteStage` request may carry.
-pub const MAX_STAGE_CALLS: usize = 256;
 
 /// Limits of the gateway (file, `AGENTLOOP_TOOLS_*` env, flags).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

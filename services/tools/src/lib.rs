@@ -30,9 +30,7 @@ use serde::{Deserialize, Serialize};
 
 pub use config::{ConfigError, ToolEntry, ToolsConfig};
 pub use error::GatewayError;
-pub use gateway::{
-    Gateway, GatewayLimits, InProcessExecutors, MAX_ID_BYTES, MAX_LIST_NAMES, MAX_STAGE_CALLS,
-};
+pub use gateway::{Gateway, GatewayLimits, InProcessExecutors, MAX_ID_BYTES, MAX_LIST_NAMES};
 
 /// Configuration of the tools service (file, `AGENTLOOP_TOOLS_*` env, flags).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use agentloop_demo_executor::{DemoConfig, DemoExecutor, FaultConfig};
+use agentloop_proto::MAX_STAGE_CALLS;
 use agentloop_proto::client::Transport;
 use agentloop_proto::client::{self, ClientConfig};
 use agentloop_proto::v1::stage_answer::Answer;
@@ -19,7 +20,7 @@ use agentloop_proto::v1::{
     ErrorType, ExecuteStageRequest, ListToolsRequest, ReconcileStatus, ToolCall,
     ToolGatewayServiceExecuteRequest, ToolGatewayServiceReconcileRequest,
 };
-use agentloop_tools::{Gateway, GatewayError, GatewayLimits, MAX_STAGE_CALLS, ToolsConfig};
+use agentloop_tools::{Gateway, GatewayError, GatewayLimits, ToolsConfig};
 use tokio::sync::oneshot;
 use tonic::Code;
 
