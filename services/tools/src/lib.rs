@@ -7,8 +7,11 @@
 //! - [`Gateway`]: the `ToolGatewayService`. It forwards each call to the executor that
 //!   owns the tool, under the smaller of the tool's and the request's timeout, with a
 //!   bounded number of calls in flight per executor, and cancels the forwarded call
-//!   when its own caller goes away. Executors in the same process can be called
-//!   without a network ([`InProcessExecutors`]), with the same limits and results.
+//!   when its own caller goes away. `ExecuteStage` takes the read-only calls of one
+//!   stage in one request and forwards each of them the same way; it refuses writes,
+//!   which go one by one under the effect ledger. Executors in the same process can be
+//!   called without a network ([`InProcessExecutors`]), with the same limits and
+//!   results.
 //! - [`outcome`]: how a failed forward becomes the call's one terminal result. A write
 //!   whose request may have reached the executor is `unknown`, never a plain error.
 //!
