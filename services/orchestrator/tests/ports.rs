@@ -2,10 +2,12 @@
 //! old gateway says it does not know them, and only then.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 
 use agentloop_orchestrator::{GrpcTools, ToolsPort};
-use agentloop_proto::client::{self, ClientConfig};
+use agentloop_proto::client;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use tonic::{Code, Request, Response, Status};
@@ -56,8 +58,7 @@ async fn port_to(code: Code) -> (GrpcTools, Arc<Mutex<u32>>) {
         code,
         asked: asked.clone(),
     };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let (listener, endpoint) = common::listener().await;
     let services =
         agentloop_server::ServiceSet::new().add(agentloop_proto::server::tool_gateway(gateway));
     tokio::spawn(agentloop_server::serve(
@@ -65,9 +66,7 @@ async fn port_to(code: Code) -> (GrpcTools, Arc<Mutex<u32>>) {
         services,
         std::future::pending(),
     ));
-    let transport = client::connect(&endpoint, ClientConfig::default().with_lazy(true))
-        .await
-        .unwrap();
+    let transport = common::channel(&endpoint).await;
     (GrpcTools::new(client::tool_gateway(transport)), asked)
 }
 
