@@ -7,10 +7,10 @@
     clippy::wildcard_enum_match_arm
 )]
 
-use agentloop::embedded::{Stack, StackOptions};
 use agentloop_e2e::{events_until_end, get, start, start_request, turns};
 use agentloop_orchestrator::OrchestratorConfig;
 use agentloop_proto::v1 as pb;
+use agentloop_stack::{Stack, StackOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_resumes_from_the_last_committed_turn() {
@@ -20,7 +20,7 @@ async fn a_restart_resumes_from_the_last_committed_turn() {
     config.limits.drain_timeout_ms = 50;
     let options = StackOptions {
         orchestrator: config,
-        ..StackOptions::embedded(dir.path().join("data"), None)
+        ..StackOptions::embedded(dir.path().join("data"))
     };
     let script = r#"{"turns": [
       {"tool_calls": [{"id": "a", "name": "lookup", "arguments": {"key": "profile"}}]},

@@ -185,7 +185,7 @@ async fn schema_violation_is_refused_before_execution(wiring: Wiring) {
         invocation.terminal_detail
     );
     assert_eq!(
-        system.executor.stats().applied,
+        system.executor().stats().applied,
         0,
         "nothing reached the executor"
     );
@@ -209,7 +209,7 @@ fn all_cancelled(turn: &pb::TurnCommitted) -> bool {
 async fn cancel_stops_a_running_sleep(wiring: Wiring) {
     let system = System::start(wiring, OrchestratorConfig::default()).await;
     let mut client = system.client().await;
-    let mut stats = system.executor.watch_stats();
+    let mut stats = system.executor().watch_stats();
     let id = start(&mut client, start_request(SLEEPS)).await;
     stats.wait_for(|s| s.sleeps_started == 2).await.unwrap();
     // While they run, the orchestrator reports where it is.
@@ -259,7 +259,7 @@ async fn deadline_cancels_a_running_sleep(wiring: Wiring) {
     assert_eq!(reason(&invocation), pb::TerminalReason::DeadlineExceeded);
     assert!(all_cancelled(turns(&events)[0]), "{events:?}");
     system
-        .executor
+        .executor()
         .watch_stats()
         .wait_for(|s| s.sleeps_cancelled == 2)
         .await
@@ -525,7 +525,7 @@ async fn a_transfer_is_recorded_in_the_ledger_and_applied_once(wiring: Wiring) {
         "{:?}",
         turns[0].results
     );
-    assert_eq!(system.executor.stats().applied, 1);
+    assert_eq!(system.executor().stats().applied, 1);
     let mut ledger = system.ledger().await;
     let unresolved = ledger
         .list_unresolved(pb::ListUnresolvedRequest {

@@ -12,18 +12,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentloop_decision::DecisionServer;
-use agentloop_demo_executor::{DemoConfig, DemoExecutor, FaultConfig};
+use agentloop_demo_executor::{DemoExecutor, FaultConfig};
 use agentloop_lease::testing::RedisServer;
 use agentloop_lease::{LeaseBackend, RedisHandoff, RedisLeaseConfig, RedisLeases};
-use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Ports, Workers};
-use agentloop_policy::{PolicyConfig, PolicyServer};
+use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Workers};
 use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
+use agentloop_stack::{Services, ServicesOptions, Wiring};
 use agentloop_store::testing::{PostgresServer, TestDatabase};
 use agentloop_store::{EventStore, PgOptions, PgStore};
-use agentloop_tools::{Gateway, GatewayLimits, ToolsConfig};
 use futures::StreamExt;
 use tempfile::TempDir;
 use tokio::net::TcpListener;
@@ -57,8 +55,7 @@ pub(crate) struct Cluster {
     pub(crate) policy: String,
     pub(crate) tools: String,
     pub(crate) ledger: String,
-    shutdown: CancellationToken,
-    servers: Vec<JoinHandle<()>>,
+    services: Services,
     _dir: TempDir,
 }
 
@@ -79,83 +76,24 @@ impl Cluster {
         let redis = RedisServer::start_or_skip(test).await?;
         let database = postgres.create_database().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let shutdown = CancellationToken::new();
-        let mut servers = Vec::new();
-
-        let executor = DemoExecutor::open(DemoConfig {
-            data_dir: dir.path().join("executor"),
-            faults,
-            ..DemoConfig::default()
-        })
-        .unwrap();
-        let (l, executor_endpoint) = listener().await;
-        let (e, s) = (executor.clone(), shutdown.clone());
-        servers.push(tokio::spawn(async move {
-            agentloop_demo_executor::run(l, e, s.cancelled_owned())
-                .await
-                .unwrap();
-        }));
-        let mut tools_config = ToolsConfig::from_descriptors(
-            &executor_endpoint,
-            agentloop_demo_executor::descriptors(),
-        )
-        .unwrap();
-        if let Some(timeout_ms) = transfer_timeout_ms {
-            for tool in &mut tools_config.tools {
-                if tool.name == "transfer" {
-                    tool.timeout_ms = timeout_ms;
-                }
-            }
-        }
-        let gateway = Gateway::new(tools_config.clone(), GatewayLimits::default())
-            .await
-            .unwrap();
-        let (l, tools) = listener().await;
-        let s = shutdown.clone();
-        servers.push(tokio::spawn(async move {
-            agentloop_tools::run(l, gateway, s.cancelled_owned())
-                .await
-                .unwrap();
-        }));
-        let policy_server =
-            PolicyServer::from_descriptors(&tools_config.descriptors(), &PolicyConfig::default())
-                .unwrap();
-        let (l, policy) = listener().await;
-        let s = shutdown.clone();
-        servers.push(tokio::spawn(async move {
-            agentloop_policy::run(l, policy_server, s.cancelled_owned())
-                .await
-                .unwrap();
-        }));
+        let mut options = ServicesOptions::new(dir.path().to_path_buf());
+        options.demo.faults = faults;
+        options
+            .demo_timeouts_ms
+            .extend(transfer_timeout_ms.map(|ms| ("transfer".to_owned(), ms)));
         // The ledger shares the event store's PostgreSQL database, as in production.
-        let ledger_config = agentloop_ledger::LedgerConfig {
-            database_url: Some(database.url().to_owned()),
-            ..agentloop_ledger::LedgerConfig::default()
-        };
-        let (l, ledger) = listener().await;
-        let s = shutdown.clone();
-        servers.push(tokio::spawn(async move {
-            agentloop_ledger::run(l, &ledger_config, s.cancelled_owned())
-                .await
-                .unwrap();
-        }));
-        let (l, decision) = listener().await;
-        let s = shutdown.clone();
-        servers.push(tokio::spawn(async move {
-            agentloop_decision::run(l, DecisionServer::new(None), s.cancelled_owned())
-                .await
-                .unwrap();
-        }));
+        options.ledger.database_url = Some(database.url().to_owned());
+        let services = Services::start(Wiring::Distributed, options).await.unwrap();
+        let endpoints = services.endpoints().unwrap().clone();
         Some(Cluster {
             database,
             redis,
-            executor,
-            decision,
-            policy,
-            tools,
-            ledger,
-            shutdown,
-            servers,
+            executor: services.demo_executor().clone(),
+            decision: endpoints.decision,
+            policy: endpoints.policy,
+            tools: endpoints.tools,
+            ledger: endpoints.ledger,
+            services,
             _dir: dir,
         })
     }
@@ -210,14 +148,9 @@ impl Cluster {
         store: Arc<dyn EventStore>,
         leases: Arc<dyn LeaseBackend>,
     ) -> Worker {
-        let ports = Ports::grpc(
-            channel(&self.decision).await,
-            channel(&self.policy).await,
-            channel(&self.tools).await,
-            channel(&self.ledger).await,
-        );
         let workers = Workers::new(leases, self.handoff(), &config.workers);
-        let orchestrator = Orchestrator::with_workers(config, store, ports, workers);
+        let orchestrator =
+            Orchestrator::with_workers(config, store, self.services.ports(), workers);
         orchestrator.resume().await.unwrap();
         let (l, endpoint) = listener().await;
         let shutdown = CancellationToken::new();
@@ -236,10 +169,7 @@ impl Cluster {
     }
 
     pub(crate) async fn stop(self) {
-        self.shutdown.cancel();
-        for server in self.servers {
-            server.await.unwrap();
-        }
+        self.services.stop().await.unwrap();
     }
 }
 

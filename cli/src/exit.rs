@@ -1,4 +1,4 @@
-//! Exit codes: a stable external format, one per terminal reason (README lists them).
+//! Exit codes: a stable external format, one per terminal reason (docs/cli.md lists them).
 
 use agentloop_engine::TerminalReason;
 

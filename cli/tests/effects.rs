@@ -7,10 +7,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use agentloop::embedded::{Stack, StackOptions};
 use agentloop_ledger::{LedgerConfig, LedgerStore, NewEffect, Outcome, effect_key};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
+use agentloop_stack::{Stack, StackOptions};
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -346,7 +346,7 @@ async fn pages_through_more_entries_than_one_page() {
 async fn works_with_the_embedded_stack_and_its_data_directory() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
-    let stack = Stack::start(StackOptions::embedded(data_dir.clone(), None))
+    let stack = Stack::start(StackOptions::embedded(data_dir.clone()))
         .await
         .unwrap();
     // `agentloop dev` serves the ledger on its one port.
@@ -382,7 +382,7 @@ async fn works_with_the_embedded_stack_and_its_data_directory() {
 async fn reads_a_ledger_file_written_by_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let store = LedgerConfig {
-        data_dir: dir.path().join(agentloop::embedded::LEDGER_DIR),
+        data_dir: dir.path().join(agentloop_stack::LEDGER_DIR),
         ..LedgerConfig::default()
     }
     .open_store()

@@ -302,7 +302,7 @@ pub async fn show_remote(server: &str, id: &str, json: bool) -> anyhow::Result<u
 
 /// `show` on the embedded data directory, read directly.
 pub async fn show_local(data_dir: &Path, id: &str, json: bool) -> anyhow::Result<u8> {
-    let events = crate::embedded::read_events(data_dir, id).await?;
+    let events = agentloop_stack::read_events(data_dir, id).await?;
     print_events(&events, json)?;
     Ok(0)
 }

@@ -23,7 +23,7 @@ use agentloop_proto::v1::effect_ledger_service_server::EffectLedgerService;
 use anyhow::{Context, bail};
 use serde::Serialize;
 
-use crate::embedded::LEDGER_DIR;
+use agentloop_stack::LEDGER_DIR;
 
 /// Entries asked for per `ListUnresolved` page (the server may cap it lower).
 const PAGE_SIZE: u32 = 500;

@@ -1,6 +1,6 @@
 //! `agentloop`: run the loop embedded with one command, or drive a deployed orchestrator.
 //!
-//! Exit codes: 0 `completed`; one code per other terminal reason (see README); 1 for a
+//! Exit codes: 0 `completed`; one code per other terminal reason (docs/cli.md); 1 for a
 //! failure outside any invocation; 2 for bad usage.
 
 #![allow(
@@ -8,12 +8,14 @@
     reason = "a command line prints its results on stdout"
 )]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use agentloop::client::{self, RunOptions};
-use agentloop::embedded::{Stack, StackOptions};
-use agentloop::{bench, effects, exit};
+use agentloop::{effects, exit};
+use agentloop_bench as bench;
+use agentloop_stack::{Stack, StackOptions};
+use agentloop_tools::ToolsConfig;
 use clap::{Args, Parser, Subcommand};
 
 mod model;
@@ -215,7 +217,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Dev { listen, tools } => {
             let stack = Stack::start(StackOptions {
                 listen,
-                ..StackOptions::embedded(cli.data_dir, tools)
+                ..embedded(cli.data_dir, tools.as_deref())?
             })
             .await?;
             println!("agentloop dev: all services on {}", stack.endpoint());
@@ -261,17 +263,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             match args.server {
                 Some(server) => client::run(&server, options).await,
                 None => {
-                    let mut stack_options = StackOptions::embedded(cli.data_dir, args.tools);
+                    let mut stack_options = embedded(cli.data_dir, args.tools.as_deref())?;
                     if model.is_some() {
                         // A real model gets one repair turn: an output that breaks the
                         // protocol is fed back once before the run ends `invalid_decision`.
                         stack_options.orchestrator.limits.decision_repairs = 1;
                     }
-                    let stack = Stack::start(StackOptions {
-                        model,
-                        ..stack_options
-                    })
-                    .await?;
+                    stack_options.services.model = model;
+                    let stack = Stack::start(stack_options).await?;
                     let result = client::run(&stack.endpoint(), options).await;
                     stack.stop().await?;
                     result
@@ -312,7 +311,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             Ok(if report.failed == 0 { 0 } else { exit::FAILURE })
         }
         Command::Demo { json } => {
-            let stack = Stack::start(StackOptions::embedded(cli.data_dir, None)).await?;
+            let stack = Stack::start(StackOptions::embedded(cli.data_dir)).await?;
             let options = RunOptions {
                 goal: "Load the customer profile and the refund policy".into(),
                 script: client::DEMO_SCRIPT.to_owned(),
@@ -329,4 +328,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             result
         }
     }
+}
+
+/// The embedded stack over `data_dir`, with the tool registry `tools` if one is named.
+fn embedded(data_dir: PathBuf, tools: Option<&Path>) -> anyhow::Result<StackOptions> {
+    let mut options = StackOptions::embedded(data_dir);
+    options.services.tools = tools.map(ToolsConfig::load).transpose()?;
+    Ok(options)
 }

@@ -15,7 +15,7 @@
 //!
 //! **Modes.** `embedded`: one process, the orchestrator calls decision, policy and the
 //! tool gateway in-process, and the gateway calls the demo executor in-process too
-//! (`agentloop_tools::InProcessExecutors`); the bench calls the orchestrator's API
+//! (`agentloop-stack`, embedded wiring); the bench calls the orchestrator's API
 //! in-process. `distributed`: decision, policy, tool gateway, effect ledger and
 //! orchestrator, plus the demo executor, are gRPC servers on distinct 127.0.0.1 ports,
 //! talking gRPC to each other with the shared client and server settings; the bench is
@@ -53,25 +53,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use agentloop_decision::{DecisionServer, Model, ModelError, ModelReply};
-use agentloop_demo_executor::{DemoConfig, DemoExecutor};
-use agentloop_orchestrator::{InProcess, Orchestrator, OrchestratorConfig, Ports};
-use agentloop_policy::{PolicyConfig, PolicyServer};
+use agentloop_decision::{Model, ModelError, ModelReply};
+use agentloop_orchestrator::{Orchestrator, OrchestratorConfig};
 use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
-use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
-use agentloop_server::ServeError;
-use agentloop_store::{EventStore, SqliteStore};
-use agentloop_tools::{Gateway, GatewayLimits, ToolsConfig};
+use agentloop_stack::{ServicesOptions, Stack, StackOptions, Wiring};
+use agentloop_store::EventStore;
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use serde::Serialize;
 use tokio::sync::watch;
-use tokio::task::{JoinHandle, JoinSet};
-use tokio_util::sync::CancellationToken;
+use tokio::task::JoinSet;
 
 /// Most invocations one run may start.
 pub const MAX_INVOCATIONS: u32 = 1_000_000;
@@ -86,8 +81,6 @@ const PARK_POLL: Duration = Duration::from_millis(50);
 const RUN_TIMEOUT: Duration = Duration::from_secs(3_600);
 /// The demo executor's read-only lookup tool.
 const LOOKUP: &str = "lookup";
-/// The endpoint the embedded tool registry names the in-process demo executor by.
-const IN_PROCESS_EXECUTOR: &str = "http://demo-executor.in-process.localhost";
 
 /// Lookup keys (and the demo executor's values for them); each turn takes the next two.
 const KEYS: [(&str, &str); 8] = [
@@ -228,8 +221,8 @@ pub async fn run(options: BenchOptions) -> anyhow::Result<Report> {
             return Err(error);
         }
     };
-    let storage = deployment.store.storage().await?;
-    let stats = deployment.store.stats();
+    let storage = deployment.stack.store().storage().await?;
+    let stats = deployment.stack.store().stats();
     deployment.stop().await;
     drop(dir);
 
@@ -501,11 +494,7 @@ impl Client {
 
 struct Deployment {
     client: Client,
-    /// In embedded mode, for the shutdown; distributed mode drains it with its server.
-    orchestrator: Option<Orchestrator>,
-    store: SqliteStore,
-    stop: CancellationToken,
-    servers: Vec<JoinHandle<Result<(), ServeError>>>,
+    stack: Stack,
 }
 
 impl Deployment {
@@ -517,142 +506,46 @@ impl Deployment {
         let data_file = dir.join("lookup.json");
         let table: std::collections::BTreeMap<_, _> = KEYS.into_iter().collect();
         std::fs::write(&data_file, serde_json::to_vec(&table)?)?;
-        let executor = DemoExecutor::open(DemoConfig {
-            data_dir: dir.join("executor"),
-            data_file: Some(data_file),
-            ..DemoConfig::default()
-        })?;
-        let limits = GatewayLimits {
-            // Every invocation's two lookups may be in flight at once.
-            max_concurrent_calls_per_executor: (2 * options.invocations as usize).max(64),
-            ..GatewayLimits::default()
-        };
-        let store = SqliteStore::open_in(&dir.join("orchestrator")).await?;
+        let mut services = ServicesOptions::new(dir.to_path_buf());
+        services.demo.data_file = Some(data_file);
+        // Every invocation's two lookups may be in flight at once.
+        services.gateway.max_concurrent_calls_per_executor =
+            (2 * options.invocations as usize).max(64);
         // The workload only reads, so the ledger is never written; it is wired all the
         // same, as in every deployment.
-        let ledger_config = agentloop_ledger::LedgerConfig {
-            data_dir: dir.join("ledger"),
-            ..agentloop_ledger::LedgerConfig::default()
+        services.model = Some(model);
+        let wiring = match options.mode {
+            Mode::Embedded => Wiring::Embedded,
+            Mode::Distributed => Wiring::Distributed,
         };
-        let config = orchestrator_config(options);
-        let stop = CancellationToken::new();
-        let mut servers = Vec::new();
-        let deployment = match options.mode {
-            Mode::Embedded => {
-                let tools = ToolsConfig::from_descriptors(
-                    IN_PROCESS_EXECUTOR,
-                    agentloop_demo_executor::descriptors(),
-                )?;
-                let executor: Arc<dyn ToolExecutorService> = Arc::new(executor);
-                let gateway = Gateway::with_in_process(
-                    tools.clone(),
-                    limits,
-                    vec![(IN_PROCESS_EXECUTOR.to_owned(), executor)],
+        let stack = Stack::start(StackOptions {
+            wiring,
+            listen: "127.0.0.1:0".to_owned(),
+            orchestrator: orchestrator_config(options),
+            services,
+        })
+        .await?;
+        let client = match options.mode {
+            Mode::Embedded => Client::InProcess(stack.orchestrator().clone()),
+            Mode::Distributed => Client::Grpc(agentloop_proto::client::orchestrator(
+                connect(
+                    &stack.endpoint(),
+                    ClientConfig::default()
+                        .with_lazy(true)
+                        // Watches last as long as their invocation.
+                        .with_request_timeout(None),
                 )
-                .await?;
-                let policy =
-                    PolicyServer::from_descriptors(&tools.descriptors(), &PolicyConfig::default())?;
-                let ports = Ports {
-                    decision: Arc::new(DecisionServer::new(Some(model))),
-                    policy: Arc::new(InProcess(Arc::new(policy))),
-                    tools: Arc::new(InProcess(Arc::new(gateway))),
-                    ledger: Arc::new(InProcess(Arc::new(agentloop_ledger::LedgerService::new(
-                        ledger_config.open_store().await?,
-                    )))),
-                };
-                let orchestrator = Orchestrator::new(config, Arc::new(store.clone()), ports);
-                orchestrator.resume().await?;
-                Deployment {
-                    client: Client::InProcess(orchestrator.clone()),
-                    orchestrator: Some(orchestrator),
-                    store,
-                    stop,
-                    servers,
-                }
-            }
-            Mode::Distributed => {
-                let (listener, executor_endpoint) = listen().await?;
-                let stopped = stop.clone().cancelled_owned();
-                servers.push(tokio::spawn(agentloop_demo_executor::run(
-                    listener, executor, stopped,
-                )));
-                let tools = ToolsConfig::from_descriptors(
-                    &executor_endpoint,
-                    agentloop_demo_executor::descriptors(),
-                )?;
-                let policy =
-                    PolicyServer::from_descriptors(&tools.descriptors(), &PolicyConfig::default())?;
-                let gateway = Gateway::new(tools, limits).await?;
-                let (listener, tools_endpoint) = listen().await?;
-                let stopped = stop.clone().cancelled_owned();
-                servers.push(tokio::spawn(agentloop_tools::run(
-                    listener, gateway, stopped,
-                )));
-                let (listener, policy_endpoint) = listen().await?;
-                let stopped = stop.clone().cancelled_owned();
-                servers.push(tokio::spawn(agentloop_policy::run(
-                    listener, policy, stopped,
-                )));
-                let (listener, decision_endpoint) = listen().await?;
-                let stopped = stop.clone().cancelled_owned();
-                servers.push(tokio::spawn(agentloop_decision::run(
-                    listener,
-                    DecisionServer::new(Some(model)),
-                    stopped,
-                )));
-                let (listener, ledger_endpoint) = listen().await?;
-                let stopped = stop.clone().cancelled_owned();
-                let ledger =
-                    agentloop_ledger::LedgerService::new(ledger_config.open_store().await?);
-                servers.push(tokio::spawn(agentloop_server::serve(
-                    listener,
-                    agentloop_server::ServiceSet::new()
-                        .add(agentloop_proto::server::effect_ledger(ledger)),
-                    stopped,
-                )));
-                let ports = Ports::grpc(
-                    channel(&decision_endpoint).await?,
-                    channel(&policy_endpoint).await?,
-                    channel(&tools_endpoint).await?,
-                    channel(&ledger_endpoint).await?,
-                );
-                let orchestrator = Orchestrator::new(config, Arc::new(store.clone()), ports);
-                orchestrator.resume().await?;
-                let (listener, endpoint) = listen().await?;
-                let stopped = stop.clone().cancelled_owned();
-                servers.push(tokio::spawn(agentloop_orchestrator::run(
-                    listener,
-                    orchestrator,
-                    stopped,
-                )));
-                Deployment {
-                    client: Client::Grpc(agentloop_proto::client::orchestrator(
-                        channel(&endpoint).await?,
-                    )),
-                    orchestrator: None,
-                    store,
-                    stop,
-                    servers,
-                }
-            }
+                .await?,
+            )),
         };
-        Ok(deployment)
+        Ok(Deployment { client, stack })
     }
 
     /// Drains the orchestrator, stops the servers and closes the store.
     async fn stop(self) {
-        if let Some(orchestrator) = &self.orchestrator {
-            orchestrator.shutdown().await;
+        if let Err(error) = self.stack.stop().await {
+            tracing::warn!(%error, "a bench server failed");
         }
-        self.stop.cancel();
-        for server in self.servers {
-            match server.await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => tracing::warn!(%error, "a bench server failed"),
-                Err(error) => tracing::warn!(%error, "a bench server task failed"),
-            }
-        }
-        self.store.close().await;
     }
 }
 
@@ -667,20 +560,6 @@ fn orchestrator_config(options: &BenchOptions) -> OrchestratorConfig {
     config.bounds.max_tool_calls_cap = config.bounds.max_tool_calls_cap.max(tool_calls);
     config.bounds.max_running = config.bounds.max_running.max(options.invocations as usize);
     config
-}
-
-async fn listen() -> anyhow::Result<(tokio::net::TcpListener, String)> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let endpoint = format!("http://{}", listener.local_addr()?);
-    Ok((listener, endpoint))
-}
-
-async fn channel(endpoint: &str) -> anyhow::Result<Transport> {
-    let config = ClientConfig::default()
-        .with_lazy(true)
-        // Watches last as long as their invocation.
-        .with_request_timeout(None);
-    Ok(connect(endpoint, config).await?)
 }
 
 fn start_request() -> pb::StartInvocationRequest {
@@ -856,8 +735,8 @@ async fn park(
     let expected_events = total * (u64::from(options.turns) + 1);
     let finished = async {
         loop {
-            let stats = deployment.store.stats();
-            if deployment.store.running(None, 1).await?.is_empty() {
+            let stats = deployment.stack.store().stats();
+            if deployment.stack.store().running(None, 1).await?.is_empty() {
                 return anyhow::Ok(stats);
             }
             tokio::time::sleep(PARK_POLL).await;
@@ -867,7 +746,7 @@ async fn park(
         .await
         .context("the released invocations did not end within an hour")??;
     let elapsed = started.elapsed();
-    let storage = deployment.store.storage().await?;
+    let storage = deployment.stack.store().storage().await?;
     // Each invocation commits at most T + 1 events (its step budget is T); all of them
     // means every invocation got to its answer.
     let complete = storage.events == expected_events;

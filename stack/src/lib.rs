@@ -1,0 +1,489 @@
+//! `agentloop-stack`: the services of agentloop wired into one deployment, in one place.
+//!
+//! Two wirings, the same services:
+//! - [`Wiring::Embedded`]: one process, one loopback port. The orchestrator reaches
+//!   decision, policy, the tool gateway and the effect ledger in-process, and the gateway
+//!   reaches the demo executor in-process; every service is also served on the one port.
+//!   This is `agentloop run`, `demo` and `dev`: no Redis, no PostgreSQL, no other server.
+//! - [`Wiring::Distributed`]: each service is its own gRPC server on a loopback port of
+//!   this process and reaches the others over gRPC with the shared client settings,
+//!   exactly as when each runs as its own binary.
+//!
+//! The CLI, `agentloop bench` and the end-to-end tests start a [`Stack`]; tests that run
+//! their own orchestrator workers (over PostgreSQL and Redis) start only the
+//! [`Services`] an orchestrator reaches. No other crate wires the services.
+
+#![warn(missing_docs)]
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use agentloop_decision::{DecisionServer, Model};
+use agentloop_demo_executor::{DemoConfig, DemoExecutor};
+use agentloop_ledger::{LedgerConfig, LedgerService};
+use agentloop_orchestrator::{InProcess, Orchestrator, OrchestratorConfig, Ports, wire};
+use agentloop_policy::{PolicyConfig, PolicyServer};
+use agentloop_proto::client::{ClientConfig, Transport, connect};
+use agentloop_proto::server;
+use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
+use agentloop_server::{ServeError, ServiceSet};
+use agentloop_store::{EventStore, SqliteStore, StoreError};
+use agentloop_tools::{Gateway, GatewayLimits, ToolsConfig};
+use anyhow::{Context, bail};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// The effect ledger's directory inside the data directory.
+pub const LEDGER_DIR: &str = "ledger";
+/// The demo executor's directory inside the data directory.
+pub const DEMO_EXECUTOR_DIR: &str = "demo-executor";
+/// The endpoint name under which the embedded gateway finds the in-process demo executor.
+/// It is never dialled: the gateway routes its tools to the executor in memory.
+const IN_PROCESS_EXECUTOR: &str = "http://demo-executor.in-process.localhost";
+
+/// How the services reach each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wiring {
+    /// One process, in-process ports, every service on one port.
+    Embedded,
+    /// Every service its own gRPC server on a loopback port, reached over gRPC.
+    Distributed,
+}
+
+/// What the services an orchestrator reaches are started with.
+#[derive(Debug, Clone)]
+pub struct ServicesOptions {
+    /// Holds the demo executor's record ([`DEMO_EXECUTOR_DIR`]) and the SQLite ledger
+    /// ([`LEDGER_DIR`]).
+    pub data_dir: PathBuf,
+    /// A tool registry; without it, the demo executor's tools.
+    pub tools: Option<ToolsConfig>,
+    /// Per-tool timeouts (ms) that replace the demo executor's own (tests shorten
+    /// `transfer`'s to see late replies).
+    pub demo_timeouts_ms: BTreeMap<String, u64>,
+    /// The demo executor's configuration; its `data_dir` is [`DEMO_EXECUTOR_DIR`] of
+    /// `data_dir` and its `listen` is not used.
+    pub demo: DemoConfig,
+    /// The gateway's limits.
+    pub gateway: GatewayLimits,
+    /// The ledger's configuration: with `database_url`, PostgreSQL; otherwise its
+    /// `data_dir` is [`LEDGER_DIR`] of `data_dir`. Its `listen` is not used.
+    pub ledger: LedgerConfig,
+    /// The model for invocations started without a script; `None`: they end
+    /// `model_error`.
+    pub model: Option<Arc<dyn Model>>,
+}
+
+impl ServicesOptions {
+    /// The defaults over `data_dir`: the demo tools, default limits, no model.
+    pub fn new(data_dir: PathBuf) -> ServicesOptions {
+        ServicesOptions {
+            data_dir,
+            tools: None,
+            demo_timeouts_ms: BTreeMap::new(),
+            demo: DemoConfig::default(),
+            gateway: GatewayLimits::default(),
+            ledger: LedgerConfig::default(),
+            model: None,
+        }
+    }
+}
+
+/// Where each service is served, in the distributed wiring.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    /// The decision service.
+    pub decision: String,
+    /// The policy service.
+    pub policy: String,
+    /// The tool gateway.
+    pub tools: String,
+    /// The effect ledger.
+    pub ledger: String,
+    /// The demo executor.
+    pub demo_executor: String,
+}
+
+/// The embedded wiring's service implementations, served beside the orchestrator.
+#[derive(Debug, Clone)]
+struct Local {
+    decision: DecisionServer,
+    policy: PolicyServer,
+    gateway: Gateway,
+    ledger: LedgerService,
+}
+
+/// The services an orchestrator reaches (decision, policy, tool gateway, effect ledger)
+/// and the demo executor, running.
+#[derive(Debug)]
+pub struct Services {
+    demo: DemoExecutor,
+    ports: Ports,
+    /// Distributed: where each one is served.
+    endpoints: Option<Endpoints>,
+    /// Embedded: the implementations the caller serves.
+    local: Option<Local>,
+    stop: CancellationToken,
+    servers: Vec<JoinHandle<Result<(), ServeError>>>,
+}
+
+impl Services {
+    /// Starts the services, wired as asked.
+    ///
+    /// # Errors
+    ///
+    /// When a configuration is invalid, a store cannot be opened or a port cannot be bound.
+    pub async fn start(wiring: Wiring, options: ServicesOptions) -> anyhow::Result<Services> {
+        let demo = DemoExecutor::open(DemoConfig {
+            data_dir: options.data_dir.join(DEMO_EXECUTOR_DIR),
+            ..options.demo
+        })?;
+        let ledger_config = LedgerConfig {
+            data_dir: options.data_dir.join(LEDGER_DIR),
+            ..options.ledger
+        };
+        let ledger = LedgerService::new(ledger_config.open_store().await?);
+        let decision = DecisionServer::new(options.model);
+        let stop = CancellationToken::new();
+        let mut servers = Vec::new();
+        let tools_for = |endpoint: &str| -> anyhow::Result<ToolsConfig> {
+            if let Some(tools) = &options.tools {
+                return Ok(tools.clone());
+            }
+            let mut tools =
+                ToolsConfig::from_descriptors(endpoint, agentloop_demo_executor::descriptors())?;
+            for tool in &mut tools.tools {
+                if let Some(&timeout_ms) = options.demo_timeouts_ms.get(&tool.name) {
+                    tool.timeout_ms = timeout_ms;
+                }
+            }
+            Ok(tools)
+        };
+        match wiring {
+            Wiring::Embedded => {
+                let tools = tools_for(IN_PROCESS_EXECUTOR)?;
+                let executor: Arc<dyn ToolExecutorService> = Arc::new(demo.clone());
+                let gateway = Gateway::with_in_process(
+                    tools.clone(),
+                    options.gateway,
+                    vec![(IN_PROCESS_EXECUTOR.to_owned(), executor)],
+                )
+                .await?;
+                let policy =
+                    PolicyServer::from_descriptors(&tools.descriptors(), &PolicyConfig::default())?;
+                let ports = Ports {
+                    decision: Arc::new(decision.clone()),
+                    policy: Arc::new(InProcess(Arc::new(policy.clone()))),
+                    tools: Arc::new(InProcess(Arc::new(gateway.clone()))),
+                    ledger: Arc::new(InProcess(Arc::new(ledger.clone()))),
+                };
+                Ok(Services {
+                    demo,
+                    ports,
+                    endpoints: None,
+                    local: Some(Local {
+                        decision,
+                        policy,
+                        gateway,
+                        ledger,
+                    }),
+                    stop,
+                    servers,
+                })
+            }
+            Wiring::Distributed => {
+                let mut serve = |listener, services| {
+                    servers.push(tokio::spawn(agentloop_server::serve(
+                        listener,
+                        services,
+                        stop.clone().cancelled_owned(),
+                    )));
+                };
+                let (listener, demo_executor) = listen("127.0.0.1:0").await?;
+                serve(
+                    listener,
+                    ServiceSet::new().add(server::tool_executor(demo.clone())),
+                );
+                let tools = tools_for(&demo_executor)?;
+                let policy =
+                    PolicyServer::from_descriptors(&tools.descriptors(), &PolicyConfig::default())?;
+                let gateway = Gateway::new(tools, options.gateway).await?;
+                let (listener, tools) = listen("127.0.0.1:0").await?;
+                serve(
+                    listener,
+                    ServiceSet::new().add(server::tool_gateway(gateway)),
+                );
+                let (listener, policy_endpoint) = listen("127.0.0.1:0").await?;
+                serve(listener, ServiceSet::new().add(server::policy(policy)));
+                let (listener, decision_endpoint) = listen("127.0.0.1:0").await?;
+                serve(listener, ServiceSet::new().add(server::decision(decision)));
+                let (listener, ledger_endpoint) = listen("127.0.0.1:0").await?;
+                serve(
+                    listener,
+                    ServiceSet::new().add(server::effect_ledger(ledger)),
+                );
+                let endpoints = Endpoints {
+                    decision: decision_endpoint,
+                    policy: policy_endpoint,
+                    tools,
+                    ledger: ledger_endpoint,
+                    demo_executor,
+                };
+                let ports = Ports::grpc(
+                    channel(&endpoints.decision).await?,
+                    channel(&endpoints.policy).await?,
+                    channel(&endpoints.tools).await?,
+                    channel(&endpoints.ledger).await?,
+                );
+                Ok(Services {
+                    demo,
+                    ports,
+                    endpoints: Some(endpoints),
+                    local: None,
+                    stop,
+                    servers,
+                })
+            }
+        }
+    }
+
+    /// The ports an orchestrator reaches these services through.
+    pub fn ports(&self) -> Ports {
+        self.ports.clone()
+    }
+
+    /// Where each service is served: `Some` in the distributed wiring.
+    pub fn endpoints(&self) -> Option<&Endpoints> {
+        self.endpoints.as_ref()
+    }
+
+    /// The demo executor (its counters show what it applied).
+    pub fn demo_executor(&self) -> &DemoExecutor {
+        &self.demo
+    }
+
+    /// Stops the servers of the distributed wiring, gracefully.
+    ///
+    /// # Errors
+    ///
+    /// When a server failed.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.stop.cancel();
+        for server in self.servers {
+            server.await.context("a service's server task failed")??;
+        }
+        Ok(())
+    }
+}
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct StackOptions {
+    /// How the services reach each other.
+    pub wiring: Wiring,
+    /// Where the orchestrator is served (`127.0.0.1:0` for any free port); embedded, every
+    /// service is served there.
+    pub listen: String,
+    /// The orchestrator's configuration; its event store is SQLite in the services'
+    /// `data_dir` (its own `data_dir` and `listen` are replaced).
+    pub orchestrator: OrchestratorConfig,
+    /// The other services.
+    pub services: ServicesOptions,
+}
+
+impl StackOptions {
+    /// The embedded default of `run` and `demo`: any free loopback port, the demo tools.
+    pub fn embedded(data_dir: PathBuf) -> StackOptions {
+        StackOptions {
+            wiring: Wiring::Embedded,
+            listen: "127.0.0.1:0".into(),
+            orchestrator: OrchestratorConfig::default(),
+            services: ServicesOptions::new(data_dir),
+        }
+    }
+}
+
+/// A running deployment.
+#[derive(Debug)]
+pub struct Stack {
+    endpoint: String,
+    orchestrator: Orchestrator,
+    store: SqliteStore,
+    services: Services,
+    stop: CancellationToken,
+    server: JoinHandle<Result<(), ServeError>>,
+    /// Held for the stack's life: one process per data directory.
+    _lock: File,
+}
+
+impl Stack {
+    /// Opens the data directory, starts every service and resumes invocations that a
+    /// previous run left unfinished.
+    ///
+    /// # Errors
+    ///
+    /// When the data directory is in use or cannot be opened, a configuration is invalid
+    /// or a port cannot be bound.
+    pub async fn start(options: StackOptions) -> anyhow::Result<Stack> {
+        let data_dir = options.services.data_dir.clone();
+        std::fs::create_dir_all(&data_dir)
+            .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+        let lock = lock(&data_dir)?;
+        let (listener, endpoint) = listen(&options.listen).await?;
+        let services = Services::start(options.wiring, options.services).await?;
+        let store = SqliteStore::open_in(&data_dir).await?;
+        let config = OrchestratorConfig {
+            data_dir,
+            ..options.orchestrator
+        };
+        let orchestrator = Orchestrator::new(config, Arc::new(store.clone()), services.ports());
+
+        let mut served = ServiceSet::new().add(orchestrator.service());
+        if let Some(local) = &services.local {
+            served = served
+                .add(server::decision(local.decision.clone()))
+                .add(server::policy(local.policy.clone()))
+                .add(server::tool_gateway(local.gateway.clone()))
+                .add(server::effect_ledger(local.ledger.clone()))
+                .add(server::tool_executor(services.demo.clone()));
+        }
+        let stop = CancellationToken::new();
+        let (drained, stopped) = (orchestrator.clone(), stop.clone());
+        let server = tokio::spawn(agentloop_server::serve(listener, served, async move {
+            stopped.cancelled().await;
+            drained.shutdown().await;
+        }));
+        orchestrator.resume().await?;
+        Ok(Stack {
+            endpoint,
+            orchestrator,
+            store,
+            services,
+            stop,
+            server,
+            _lock: lock,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`: the orchestrator.
+    pub fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    /// The effect ledger's endpoint: its own in the distributed wiring, the one port when
+    /// embedded.
+    pub fn ledger_endpoint(&self) -> String {
+        match &self.services.endpoints {
+            Some(endpoints) => endpoints.ledger.clone(),
+            None => self.endpoint.clone(),
+        }
+    }
+
+    /// The in-process orchestrator.
+    pub fn orchestrator(&self) -> &Orchestrator {
+        &self.orchestrator
+    }
+
+    /// The orchestrator's event store.
+    pub fn store(&self) -> &SqliteStore {
+        &self.store
+    }
+
+    /// The demo executor (its counters show what it applied).
+    pub fn demo_executor(&self) -> &DemoExecutor {
+        self.services.demo_executor()
+    }
+
+    /// Graceful stop: in-flight turns commit, running invocations park, the servers
+    /// drain, the event store closes.
+    ///
+    /// # Errors
+    ///
+    /// When a server failed.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.stop.cancel();
+        let served = self.server.await.context("the server task failed");
+        let services = self.services.stop().await;
+        self.store.close().await;
+        served??;
+        services
+    }
+}
+
+/// Binds `address`; the endpoint a client dials.
+async fn listen(address: &str) -> anyhow::Result<(TcpListener, String)> {
+    let listener = TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot listen on {address}"))?;
+    let endpoint = format!("http://{}", listener.local_addr()?);
+    Ok((listener, endpoint))
+}
+
+/// A lazy channel without a request timeout: watches last as long as their invocation.
+async fn channel(endpoint: &str) -> anyhow::Result<Transport> {
+    let config = ClientConfig::default()
+        .with_lazy(true)
+        .with_request_timeout(None);
+    Ok(connect(endpoint, config).await?)
+}
+
+/// One embedded process per data directory: a second one would interleave writes to the
+/// demo executor's record and run the same invocations twice on resume.
+fn lock(data_dir: &Path) -> anyhow::Result<File> {
+    let path = data_dir.join(".lock");
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => bail!(
+            "the data directory {} is in use by another agentloop process (use --data-dir)",
+            data_dir.display()
+        ),
+        Err(std::fs::TryLockError::Error(error)) => {
+            Err(error).with_context(|| format!("cannot lock {}", path.display()))
+        }
+    }
+}
+
+/// The committed events of an invocation in an embedded data directory.
+///
+/// # Errors
+///
+/// When `id` is not an invocation ID, the directory holds no agentloop data or no such
+/// invocation, or the store cannot be read.
+pub async fn read_events(data_dir: &Path, id: &str) -> anyhow::Result<Vec<pb::Event>> {
+    let invocation_id =
+        Uuid::parse_str(id).with_context(|| format!("{id:?} is not an invocation ID"))?;
+    if !data_dir.join(agentloop_store::DATABASE_FILE).exists() {
+        bail!(
+            "no agentloop data in {} (use --data-dir or --server)",
+            data_dir.display()
+        );
+    }
+    let store = SqliteStore::open_in(data_dir).await?;
+    let mut events = Vec::new();
+    let mut from = 1;
+    loop {
+        let page = match store.events(invocation_id, from, 1_000).await {
+            Ok(page) => page,
+            Err(StoreError::NotFound(_)) => bail!("no invocation {id} in {}", data_dir.display()),
+            Err(error) => return Err(error.into()),
+        };
+        let Some(last) = page.last() else { break };
+        from = last.event.seq + 1;
+        events.extend(
+            page.iter()
+                .map(|stored| wire::event(id, stored.committed_at, &stored.event)),
+        );
+    }
+    Ok(events)
+}
