@@ -10,6 +10,10 @@
 //!    `store.busy_timeout_ms`); values are parsed as TOML-like scalars;
 //! 4. `overrides`, usually the command-line flags.
 //!
+//! `<PREFIX>CONFIG` is not a key: it names the file of layer 2 (see
+//! [`Service::start`](crate::Service::start)), so this layer skips it instead of failing
+//! on an unknown key `config`.
+//!
 //! **Convention for `overrides`:** a serde struct whose fields are all `Option`s marked
 //! `#[serde(skip_serializing_if = "Option::is_none")]`. A flag the user did not give is
 //! then absent from the serialized map and does not clobber a lower layer; a field
@@ -83,9 +87,17 @@ pub fn load<T>(
 where
     T: DeserializeOwned + Serialize + Default,
 {
-    let env = std::env::vars_os()
-        .filter_map(|(key, value)| Some((key.into_string().ok()?, value.into_string().ok()?)));
-    load_from(file, env, env_prefix, overrides)
+    load_from(file, process_env(), env_prefix, overrides)
+}
+
+/// Key, below the prefix, of the variable that names the configuration file
+/// (`AGENTLOOP_LEDGER_CONFIG`); never a configuration key.
+pub(crate) const FILE_KEY: &str = "CONFIG";
+
+/// The process environment, without variables whose name or value is not UTF-8.
+pub(crate) fn process_env() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os()
+        .filter_map(|(key, value)| Some((key.into_string().ok()?, value.into_string().ok()?)))
 }
 
 /// [`load`] with the environment passed in, so tests need not change the process
@@ -135,7 +147,7 @@ impl EnvVars {
                     .and_then(|_| key.get(upper_prefix.len()..))?;
                 let dotted = rest.to_ascii_lowercase().replace("__", ".");
                 // Same rule as figment's `Env`: skip keys with an empty segment.
-                if dotted.split('.').any(str::is_empty) {
+                if dotted.split('.').any(str::is_empty) || dotted.eq_ignore_ascii_case(FILE_KEY) {
                     return None;
                 }
                 Some((dotted, value))

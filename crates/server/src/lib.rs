@@ -1,7 +1,11 @@
 //! The one gRPC server builder of agentloop, shared by every service binary.
 //!
-//! Five services would otherwise repeat the same plumbing; here it is written once:
+//! Six services would otherwise repeat the same plumbing; here it is written once:
 //!
+//! - [`Service::start`] with [`CommonFlags`]: the start of every `main.rs` — the
+//!   `--config`, `--listen` and `--dump-config` flags, the layered configuration,
+//!   the service's validation, and bind-or-exit, with one exit code
+//!   ([`EXIT_BAD_CONFIG`]) and one message shape for every configuration problem;
 //! - [`serve`] with a [`ServiceSet`]: a tonic server over a caller-bound listener (its
 //!   connections with TCP_NODELAY), with a tracing layer, the standard gRPC health
 //!   service (SERVING for every added service, NOT_SERVING as soon as shutdown begins)
@@ -9,16 +13,20 @@
 //!   of in-flight RPCs;
 //! - [`config::load`]: layered configuration (defaults -> TOML file -> `AGENTLOOP_*`
 //!   environment -> command-line overrides);
-//! - [`init_tracing`], [`shutdown_signal`], [`install_crypto_provider`] and the
-//!   [`EXIT_BAD_CONFIG`] exit code, so every `main.rs` behaves the same.
+//! - [`shutdown_signal`] for the binaries, and [`install_crypto_provider`] for the
+//!   processes and tests that build rustls clients without the rest of the start.
 //!
-//! It is *not* a service: it holds no business logic, no storage and no client code,
-//! and it does not choose addresses (the caller binds the listener, so tests can use
-//! port 0).
+//! It is *not* a service: it holds no business logic, no storage and no client code.
+//! [`serve`] does not choose addresses (the caller binds the listener, so tests can use
+//! port 0); [`Service::start`] binds the address the configuration names.
 
 #![warn(missing_docs)]
 
 pub mod config;
+mod dump;
+mod start;
+
+pub use start::{CommonFlags, Prepared, Service, ServiceConfig, StartError, Started};
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -26,7 +34,7 @@ use std::sync::Once;
 
 use tokio::net::TcpListener;
 use tonic::body::Body;
-use tonic::codegen::Service;
+use tonic::codegen::Service as TowerService;
 use tonic::codegen::http::{Request, Response};
 use tonic::server::NamedService;
 use tonic::service::RoutesBuilder;
@@ -43,7 +51,8 @@ pub const EXIT_BAD_CONFIG: i32 = 78;
 
 /// Reports a configuration that cannot be used and exits with [`EXIT_BAD_CONFIG`]: to the
 /// log and to stderr (the log may not be set up, or go somewhere nobody looks at start-up).
-pub fn exit_bad_config(service: &str, error: &dyn std::fmt::Display) -> ! {
+/// Binaries reach it as [`Service::exit_bad_config`], which supplies `service`.
+pub(crate) fn exit_bad_config(service: &str, error: &dyn std::fmt::Display) -> ! {
     tracing::error!(service, %error, "bad configuration");
     eprintln!("{service}: bad configuration: {error}");
     std::process::exit(EXIT_BAD_CONFIG)
@@ -69,12 +78,13 @@ pub fn install_crypto_provider() {
     });
 }
 
-/// Sets up the global `tracing` subscriber for a service binary.
+/// Sets up the global `tracing` subscriber for a service binary (step 2 of
+/// [`Service::start`]).
 ///
 /// The filter follows `RUST_LOG` syntax (default `info`); `AGENTLOOP_LOG_FORMAT=json`
 /// selects JSON lines for log shippers. Safe to call more than once (later calls, and
 /// calls after a test harness installed its own subscriber, do nothing).
-pub fn init_tracing(service: &str) {
+pub(crate) fn init_tracing(service: &str) {
     use tracing_subscriber::EnvFilter;
 
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -157,7 +167,7 @@ impl ServiceSet {
     )]
     pub fn add<S>(mut self, service: S) -> Self
     where
-        S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        S: TowerService<Request<Body>, Response = Response<Body>, Error = Infallible>
             + NamedService
             + Clone
             + Send

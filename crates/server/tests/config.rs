@@ -143,3 +143,16 @@ fn a_named_file_that_does_not_exist_is_an_error() {
         load_from::<Settings>(Some(&missing), env(&[]), "APP_", Flags::default()).unwrap_err();
     assert!(matches!(err, ConfigError::MissingFile { .. }), "{err:?}");
 }
+
+#[test]
+fn the_variable_that_names_the_file_is_not_a_key() {
+    // `deny_unknown_fields` would refuse a key `config`.
+    let s: Settings = load_from(
+        None,
+        env(&[("APP_CONFIG", "/somewhere/else.toml"), ("APP_RETRIES", "4")]),
+        "APP_",
+        Flags::default(),
+    )
+    .unwrap();
+    assert_eq!(s.retries, 4);
+}

@@ -6,7 +6,7 @@
 //! when the provider failed (which the orchestrator maps to `model_error`).
 //!
 //! Adapters behind the [`Model`] seam: the offline [`ScriptedModel`] (the stable format
-//! of DESIGN.md), [`OpenAiModel`] (Chat Completions: OpenAI, vLLM, Ollama, llama.cpp,
+//! of `docs/models.md`), [`OpenAiModel`] (Chat Completions: OpenAI, vLLM, Ollama, llama.cpp,
 //! LiteLLM) and [`AnthropicModel`] (Messages), configured per profile by a
 //! [`ModelConfig`]. Provider call IDs that are missing, repeated or already used are
 //! replaced by runtime IDs (`call-<turn>-<index>`); a refusal becomes `cannot_continue`;
@@ -43,6 +43,7 @@ mod script;
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -76,7 +77,7 @@ pub const MAX_INVOCATION_ID_BYTES: usize = 256;
 #[serde(default, deny_unknown_fields)]
 pub struct DecisionConfig {
     /// Address to listen on.
-    pub listen: String,
+    pub listen: SocketAddr,
     /// A scripted-model file used when a request carries no `scripted_model_json`.
     /// Without it, such requests fail with FAILED_PRECONDITION.
     pub script_file: Option<PathBuf>,
@@ -94,12 +95,19 @@ pub struct DecisionConfig {
 impl Default for DecisionConfig {
     fn default() -> Self {
         DecisionConfig {
-            listen: "127.0.0.1:50052".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
             script_file: None,
             model: None,
             profiles: BTreeMap::new(),
             prices: BTreeMap::new(),
         }
+    }
+}
+
+/// The shared start (`agentloop_server::Service::start`) binds `listen`.
+impl agentloop_server::ServiceConfig for DecisionConfig {
+    fn listen(&self) -> SocketAddr {
+        self.listen
     }
 }
 

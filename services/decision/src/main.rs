@@ -1,14 +1,19 @@
 //! `agentloop-decision`: serves `DecisionService` with the configured models (scripted,
 //! OpenAI-compatible, Anthropic), priced by the config's price table.
 //!
-//! Configuration layers: defaults -> `--config` TOML file -> `AGENTLOOP_DECISION_*`
-//! environment -> flags. A bad configuration exits with `EXIT_BAD_CONFIG` (78).
+//! Flags, configuration layers and exit codes are those of every agentloop service
+//! (`agentloop_server::Service::start`). Building the models is the validation: a
+//! missing API key variable or an unreadable script exits with 78, `--dump-config`
+//! included.
 
 use std::path::PathBuf;
 
 use agentloop_decision::{DecisionConfig, DecisionServer};
+use agentloop_server::{CommonFlags, Service, Started};
 use clap::Parser;
 use serde::Serialize;
+
+const SERVICE: Service = Service::new("agentloop-decision");
 
 /// Command-line flags; each one given overrides the configuration file and environment.
 #[derive(Debug, Parser, Serialize)]
@@ -18,41 +23,25 @@ use serde::Serialize;
     about = "The agentloop decision service"
 )]
 struct Flags {
-    /// TOML configuration file.
-    #[arg(long, env = "AGENTLOOP_DECISION_CONFIG")]
-    #[serde(skip)]
-    config: Option<PathBuf>,
-    /// Address to listen on (e.g. 127.0.0.1:50052).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    listen: Option<String>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    common: CommonFlags,
     /// Scripted-model file used when a request carries no script.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     script_file: Option<PathBuf>,
 }
 
-fn bad_config(error: &dyn std::fmt::Display) -> ! {
-    agentloop_server::exit_bad_config("agentloop-decision", error)
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    agentloop_server::init_tracing("agentloop-decision");
-    let flags = Flags::parse();
-    let config: DecisionConfig =
-        agentloop_server::config::load(flags.config.as_deref(), "AGENTLOOP_DECISION_", &flags)
-            .unwrap_or_else(|error| bad_config(&error));
-    let server = DecisionServer::from_config(&config).unwrap_or_else(|error| bad_config(&error));
-    let listener = tokio::net::TcpListener::bind(&config.listen)
-        .await
-        .unwrap_or_else(|error| {
-            bad_config(&format!("cannot listen on {}: {error}", config.listen))
-        });
-    let address = listener
-        .local_addr()
-        .map_or_else(|_| config.listen.clone(), |a| a.to_string());
-    tracing::info!(%address, "serving DecisionService");
+    let flags = SERVICE.parse::<Flags, DecisionConfig>();
+    let Started {
+        listener,
+        validated: server,
+        ..
+    } = SERVICE
+        .start(&flags.common, &flags, DecisionServer::from_config)
+        .await;
     agentloop_decision::run(listener, server, agentloop_server::shutdown_signal()).await?;
     Ok(())
 }

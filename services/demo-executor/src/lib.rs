@@ -92,6 +92,13 @@ impl Default for DemoConfig {
     }
 }
 
+/// The shared start (`agentloop_server::Service::start`) binds `listen`.
+impl agentloop_server::ServiceConfig for DemoConfig {
+    fn listen(&self) -> SocketAddr {
+        self.listen
+    }
+}
+
 /// Faults injected into `transfer`, for chaos tests. Each request rolls the dice once,
 /// in arrival order, from one RNG, so a fixed `seed` and a fixed request order give a
 /// fixed sequence of faults.
@@ -125,7 +132,8 @@ impl Default for FaultConfig {
 }
 
 impl FaultConfig {
-    fn validate(&self) -> Result<(), DemoError> {
+    /// Checks the probabilities and the delay; [`DemoExecutor::open`] does too.
+    pub fn validate(&self) -> Result<(), DemoError> {
         for (name, p) in [
             ("fail_before_apply", self.fail_before_apply),
             ("drop_reply_after_apply", self.drop_reply_after_apply),

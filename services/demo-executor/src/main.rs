@@ -1,24 +1,29 @@
 //! `agentloop-demo-executor`: serves the demo tools (lookup, sleep, transfer).
+//!
+//! Flags, configuration layers and exit codes are those of every agentloop service
+//! (`agentloop_server::Service::start`); fault probabilities out of range, or a lookup
+//! data file that cannot be read, exit with 78.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use agentloop_demo_executor::{DemoConfig, DemoError, DemoExecutor, run};
+use agentloop_server::{CommonFlags, Service, Started};
 use clap::Parser;
 use serde::Serialize;
 
+const SERVICE: Service = Service::new("agentloop-demo-executor");
+
 /// Command-line flags; each one overrides the config file and the environment.
 #[derive(Debug, Parser, Serialize)]
-#[command(version, about = "The agentloop demo tool executor")]
+#[command(
+    name = "agentloop-demo-executor",
+    version,
+    about = "The agentloop demo tool executor"
+)]
 struct Flags {
-    /// TOML config file (layered under AGENTLOOP_DEMO_EXECUTOR_* env and these flags).
-    #[arg(long)]
-    #[serde(skip)]
-    config: Option<PathBuf>,
-    /// Address to serve on [default: 127.0.0.1:50061].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    listen: Option<SocketAddr>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    common: CommonFlags,
     /// Directory of the transfer record.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -69,30 +74,25 @@ impl FaultFlags {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    agentloop_server::init_tracing("agentloop-demo-executor");
-    let flags = Flags::parse();
-    let config: DemoConfig = match agentloop_server::config::load(
-        flags.config.as_deref(),
-        "AGENTLOOP_DEMO_EXECUTOR_",
-        &flags,
-    ) {
-        Ok(config) => config,
-        Err(error) => bad_config(&error),
-    };
+    let flags = SERVICE.parse::<Flags, DemoConfig>();
+    // Opening the executor creates the data directory, which `--dump-config` must not:
+    // only the faults are checked before the start.
+    let Started {
+        config, listener, ..
+    } = SERVICE
+        .start(&flags.common, &flags, |config: &DemoConfig| {
+            config.faults.validate()
+        })
+        .await;
     let executor = match DemoExecutor::open(config.clone()) {
         Ok(executor) => executor,
         Err(error @ (DemoError::InvalidConfig(_) | DemoError::DataFile { .. })) => {
-            bad_config(&error)
+            SERVICE.exit_bad_config(&error)
         }
         // A damaged record or an unwritable data dir is not a config problem.
         Err(error) => return Err(error.into()),
     };
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
-    tracing::info!(listen = %listener.local_addr()?, data_dir = %config.data_dir.display(), "serving");
+    tracing::info!(data_dir = %config.data_dir.display(), "serving");
     run(listener, executor, agentloop_server::shutdown_signal()).await?;
     Ok(())
-}
-
-fn bad_config(error: &dyn std::fmt::Display) -> ! {
-    agentloop_server::exit_bad_config("agentloop-demo-executor", error)
 }

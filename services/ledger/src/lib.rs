@@ -101,6 +101,13 @@ impl Default for LedgerConfig {
     }
 }
 
+/// The shared start (`agentloop_server::Service::start`) binds `listen`.
+impl agentloop_server::ServiceConfig for LedgerConfig {
+    fn listen(&self) -> SocketAddr {
+        self.listen
+    }
+}
+
 impl LedgerConfig {
     /// Checks what serde cannot.
     pub fn validate(&self) -> Result<(), String> {

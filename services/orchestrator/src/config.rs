@@ -1,6 +1,7 @@
 //! Orchestrator configuration: defaults, then a TOML file, then `AGENTLOOP_*`
 //! environment variables, then command-line flags (see `agentloop_server::config`).
 
+use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
 
@@ -12,7 +13,7 @@ use serde::{Deserialize, Serialize};
 #[serde(default, deny_unknown_fields)]
 pub struct OrchestratorConfig {
     /// Address to serve gRPC on.
-    pub listen: String,
+    pub listen: SocketAddr,
     /// Where the embedded event store keeps its files (unused with `database_url`).
     pub data_dir: PathBuf,
     /// A PostgreSQL event store (`postgres://…`) shared by several orchestrator
@@ -37,7 +38,7 @@ pub struct OrchestratorConfig {
 impl Default for OrchestratorConfig {
     fn default() -> Self {
         OrchestratorConfig {
-            listen: "127.0.0.1:50051".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             data_dir: PathBuf::from(".agentloop"),
             decision_endpoint: "http://127.0.0.1:50052".into(),
             policy_endpoint: "http://127.0.0.1:50053".into(),
@@ -48,6 +49,13 @@ impl Default for OrchestratorConfig {
             bounds: RequestBounds::default(),
             workers: WorkersConfig::default(),
         }
+    }
+}
+
+/// The shared start (`agentloop_server::Service::start`) binds `listen`.
+impl agentloop_server::ServiceConfig for OrchestratorConfig {
+    fn listen(&self) -> SocketAddr {
+        self.listen
     }
 }
 

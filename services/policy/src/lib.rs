@@ -5,9 +5,9 @@
 //! unknown tool, arguments that are not a JSON object, and JSON Schema violations (each
 //! with its JSON pointer); it asks for approval when a gated tool is called (the digest
 //! is the engine's [`agentloop_engine::Fingerprint`] of the calls' canonical arguments);
-//! otherwise it allows the batch with the engine's
-//! [`agentloop_engine::ExecutionPlan`] as stages. `ValidateFinal` runs the default
-//! profile's answer validators.
+//! otherwise it allows the batch. Which calls of an allowed batch run together is the
+//! engine's plan, not policy's. `ValidateFinal` runs the default profile's answer
+//! validators.
 //!
 //! It is *not* an executor and keeps no invocation state: every answer depends only on
 //! the request, the tool descriptors loaded at startup and the configuration. Budgets
@@ -21,6 +21,7 @@ mod final_answer;
 mod tools;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +38,7 @@ pub use error::PolicyError;
 pub use final_answer::{FinalValidators, MAX_EVIDENCE_REFS};
 pub use tools::{
     MAX_ARGUMENTS_BYTES, MAX_CALLS, MAX_INVOCATION_ID_BYTES, MAX_SCHEMA_VIOLATIONS_PER_CALL,
-    ToolPolicy, side_effect_of,
+    ToolPolicy,
 };
 
 /// Configuration of the policy service (layered by `agentloop_server::config`;
@@ -46,7 +47,7 @@ pub use tools::{
 #[serde(default, deny_unknown_fields)]
 pub struct PolicyConfig {
     /// Address to listen on.
-    pub listen: String,
+    pub listen: SocketAddr,
     /// The tool gateway (`http://host:port`) whose `ListTools` gives the descriptors.
     pub tools_endpoint: Option<String>,
     /// The tool gateway's registry file (`agentloop_tools::ToolsConfig` TOML), read
@@ -65,7 +66,7 @@ pub struct PolicyConfig {
 impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig {
-            listen: "127.0.0.1:50053".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 50053)),
             tools_endpoint: None,
             tools_file: None,
             tools_attempts: 40,
@@ -73,6 +74,13 @@ impl Default for PolicyConfig {
             require_approval_for: Vec::new(),
             validators: FinalValidators::default(),
         }
+    }
+}
+
+/// The shared start (`agentloop_server::Service::start`) binds `listen`.
+impl agentloop_server::ServiceConfig for PolicyConfig {
+    fn listen(&self) -> SocketAddr {
+        self.listen
     }
 }
 

@@ -1,15 +1,21 @@
 //! `agentloop-policy`: serves `PolicyService` over the tools listed by the gateway
 //! (`tools_endpoint`) or read from its registry file (`tools_file`).
 //!
-//! Configuration layers: defaults -> `--config` TOML file -> `AGENTLOOP_POLICY_*`
-//! environment -> flags. A bad configuration (including a tool schema that does not
-//! compile) exits with `EXIT_BAD_CONFIG` (78); an unreachable gateway exits with 1.
+//! Flags, configuration layers and exit codes are those of every agentloop service
+//! (`agentloop_server::Service::start`). The tool descriptors are loaded after the
+//! port is bound, since the gateway may still be starting: a tool source that is
+//! missing, doubled or unreadable, or a tool schema that does not compile, exits with
+//! 78; a gateway that never answers exits with 1.
 
+use std::convert::Infallible;
 use std::path::PathBuf;
 
 use agentloop_policy::{PolicyConfig, PolicyError, PolicyServer};
+use agentloop_server::{CommonFlags, Service, Started};
 use clap::Parser;
 use serde::Serialize;
+
+const SERVICE: Service = Service::new("agentloop-policy");
 
 /// Command-line flags; each one given overrides the configuration file and environment.
 #[derive(Debug, Parser, Serialize)]
@@ -19,14 +25,9 @@ use serde::Serialize;
     about = "The agentloop policy service"
 )]
 struct Flags {
-    /// TOML configuration file.
-    #[arg(long, env = "AGENTLOOP_POLICY_CONFIG")]
-    #[serde(skip)]
-    config: Option<PathBuf>,
-    /// Address to listen on (e.g. 127.0.0.1:50053).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    listen: Option<String>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    common: CommonFlags,
     /// The tool gateway to list tools from (e.g. http://127.0.0.1:50054).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -37,31 +38,23 @@ struct Flags {
     tools_file: Option<PathBuf>,
 }
 
-fn bad_config(error: &dyn std::fmt::Display) -> ! {
-    agentloop_server::exit_bad_config("agentloop-policy", error)
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    agentloop_server::init_tracing("agentloop-policy");
-    let flags = Flags::parse();
-    let config: PolicyConfig =
-        agentloop_server::config::load(flags.config.as_deref(), "AGENTLOOP_POLICY_", &flags)
-            .unwrap_or_else(|error| bad_config(&error));
+    let flags = SERVICE.parse::<Flags, PolicyConfig>();
+    // Everything policy checks needs the tool descriptors, which may come from the
+    // network: nothing to check before the start.
+    let Started {
+        config, listener, ..
+    } = SERVICE
+        .start(&flags.common, &flags, |_: &PolicyConfig| {
+            Ok::<_, Infallible>(())
+        })
+        .await;
     let server = match PolicyServer::from_config(&config).await {
         Ok(server) => server,
         Err(error @ PolicyError::ToolsUnavailable { .. }) => return Err(error.into()),
-        Err(error) => bad_config(&error),
+        Err(error) => SERVICE.exit_bad_config(&error),
     };
-    let listener = tokio::net::TcpListener::bind(&config.listen)
-        .await
-        .unwrap_or_else(|error| {
-            bad_config(&format!("cannot listen on {}: {error}", config.listen))
-        });
-    let address = listener
-        .local_addr()
-        .map_or_else(|_| config.listen.clone(), |a| a.to_string());
-    tracing::info!(%address, "serving PolicyService");
     agentloop_policy::run(listener, server, agentloop_server::shutdown_signal()).await?;
     Ok(())
 }

@@ -57,6 +57,13 @@ impl Default for ToolsServiceConfig {
     }
 }
 
+/// The shared start (`agentloop_server::Service::start`) binds `listen`.
+impl agentloop_server::ServiceConfig for ToolsServiceConfig {
+    fn listen(&self) -> std::net::SocketAddr {
+        self.listen
+    }
+}
+
 /// Serves `gateway` on `listener` (with health, reflection and tracing from
 /// `agentloop-server`) until `shutdown` resolves, then drains in-flight calls.
 ///

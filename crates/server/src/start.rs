@@ -1,0 +1,330 @@
+//! The start every service binary shares: the common flags, the layered configuration,
+//! validation, `--dump-config`, and bind-or-exit.
+//!
+//! Written once because the six mains drifted apart when each wrote its own: `listen`
+//! was a `String` in some and a `SocketAddr` in others, a port already taken exited 78
+//! in some and 1 in others, `--config` had an environment fallback in some only, and
+//! the crypto provider and the log were set up in different orders. An operator can
+//! now rely on the same flags, the same exit codes and the same messages everywhere.
+//!
+//! A service `main.rs` is: its own `Flags` with [`CommonFlags`] flattened in,
+//! [`Service::parse`], one [`Service::start`], build the service from the config, and
+//! `run(listener, …, shutdown_signal())`.
+
+use std::fmt::Display;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::net::TcpListener;
+
+use crate::config::{self, ConfigError};
+use crate::dump;
+
+/// The flags every service binary has. Flatten them into the binary's own flags with
+/// `#[command(flatten)] #[serde(flatten)]`; the service's own flags stay in its main.
+///
+/// `listen` follows the override convention of [`config::load`] (absent unless given),
+/// so it layers over the file and the environment like any other flag; `config` and
+/// `dump_config` steer the start itself and are never configuration keys. A `--listen`
+/// that is not an IP:port is a usage error like any malformed flag (clap, exit 2); the
+/// same value in the file or the environment is a bad configuration (exit 78).
+#[derive(Debug, Clone, Default, clap::Args, Serialize)]
+pub struct CommonFlags {
+    /// TOML configuration file; it must exist.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on, as IP:port (0.0.0.0:PORT: every IPv4 interface; [::]:PORT: IPv6).
+    #[arg(long, value_name = "ADDR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Print the effective configuration (defaults, file, environment, flags) as TOML
+    /// on stdout once it has been validated, then exit 0 without listening. The
+    /// password of a URL (`user:password@`, `?password=`) is printed as REDACTED;
+    /// API keys are never in the configuration, only the names of their variables.
+    #[arg(long)]
+    #[serde(skip)]
+    pub dump_config: bool,
+}
+
+/// A service configuration as the shared start needs it: layered by [`config::load`]
+/// (so `Default`, serde both ways) and printable by `--dump-config`.
+pub trait ServiceConfig: Serialize + DeserializeOwned + Default {
+    /// The address to listen on: the `listen` key, typed, so that an address that is
+    /// not an IP:port fails at load (exit 78) rather than at bind.
+    fn listen(&self) -> SocketAddr;
+}
+
+/// What [`Service::start`] hands to the rest of `main`.
+#[derive(Debug)]
+pub struct Started<C, V> {
+    /// The effective configuration, validated.
+    pub config: C,
+    /// What the service's validation returned, e.g. a server built from `config`, so
+    /// `main` does not build it twice.
+    pub validated: V,
+    /// Bound to `config.listen()`, not yet accepting.
+    pub listener: TcpListener,
+}
+
+/// The outcome of [`Service::prepare`] when nothing is wrong.
+#[derive(Debug)]
+pub enum Prepared<C, V> {
+    /// Go on and serve.
+    Serve(Started<C, V>),
+    /// `--dump-config`: this TOML is the whole output; nothing was bound.
+    Dump(String),
+}
+
+/// Why a service cannot start. Every variant is a configuration the operator must fix,
+/// so [`Service::start`] exits with [`EXIT_BAD_CONFIG`](crate::EXIT_BAD_CONFIG) for each.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The layered configuration could not be loaded.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The service's validation refused the configuration (its message).
+    #[error("{0}")]
+    Invalid(String),
+    /// The listen address cannot be bound (taken, not local, no permission): the
+    /// configuration names an address this host cannot serve on.
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        /// The configured address.
+        address: SocketAddr,
+        /// The bind error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `--dump-config` cannot express the configuration in TOML (an integer above
+    /// `i64::MAX`, which TOML has no room for).
+    #[error("cannot print the configuration as TOML: {0}")]
+    Dump(#[from] toml::ser::Error),
+}
+
+/// A service binary, known by its name. Everything else is derived from the name, so
+/// no main can get it out of step: `agentloop-demo-executor` reads
+/// `AGENTLOOP_DEMO_EXECUTOR_*` variables and `AGENTLOOP_DEMO_EXECUTOR_CONFIG`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Service {
+    name: &'static str,
+}
+
+impl Service {
+    /// The service whose binary is called `name` (`agentloop-ledger`).
+    pub const fn new(name: &'static str) -> Self {
+        Self { name }
+    }
+
+    /// The binary's name, which prefixes its error messages and log lines.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Prefix of its configuration variables: the name in upper case, `-` as `_`, then
+    /// `_` (`AGENTLOOP_LEDGER_`).
+    pub fn env_prefix(&self) -> String {
+        format!("{}_", self.name.to_ascii_uppercase().replace('-', "_"))
+    }
+
+    /// The variable that names the configuration file when `--config` is not given
+    /// (`AGENTLOOP_LEDGER_CONFIG`).
+    pub fn config_env(&self) -> String {
+        format!("{}{}", self.env_prefix(), config::FILE_KEY)
+    }
+
+    /// Parses the command line into `F` (which flattens [`CommonFlags`]), exiting as
+    /// clap does on `--help` or a malformed flag (code 2).
+    ///
+    /// Unlike `F::parse()`, the help then names this service's [`Service::config_env`]
+    /// and its default listen address (from `C::default()`), which a derive attribute
+    /// shared by six binaries cannot spell.
+    pub fn parse<F, C>(&self) -> F
+    where
+        F: clap::Parser,
+        C: ServiceConfig,
+    {
+        let mut command = self.command::<F, C>();
+        let mut matches = command.get_matches_mut();
+        F::from_arg_matches_mut(&mut matches)
+            .unwrap_or_else(|error| error.format(&mut command).exit())
+    }
+
+    /// `F`'s command with the help of the common flags made specific to this service.
+    fn command<F, C>(&self) -> clap::Command
+    where
+        F: clap::CommandFactory,
+        C: ServiceConfig,
+    {
+        let config_env = self.config_env();
+        let listen = C::default().listen();
+        let with_help = |arg: clap::Arg, extra: String| {
+            let help = match arg.get_help() {
+                Some(help) => format!("{help} {extra}"),
+                None => extra,
+            };
+            arg.help(help)
+        };
+        F::command().mut_args(|arg| match arg.get_id().as_str() {
+            "config" => with_help(arg, format!("[env: {config_env}]")),
+            "listen" => with_help(arg, format!("[default: {listen}]")),
+            _ => arg,
+        })
+    }
+
+    /// The common start of a service binary. In order:
+    ///
+    /// 1. installs the rustls crypto provider (validation may build HTTP clients);
+    /// 2. sets up the log, except with `--dump-config` (the log writes to stdout, which
+    ///    then carries the TOML alone);
+    /// 3. loads the layered configuration: defaults, the file (`--config`, else
+    ///    [`Service::config_env`]), [`Service::env_prefix`] variables, `overrides`
+    ///    (the binary's flags, common ones included);
+    /// 4. runs `validate`, the service's checks of what serde cannot check: they must
+    ///    not need the network, since `--dump-config` runs them too;
+    /// 5. with `--dump-config`, prints the configuration and exits 0;
+    /// 6. binds `listen` and logs the bound address.
+    ///
+    /// Any failure exits with [`EXIT_BAD_CONFIG`](crate::EXIT_BAD_CONFIG) (78) and
+    /// `<service>: bad configuration: <why>` on stderr, e.g. `agentloop-ledger: bad
+    /// configuration: cannot listen on 127.0.0.1:50055: Address already in use`.
+    pub async fn start<C, V, E>(
+        &self,
+        flags: &CommonFlags,
+        overrides: impl Serialize,
+        validate: impl FnOnce(&C) -> Result<V, E>,
+    ) -> Started<C, V>
+    where
+        C: ServiceConfig,
+        E: Display,
+    {
+        crate::install_crypto_provider();
+        if !flags.dump_config {
+            crate::init_tracing(self.name);
+        }
+        match self
+            .prepare(flags, overrides, config::process_env(), validate)
+            .await
+        {
+            Ok(Prepared::Serve(started)) => {
+                let address = started
+                    .listener
+                    .local_addr()
+                    .unwrap_or_else(|_| started.config.listen());
+                tracing::info!(service = self.name, %address, "listening");
+                started
+            }
+            Ok(Prepared::Dump(toml)) => {
+                let mut stdout = std::io::stdout().lock();
+                if let Err(error) = stdout
+                    .write_all(toml.as_bytes())
+                    .and_then(|()| stdout.flush())
+                {
+                    eprintln!("{}: cannot write the configuration: {error}", self.name);
+                    std::process::exit(1);
+                }
+                std::process::exit(0)
+            }
+            Err(error) => self.exit_bad_config(&error),
+        }
+    }
+
+    /// Steps 3 to 6 of [`Service::start`] without exiting and with the environment
+    /// passed in, so tests neither end their process nor change its environment.
+    pub async fn prepare<C, V, E>(
+        &self,
+        flags: &CommonFlags,
+        overrides: impl Serialize,
+        env: impl IntoIterator<Item = (String, String)>,
+        validate: impl FnOnce(&C) -> Result<V, E>,
+    ) -> Result<Prepared<C, V>, StartError>
+    where
+        C: ServiceConfig,
+        E: Display,
+    {
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        let config_env = self.config_env();
+        // The flag wins; an empty variable counts as unset, as with clap's `env`.
+        let file = flags.config.clone().or_else(|| {
+            env.iter()
+                .find(|(key, value)| *key == config_env && !value.is_empty())
+                .map(|(_, value)| PathBuf::from(value))
+        });
+        let config: C = config::load_from(file.as_deref(), env, &self.env_prefix(), overrides)?;
+        let validated =
+            validate(&config).map_err(|error| StartError::Invalid(error.to_string()))?;
+        if flags.dump_config {
+            return Ok(Prepared::Dump(dump::to_toml(self.name, &config)?));
+        }
+        let address = config.listen();
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|source| StartError::Listen { address, source })?;
+        Ok(Prepared::Serve(Started {
+            config,
+            validated,
+            listener,
+        }))
+    }
+
+    /// [`exit_bad_config`](crate::exit_bad_config) under this service's name, for the
+    /// problems a main finds after the start (an endpoint, a registry file).
+    pub fn exit_bad_config(&self, error: &dyn Display) -> ! {
+        crate::exit_bad_config(self.name, error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Default, Serialize, serde::Deserialize)]
+    struct Config {
+        listen: Option<SocketAddr>,
+    }
+
+    impl ServiceConfig for Config {
+        fn listen(&self) -> SocketAddr {
+            self.listen
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 50099)))
+        }
+    }
+
+    #[derive(Debug, clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        common: CommonFlags,
+        /// A flag of the service's own.
+        #[arg(long)]
+        own: Option<String>,
+    }
+
+    #[test]
+    fn the_help_names_the_service_variable_and_default_address() {
+        let mut command = Service::new("agentloop-test").command::<Flags, Config>();
+        let help = command.render_help().to_string();
+        for expected in [
+            "TOML configuration file; it must exist [env: AGENTLOOP_TEST_CONFIG]",
+            "[default: 127.0.0.1:50099]",
+            "--dump-config",
+            "REDACTED",
+            "A flag of the service's own",
+        ] {
+            assert!(help.contains(expected), "{expected:?} not in:\n{help}");
+        }
+        let matches = command
+            .try_get_matches_from(["agentloop-test", "--listen", "[::1]:7", "--own", "x"])
+            .unwrap();
+        let flags = <Flags as clap::FromArgMatches>::from_arg_matches(&matches).unwrap();
+        assert_eq!(
+            flags.common.listen,
+            Some(SocketAddr::from(([0, 0, 0, 0, 0, 0, 0, 1], 7)))
+        );
+        assert_eq!(flags.own.as_deref(), Some("x"));
+        assert!(!flags.common.dump_config);
+    }
+}
