@@ -1,8 +1,9 @@
 //! The behaviour every [`LeaseBackend`] must show, as a test suite backends run.
 //!
 //! Each check is a `pub async fn` taking a backend; keys are fresh UUIDs, so checks may
-//! share one backend (and one Redis). [`run_all`] runs every check in [`CHECKS`] and names
-//! the one that failed:
+//! share one backend (and one Redis). [`run_all`] runs every check in [`CHECKS`] (with the
+//! one runner of every suite, [`agentloop_testkit::conformance::run_checks`]) and names the
+//! one that failed:
 //!
 //! ```no_run
 //! # async fn example() {
@@ -18,24 +19,18 @@
 // A test suite shipped for backends: a broken expectation is reported by panicking.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures::FutureExt;
-use futures::future::BoxFuture;
+use agentloop_testkit::conformance::{Check, run_checks};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::{KeeperConfig, KeeperExit, Keepers, Lease, LeaseBackend, LeaseError};
 
-/// One conformance check: gets a backend, panics on a broken expectation.
-pub type CheckFn = fn(Arc<dyn LeaseBackend>) -> BoxFuture<'static, ()>;
-
-/// Every check, by name, in the order [`run_all`] runs them.
-pub const CHECKS: &[(&str, CheckFn)] = &[
+/// Every check, by name, in the order [`run_all`] runs them; each gets a backend.
+pub const CHECKS: &[Check<Arc<dyn LeaseBackend>>] = &[
     ("acquire_release_round_trip", |b| {
         Box::pin(acquire_release_round_trip(b))
     }),
@@ -79,24 +74,9 @@ pub const CHECKS: &[(&str, CheckFn)] = &[
 ///
 /// `make` returns the backend and a guard dropped after the check; a failing check
 /// panics with its name.
-pub async fn run_all<G, F, Fut>(mut make: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = (Arc<dyn LeaseBackend>, G)>,
-{
-    for (name, check) in CHECKS {
-        let (backend, guard) = make().await;
-        let result = AssertUnwindSafe(check(backend)).catch_unwind().await;
-        drop(guard);
-        if let Err(payload) = result {
-            let message = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or("(no message)");
-            panic!("conformance check `{name}` failed: {message}");
-        }
-    }
+pub async fn run_all<G>(make: impl AsyncFnMut() -> (Arc<dyn LeaseBackend>, G)) {
+    // Nothing to await after a check: the backend is dropped with its last `Arc`.
+    run_checks("lease", CHECKS, make, async |_| {}).await;
 }
 
 /// A key no other check uses.

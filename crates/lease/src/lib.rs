@@ -1,7 +1,7 @@
 //! Worker leases for agentloop: who may run an invocation right now, with a fencing epoch.
 //!
 //! One trait, [`LeaseBackend`], with two backends that pass the same test suite
-//! ([`conformance`]): [`RedisLeases`] (several orchestrator processes share one Redis) and
+//! (`conformance`): [`RedisLeases`] (several orchestrator processes share one Redis) and
 //! [`InProcessLeases`] (the embedded default, one process). A worker's [`Keepers`] keeps
 //! every lease it acquired alive (one batch of renewals per period) and fires an
 //! invocation's cancellation token (its [`Keeper`]) the moment the lease is lost or
@@ -9,6 +9,10 @@
 //!
 //! [`Handoff`] is the queue through which a worker that gives work up (it drains) tells idle
 //! workers to take it now; it is only a hint, the lease decides.
+//!
+//! The test suite and `testing` (a throwaway `redis-server`) exist only with the
+//! `test-util` feature, which only `[dev-dependencies]` enable: they panic where a test
+//! should fail, so no production build carries them.
 //!
 //! What this crate is not: it does not decide *which* invocation a worker should run (no
 //! sweep, no scheduling) and it does not enforce fencing itself. A lease is advisory — the event
@@ -26,12 +30,14 @@
 //!   can stop at once instead of at its next renewal.
 #![warn(missing_docs)]
 
+#[cfg(feature = "test-util")]
 pub mod conformance;
 mod error;
 mod handoff;
 mod keeper;
 mod memory;
 mod redis_backend;
+#[cfg(feature = "test-util")]
 pub mod testing;
 
 use std::sync::Arc;

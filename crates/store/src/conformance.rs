@@ -1,8 +1,9 @@
 //! The behaviour every [`EventStore`] backend must show, as a test suite backends run.
 //!
 //! Each check is a `pub async fn` taking a fresh, empty store; [`run_all`] runs every
-//! check in [`CHECKS`] on its own store and names the check that failed. A backend's
-//! integration test needs only a factory:
+//! check in [`CHECKS`] on its own store (with the one runner of every suite,
+//! [`agentloop_testkit::conformance::run_checks`]) and names the check that failed. A
+//! backend's integration test needs only a factory:
 //!
 //! ```no_run
 //! # async fn example() {
@@ -24,8 +25,6 @@
 // panicking, exactly as in a test.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use agentloop_engine::{
@@ -33,8 +32,7 @@ use agentloop_engine::{
     NextAction, ProposedCall, ProposedDecision, Rejection, RejectionKind, TerminalReason,
     ToolError, Totals, TurnRecord, UnixMillis, Usage,
 };
-use futures::FutureExt;
-use futures::future::BoxFuture;
+use agentloop_testkit::conformance::{Check, run_checks};
 use uuid::Uuid;
 
 use crate::{
@@ -42,11 +40,8 @@ use crate::{
     StoreError,
 };
 
-/// One conformance check: gets a fresh store, panics on a broken expectation.
-pub type CheckFn = fn(Arc<dyn EventStore>) -> BoxFuture<'static, ()>;
-
-/// Every check, by name, in the order [`run_all`] runs them.
-pub const CHECKS: &[(&str, CheckFn)] = &[
+/// Every check, by name, in the order [`run_all`] runs them; each gets a fresh store.
+pub const CHECKS: &[Check<Arc<dyn EventStore>>] = &[
     ("create_get_round_trip", |s| {
         Box::pin(create_get_round_trip(s))
     }),
@@ -89,27 +84,14 @@ pub const CHECKS: &[(&str, CheckFn)] = &[
 ///
 /// `make` returns the store and a guard dropped after the check (a temp dir, a database
 /// to drop); a failing check panics with its name.
-pub async fn run_all<S, G, F, Fut>(mut make: F)
-where
-    S: EventStore,
-    F: FnMut() -> Fut,
-    Fut: Future<Output = (S, G)>,
-{
-    for (name, check) in CHECKS {
+pub async fn run_all<S: EventStore, G>(mut make: impl AsyncFnMut() -> (S, G)) {
+    let make = async || {
         let (store, guard) = make().await;
-        let result = AssertUnwindSafe(check(Arc::new(store)))
-            .catch_unwind()
-            .await;
-        drop(guard);
-        if let Err(payload) = result {
-            let message = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or("(no message)");
-            panic!("conformance check `{name}` failed: {message}");
-        }
-    }
+        (Arc::new(store) as Arc<dyn EventStore>, guard)
+    };
+    // `close` is not part of the trait: the store is dropped with its last `Arc`, and the
+    // guard (a temp dir, `DROP DATABASE ... WITH (FORCE)`) copes with what it leaves open.
+    run_checks("event store", CHECKS, make, async |_| {}).await;
 }
 
 // ---------------------------------------------------------------------------------------

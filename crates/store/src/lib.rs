@@ -1,9 +1,11 @@
 //! The event store of agentloop: invocations and their append-only event logs.
 //!
 //! One trait, [`EventStore`], with two backends that run the same conformance suite
-//! ([`conformance`]): SQLite ([`SqliteStore`]), the embedded default, and PostgreSQL
+//! (`conformance`): SQLite ([`SqliteStore`]), the embedded default, and PostgreSQL
 //! ([`PgStore`]), which several orchestrator processes on several machines share.
-//! [`testing`] makes throwaway PostgreSQL databases for tests here and in other crates.
+//! `testing` makes throwaway PostgreSQL databases for tests here and in other crates. Both
+//! modules exist only with the `test-util` feature, which only `[dev-dependencies]` enable:
+//! they panic where a test should fail, so no production build carries them.
 //! The store persists what the engine commits — it does not interpret events beyond what
 //! it needs to index an invocation (its state and terminal reason).
 //!
@@ -20,9 +22,11 @@
 #![warn(missing_docs)]
 
 mod codec;
+#[cfg(feature = "test-util")]
 pub mod conformance;
 mod postgres;
 mod sqlite;
+#[cfg(feature = "test-util")]
 pub mod testing;
 mod writer;
 

@@ -9,8 +9,8 @@
 //! - when no server is reachable, a test skips loudly (a `SKIPPED` line on stderr) — unless
 //!   `AGENTLOOP_REQUIRE_POSTGRES=1`, as CI sets, in which case it fails.
 //!
-//! This is test support shipped in the library (like [`crate::conformance`]), not for
-//! production code: it panics where a test should fail, and only reads the environment.
+//! This is test support behind the `test-util` feature (like [`crate::conformance`]), not
+//! for production code: it panics where a test should fail, and only reads the environment.
 //!
 //! ```no_run
 //! # async fn example() {

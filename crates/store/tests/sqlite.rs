@@ -143,10 +143,15 @@ async fn corrupt_rows_are_reported_with_the_invocation_and_seq() {
     }
 }
 
-/// Run with `cargo test -p agentloop-store --test sqlite -- --nocapture stored_bytes` to see
-/// the size of a typical turn in the log.
+/// A typical turn (2 lookup calls and their results) stays within the target of 1 KiB
+/// stored per turn (measured: 579 bytes). A bound on the format, not a benchmark: it fails
+/// when a change to the events' encoding bloats every stored turn. Run with
+/// `cargo test -p agentloop-store --test sqlite -- --nocapture stored_bytes` to see the size
+/// and the body.
 #[test]
 fn stored_bytes_per_turn() {
+    /// The target size of one stored turn.
+    const TURN_BYTES_TARGET: usize = 1024;
     let event = lookup_turn(1, 1);
     let EventBody::Turn(_) = &event.body else {
         panic!("a turn");
@@ -158,6 +163,11 @@ fn stored_bytes_per_turn() {
     );
     // The body is what the events table stores (besides the key and a timestamp).
     assert!(body.contains("call-2") && body.contains("second letter"));
+    assert!(
+        body.len() <= TURN_BYTES_TARGET,
+        "a stored turn is {} bytes, over the {TURN_BYTES_TARGET}-byte target",
+        body.len()
+    );
 }
 
 /// A database written before the spec moved out of the invocation row (migrations 1 to 3)

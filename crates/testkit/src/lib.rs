@@ -1,12 +1,15 @@
 //! Test support for agentloop: a synchronous, in-memory shell around the pure turn
 //! engine. [`drive`] runs an invocation from `Start` to `Finish` against a [`World`] of
 //! fakes (a scripted model, fake tools, policy, validators and a log that can refuse
-//! commits) and returns everything that happened as a [`Run`].
+//! commits) and returns everything that happened as a [`Run`]. [`conformance`] runs the
+//! conformance suites of the backend crates (event store, leases, ledger).
 //!
 //! It is for tests and benchmarks only: nothing here does I/O, and every broken
 //! expectation panics, because in a test that is the failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![warn(missing_docs)]
+
+pub mod conformance;
 
 use std::collections::VecDeque;
 use std::fmt;

@@ -1,6 +1,7 @@
 //! What every ledger backend must do, as checks that `tests/sqlite.rs` and
 //! `tests/postgres.rs` both run: each check gets a fresh, empty [`LedgerStore`] from the
-//! backend's factory, and [`run_all`] names the check that failed.
+//! backend's factory, and [`run_all`] names the check that failed (with the one runner of
+//! every suite, [`agentloop_testkit::conformance::run_checks`]).
 //!
 //! The checks assert only what `LedgerStore` documents, so the same functions hold both
 //! backends to the same guarantees: guarded transitions, idempotent prepare, bounds,
@@ -8,22 +9,16 @@
 //! tasks race the same transition on the same key. They spawn tasks, so they need a
 //! multi-threaded Tokio runtime.
 
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use agentloop_ledger::state::TransitionError;
 use agentloop_ledger::store::{DEFAULT_PAGE_SIZE, MAX_DETAIL_BYTES, MAX_ID_BYTES};
 use agentloop_ledger::{EffectState, Entry, LedgerError, LedgerStore, NewEffect, Outcome};
-use futures::FutureExt;
-use futures::future::BoxFuture;
+use agentloop_testkit::conformance::{Check, run_checks};
 use tokio::sync::Barrier;
 
-/// One check: gets a fresh store, panics on a broken expectation.
-type Check = fn(LedgerStore) -> BoxFuture<'static, ()>;
-
-/// Every check, by name, in the order [`run_all`] runs them.
-const CHECKS: &[(&str, Check)] = &[
+/// Every check, by name, in the order [`run_all`] runs them; each gets a fresh store.
+const CHECKS: &[Check<LedgerStore>] = &[
     ("full_life", |s| Box::pin(full_life(s))),
     ("reconciliation_paths_out_of_outcome_unknown", |s| {
         Box::pin(reconciliation_paths_out_of_outcome_unknown(s))
@@ -53,25 +48,13 @@ const CHECKS: &[(&str, Check)] = &[
 
 /// Runs every check on a store from `make`, which also returns a guard (a temp dir, a
 /// database to drop) that lives until the check is over.
-pub(crate) async fn run_all<G, F, Fut>(mut make: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = (LedgerStore, G)>,
-{
-    for (name, check) in CHECKS {
-        let (store, guard) = make().await;
-        let result = AssertUnwindSafe(check(store.clone())).catch_unwind().await;
+pub(crate) async fn run_all<G>(make: impl AsyncFnMut() -> (LedgerStore, G)) {
+    // Closed before the guard goes, so the temp dir or the database is removed with no
+    // connection to it open.
+    run_checks("ledger", CHECKS, make, async |store: LedgerStore| {
         store.close().await;
-        drop(guard);
-        if let Err(payload) = result {
-            let message = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or("(no message)");
-            panic!("ledger conformance check `{name}` failed: {message}");
-        }
-    }
+    })
+    .await;
 }
 
 /// A new effect with the default key of (`invocation`, `call`).
