@@ -4,7 +4,7 @@
 //! the log) and feeds what happened back as [`Input`]s. Nothing here blocks, sleeps,
 //! reads a clock or touches the network; the current time is an argument.
 //!
-//! Ordering rules the machine enforces (see DESIGN.md, "One turn"):
+//! Ordering rules the machine enforces (ARCHITECTURE.md, "One turn, in order"):
 //! - nothing executes before the decision is validated, budgeted, progress-checked and
 //!   authorized;
 //! - every call of an executed batch gets exactly one result, committed in call order;
@@ -524,6 +524,22 @@ impl Invocation {
             | Phase::Reconciling(_)
             | Phase::Verifying { .. }
             | Phase::Committing { .. } => None,
+        }
+    }
+
+    /// Whether a batch's calls are out (running, or their writes being reconciled): the
+    /// turn ends with a commit of their results, which a drain waits for.
+    pub fn is_executing(&self) -> bool {
+        match &self.phase {
+            Phase::Executing { .. } | Phase::Reconciling(_) => true,
+            Phase::Idle
+            | Phase::Deciding { .. }
+            | Phase::Authorizing { .. }
+            | Phase::Starting { .. }
+            | Phase::Resuming { .. }
+            | Phase::Verifying { .. }
+            | Phase::Committing { .. }
+            | Phase::Ended(_) => false,
         }
     }
 

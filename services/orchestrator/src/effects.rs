@@ -33,7 +33,7 @@ use tonic::Code;
 use tracing::{debug, warn};
 use uuid::Uuid;
 
-use crate::{Shared, wire};
+use crate::{Ports, wire};
 
 /// Sends of one read-only or idempotent call, the first included.
 const SEND_ATTEMPTS: u32 = 3;
@@ -44,7 +44,8 @@ const RECORD_ATTEMPTS: u32 = 3;
 
 /// One call of a batch, with what the runner knows about it.
 pub(crate) struct Call<'a> {
-    pub(crate) shared: &'a Shared,
+    /// The tool gateway and the effect ledger (of the orchestrator's ports).
+    pub(crate) ports: &'a Ports,
     pub(crate) invocation: Uuid,
     pub(crate) turn: u32,
     pub(crate) call: &'a ToolCall,
@@ -122,7 +123,7 @@ impl Call<'_> {
     async fn send(&self, effect_key: &str, attempt: u32) -> Sent {
         let writes = self.side_effect.writes();
         let request = self.request(effect_key, attempt);
-        let tools = self.shared.ports.tools.clone();
+        let tools = self.ports.tools.clone();
         tokio::select! {
             biased;
             // A write may already have been applied, so its outcome is unknown and gets
@@ -153,7 +154,6 @@ impl Call<'_> {
         }
         let key = self.key();
         let prepared = self
-            .shared
             .ports
             .ledger
             .prepare(pb::PrepareRequest {
@@ -176,17 +176,17 @@ impl Call<'_> {
                 ));
             }
         };
-        match entry.state() {
-            pb::EffectState::Prepared => self.dispatch(&key, pb::EffectState::Prepared).await,
-            pb::EffectState::Dispatched => {
+        match on_entry(entry.state()) {
+            OnEntry::Send => self.dispatch(&key, pb::EffectState::Prepared).await,
+            OnEntry::MarkUnknownAndReconcile => {
                 let detail = "dispatched, and no outcome was recorded: the worker that sent it \
                               stopped or was cut off mid-call";
                 self.record(&key, pb::EffectState::Dispatched, Recorded::unknown(detail))
                     .await;
                 self.reconcile_and_finish(&key).await
             }
-            pb::EffectState::OutcomeUnknown => self.reconcile_and_finish(&key).await,
-            pb::EffectState::Committed => match ask(self.shared, self.call, &key).await {
+            OnEntry::Reconcile => self.reconcile_and_finish(&key).await,
+            OnEntry::RecoverOutput => match ask(self.ports, self.call, &key).await {
                 Answer::Applied { output_json, .. } => CallOutcome::Output { output_json },
                 Answer::NotApplied | Answer::Unknown(_) => CallOutcome::Unknown {
                     detail: "the ledger says the write was applied, but its executor cannot \
@@ -194,17 +194,15 @@ impl Call<'_> {
                         .into(),
                 },
             },
-            pb::EffectState::Rejected => CallOutcome::Error(ToolError {
+            OnEntry::Rejected => CallOutcome::Error(ToolError {
                 error_type: ErrorType::Rejected,
                 message: format!("the write was not applied: {}", entry.detail),
                 retryable: false,
                 next_allowed_action: NextAction::None,
             }),
-            pb::EffectState::ReconciliationRequired | pb::EffectState::Unspecified => {
-                CallOutcome::Unknown {
-                    detail: entry.detail,
-                }
-            }
+            OnEntry::Unresolved => CallOutcome::Unknown {
+                detail: entry.detail,
+            },
         }
     }
 
@@ -221,7 +219,6 @@ impl Call<'_> {
             return CallOutcome::NotStarted;
         }
         let marked = self
-            .shared
             .ports
             .ledger
             .mark_dispatched(pb::MarkDispatchedRequest {
@@ -234,7 +231,7 @@ impl Call<'_> {
             // Someone else moved the entry since it was read: its outcome is theirs to
             // know, so this worker only asks.
             Err(status) if status.code() == Code::FailedPrecondition => {
-                return match ask(self.shared, self.call, key).await {
+                return match ask(self.ports, self.call, key).await {
                     Answer::Applied { output_json, .. } => CallOutcome::Output { output_json },
                     Answer::NotApplied | Answer::Unknown(_) => CallOutcome::Unknown {
                         detail: format!("another worker moved the effect: {}", status.message()),
@@ -250,15 +247,7 @@ impl Call<'_> {
             }
         };
         let sent = self.send_retrying(key, attempt).await;
-        let recorded = match &sent.outcome {
-            CallOutcome::Output { .. } => Recorded::committed(&sent.receipt),
-            CallOutcome::Error(error) => Recorded::rejected(&error.message),
-            CallOutcome::Cancelled | CallOutcome::NotStarted => {
-                Recorded::rejected("the executor answered that it did not start it")
-            }
-            CallOutcome::Unknown { detail } => Recorded::unknown(detail),
-        };
-        self.record(key, pb::EffectState::Dispatched, recorded)
+        self.record(key, pb::EffectState::Dispatched, recorded_after_send(&sent))
             .await;
         sent.outcome
     }
@@ -266,26 +255,21 @@ impl Call<'_> {
     /// An `outcome_unknown` write met again: the executor's answer settles it; a
     /// not-applied write is sent again (its entry says it never took effect).
     async fn reconcile_and_finish(&self, key: &str) -> CallOutcome {
-        match ask(self.shared, self.call, key).await {
-            Answer::Applied {
-                output_json,
-                receipt,
-            } => {
-                self.record(
-                    key,
-                    pb::EffectState::OutcomeUnknown,
-                    Recorded::committed(&receipt),
-                )
+        let answer = ask(self.ports, self.call, key).await;
+        let (recorded, settled) = settle(answer, Settling::InTurn);
+        if let Some(recorded) = recorded {
+            self.record(key, pb::EffectState::OutcomeUnknown, recorded)
                 .await;
-                CallOutcome::Output { output_json }
-            }
-            Answer::NotApplied => self.dispatch(key, pb::EffectState::OutcomeUnknown).await,
-            Answer::Unknown(detail) => CallOutcome::Unknown { detail },
+        }
+        match settled {
+            Settled::Outcome(outcome) => outcome,
+            Settled::SendAgain => self.dispatch(key, pb::EffectState::OutcomeUnknown).await,
+            Settled::CannotTell(detail) => CallOutcome::Unknown { detail },
         }
     }
 
     async fn record(&self, key: &str, expected: pb::EffectState, recorded: Recorded) {
-        record(self.shared, key, expected, recorded).await;
+        record(self.ports, key, expected, recorded).await;
     }
 }
 
@@ -294,7 +278,7 @@ impl Call<'_> {
 /// answered with a retryable error is sent again on its own, as [`Call::run`] would.
 /// The outcomes are in the order of `calls`.
 pub(crate) async fn run_stage(
-    shared: &Shared,
+    ports: &Ports,
     token: &CancellationToken,
     calls: &[Call<'_>],
 ) -> Vec<CallOutcome> {
@@ -307,7 +291,7 @@ pub(crate) async fn run_stage(
     let answered = tokio::select! {
         biased;
         () = token.cancelled() => return calls.iter().map(|_| CallOutcome::Cancelled).collect(),
-        answered = shared.ports.tools.execute_stage(request) => answered,
+        answered = ports.tools.execute_stage(request) => answered,
     };
     let unanswered = |detail: String| -> Vec<Sent> {
         calls
@@ -345,67 +329,31 @@ fn gateway_failed(code: Code, message: &str) -> String {
 /// record its answer in the ledger (flagging the effect for an operator when it cannot
 /// tell), and turn it into the engine's input.
 pub(crate) async fn reconcile(
-    shared: &Shared,
+    ports: &Ports,
     invocation: Uuid,
     turn: u32,
     call: &ToolCall,
 ) -> Input {
     let key = effect_key(invocation, turn, call);
+    let answer = ask(ports, call, &key).await;
+    let (recorded, settled) = settle(answer, Settling::ReconcileStep);
+    if let Some(recorded) = recorded {
+        record(ports, &key, pb::EffectState::OutcomeUnknown, recorded).await;
+    }
     let call_id: CallId = call.call_id.clone();
-    match ask(shared, call, &key).await {
-        Answer::Applied {
-            output_json,
-            receipt,
-        } => {
-            record(
-                shared,
-                &key,
-                pb::EffectState::OutcomeUnknown,
-                Recorded::committed(&receipt),
-            )
-            .await;
-            Input::Reconciled {
-                call_id,
-                outcome: CallOutcome::Output { output_json },
-            }
-        }
-        Answer::NotApplied => {
-            let detail = "the executor's records show the effect was not applied";
-            record(
-                shared,
-                &key,
-                pb::EffectState::OutcomeUnknown,
-                Recorded::rejected(detail),
-            )
-            .await;
-            Input::Reconciled {
-                call_id,
-                outcome: CallOutcome::Error(ToolError {
-                    error_type: ErrorType::Unavailable,
-                    message: detail.into(),
-                    retryable: true,
-                    next_allowed_action: NextAction::Retry,
-                }),
-            }
-        }
-        Answer::Unknown(detail) => {
-            record(
-                shared,
-                &key,
-                pb::EffectState::OutcomeUnknown,
-                Recorded {
-                    state: pb::EffectState::ReconciliationRequired,
-                    receipt: String::new(),
-                    detail: detail.clone(),
-                },
-            )
-            .await;
-            Input::ReconciliationFailed { call_id, detail }
-        }
+    match settled {
+        Settled::Outcome(outcome) => Input::Reconciled { call_id, outcome },
+        // Not reached from the reconcile step: a not-applied write is settled there.
+        Settled::SendAgain => Input::ReconciliationFailed {
+            call_id,
+            detail: "the executor's records show the effect was not applied".into(),
+        },
+        Settled::CannotTell(detail) => Input::ReconciliationFailed { call_id, detail },
     }
 }
 
 /// What an executor's `Reconcile` said.
+#[derive(Debug)]
 enum Answer {
     Applied {
         output_json: String,
@@ -415,12 +363,12 @@ enum Answer {
     Unknown(String),
 }
 
-async fn ask(shared: &Shared, call: &ToolCall, key: &str) -> Answer {
+async fn ask(ports: &Ports, call: &ToolCall, key: &str) -> Answer {
     let request = pb::ToolGatewayServiceReconcileRequest {
         tool: call.tool.clone(),
         effect_key: key.to_owned(),
     };
-    match shared.ports.tools.reconcile(request).await {
+    match ports.tools.reconcile(request).await {
         Ok(answer) => match answer.status() {
             pb::ReconcileStatus::Applied => Answer::Applied {
                 output_json: answer.output_json,
@@ -443,7 +391,118 @@ async fn ask(shared: &Shared, call: &ToolCall, key: &str) -> Answer {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// The protocol's client side as decisions, without I/O; the functions above carry them
+// out. The server side is the ledger's own state machine (`agentloop_ledger::state`).
+
+/// What to do with a write whose ledger entry was prepared, or found, in a given state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OnEntry {
+    /// Never sent: mark it dispatched, then send it.
+    Send,
+    /// Sent, with no outcome recorded (its sender stopped mid-call): record
+    /// `outcome_unknown`, then reconcile.
+    MarkUnknownAndReconcile,
+    /// Its outcome is unknown: reconcile.
+    Reconcile,
+    /// Applied: its output comes back from the executor's `Reconcile`.
+    RecoverOutput,
+    /// Not applied: the recorded reason is the call's result.
+    Rejected,
+    /// Waiting for an operator, or a state this client does not know: the result is
+    /// unknown, never a send.
+    Unresolved,
+}
+
+fn on_entry(state: pb::EffectState) -> OnEntry {
+    match state {
+        pb::EffectState::Prepared => OnEntry::Send,
+        pb::EffectState::Dispatched => OnEntry::MarkUnknownAndReconcile,
+        pb::EffectState::OutcomeUnknown => OnEntry::Reconcile,
+        pb::EffectState::Committed => OnEntry::RecoverOutput,
+        pb::EffectState::Rejected => OnEntry::Rejected,
+        pb::EffectState::ReconciliationRequired | pb::EffectState::Unspecified => {
+            OnEntry::Unresolved
+        }
+    }
+}
+
+/// What the ledger records after a send from `dispatched`.
+fn recorded_after_send(sent: &Sent) -> Recorded {
+    match &sent.outcome {
+        CallOutcome::Output { .. } => Recorded::committed(&sent.receipt),
+        CallOutcome::Error(error) => Recorded::rejected(&error.message),
+        CallOutcome::Cancelled | CallOutcome::NotStarted => {
+            Recorded::rejected("the executor answered that it did not start it")
+        }
+        CallOutcome::Unknown { detail } => Recorded::unknown(detail),
+    }
+}
+
+/// Where a write of unknown outcome is being settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settling {
+    /// The call met again in a running turn (after a crash, a takeover, a resume): a write
+    /// its executor says was not applied is sent again.
+    InTurn,
+    /// The engine's reconcile step, after the turn's results are in: nothing is sent; a
+    /// write that was not applied becomes a retryable error for the model, and one the
+    /// executor cannot tell about is flagged for an operator.
+    ReconcileStep,
+}
+
+/// How settling ends.
+#[derive(Debug, Clone, PartialEq)]
+enum Settled {
+    /// The call's result.
+    Outcome(CallOutcome),
+    /// Send the write again (from `outcome_unknown`).
+    SendAgain,
+    /// Nobody can tell whether it was applied.
+    CannotTell(String),
+}
+
+/// The executor's answer about a write of unknown outcome: what to record (from
+/// `outcome_unknown`) and how the call goes on.
+fn settle(answer: Answer, at: Settling) -> (Option<Recorded>, Settled) {
+    match (answer, at) {
+        (
+            Answer::Applied {
+                output_json,
+                receipt,
+            },
+            Settling::InTurn | Settling::ReconcileStep,
+        ) => (
+            Some(Recorded::committed(&receipt)),
+            Settled::Outcome(CallOutcome::Output { output_json }),
+        ),
+        (Answer::NotApplied, Settling::InTurn) => (None, Settled::SendAgain),
+        (Answer::NotApplied, Settling::ReconcileStep) => {
+            let detail = "the executor's records show the effect was not applied";
+            (
+                Some(Recorded::rejected(detail)),
+                Settled::Outcome(CallOutcome::Error(ToolError {
+                    error_type: ErrorType::Unavailable,
+                    message: detail.into(),
+                    retryable: true,
+                    next_allowed_action: NextAction::Retry,
+                })),
+            )
+        }
+        (Answer::Unknown(detail), Settling::InTurn) => (None, Settled::CannotTell(detail)),
+        (Answer::Unknown(detail), Settling::ReconcileStep) => (
+            Some(Recorded {
+                state: pb::EffectState::ReconciliationRequired,
+                receipt: String::new(),
+                detail: detail.clone(),
+            }),
+            Settled::CannotTell(detail),
+        ),
+    }
+}
+
 /// A ledger transition to record.
+#[derive(Debug, PartialEq, Eq)]
 struct Recorded {
     state: pb::EffectState,
     receipt: String,
@@ -480,7 +539,7 @@ impl Recorded {
 /// unreachable. A refusal (the entry moved on) or a ledger that stays down is logged and
 /// left: the result still reaches the engine, and an entry left behind stays listed as
 /// unresolved for an operator.
-async fn record(shared: &Shared, key: &str, expected: pb::EffectState, recorded: Recorded) {
+async fn record(ports: &Ports, key: &str, expected: pb::EffectState, recorded: Recorded) {
     let mut pause = RESEND_PAUSE;
     for attempt in 1..=RECORD_ATTEMPTS {
         let request = pb::RecordRequest {
@@ -490,7 +549,7 @@ async fn record(shared: &Shared, key: &str, expected: pb::EffectState, recorded:
             receipt: recorded.receipt.clone(),
             detail: recorded.detail.clone(),
         };
-        match shared.ports.ledger.record(request).await {
+        match ports.ledger.record(request).await {
             Ok(_) => return,
             Err(status) if status.code() == Code::Unavailable && attempt < RECORD_ATTEMPTS => {
                 tokio::time::sleep(pause).await;
@@ -593,6 +652,103 @@ mod tests {
             tool: "transfer".into(),
             arguments_json: args.into(),
         }
+    }
+
+    #[test]
+    fn only_a_prepared_entry_is_sent() {
+        let every = [
+            (pb::EffectState::Unspecified, OnEntry::Unresolved),
+            (pb::EffectState::Prepared, OnEntry::Send),
+            (
+                pb::EffectState::Dispatched,
+                OnEntry::MarkUnknownAndReconcile,
+            ),
+            (pb::EffectState::Committed, OnEntry::RecoverOutput),
+            (pb::EffectState::Rejected, OnEntry::Rejected),
+            (pb::EffectState::OutcomeUnknown, OnEntry::Reconcile),
+            (pb::EffectState::ReconciliationRequired, OnEntry::Unresolved),
+        ];
+        // Every state of the contract is in the table.
+        let states: Vec<i32> = every.iter().map(|(state, _)| *state as i32).collect();
+        assert_eq!(states.len(), 7);
+        assert!((0..7).all(|state| states.contains(&state)));
+        for (state, expected) in every {
+            assert_eq!(on_entry(state), expected, "{state:?}");
+        }
+    }
+
+    #[test]
+    fn a_send_is_recorded_by_its_outcome() {
+        let sent = |outcome| Sent {
+            outcome,
+            receipt: "r-1".into(),
+        };
+        let output = sent(CallOutcome::Output {
+            output_json: "{}".into(),
+        });
+        assert_eq!(recorded_after_send(&output), Recorded::committed("r-1"));
+        let error = sent(CallOutcome::Error(ToolError {
+            error_type: ErrorType::Rejected,
+            message: "insufficient funds".into(),
+            retryable: false,
+            next_allowed_action: NextAction::None,
+        }));
+        assert_eq!(
+            recorded_after_send(&error),
+            Recorded::rejected("insufficient funds")
+        );
+        for never in [CallOutcome::Cancelled, CallOutcome::NotStarted] {
+            assert_eq!(
+                recorded_after_send(&sent(never)).state,
+                pb::EffectState::Rejected
+            );
+        }
+        let lost = sent(CallOutcome::Unknown {
+            detail: "reply lost".into(),
+        });
+        assert_eq!(recorded_after_send(&lost), Recorded::unknown("reply lost"));
+    }
+
+    #[test]
+    fn an_unknown_outcome_is_settled_by_the_executors_answer() {
+        let applied = || Answer::Applied {
+            output_json: r#"{"ok":true}"#.into(),
+            receipt: "r-2".into(),
+        };
+        let output = Settled::Outcome(CallOutcome::Output {
+            output_json: r#"{"ok":true}"#.into(),
+        });
+        for at in [Settling::InTurn, Settling::ReconcileStep] {
+            assert_eq!(
+                settle(applied(), at),
+                (Some(Recorded::committed("r-2")), output.clone())
+            );
+        }
+        // In a turn, not applied means: send it again (the dispatch records the rest).
+        assert_eq!(
+            settle(Answer::NotApplied, Settling::InTurn),
+            (None, Settled::SendAgain)
+        );
+        // At the reconcile step nothing is sent: the model gets a retryable error.
+        let (recorded, settled) = settle(Answer::NotApplied, Settling::ReconcileStep);
+        assert_eq!(recorded.map(|r| r.state), Some(pb::EffectState::Rejected));
+        assert!(
+            matches!(settled, Settled::Outcome(CallOutcome::Error(ref e)) if e.retryable),
+            "{settled:?}"
+        );
+        // Cannot tell: nothing recorded in a turn (the reconcile step asks again), and an
+        // operator is asked for at the reconcile step.
+        assert_eq!(
+            settle(Answer::Unknown("no record".into()), Settling::InTurn),
+            (None, Settled::CannotTell("no record".into()))
+        );
+        let (recorded, settled) =
+            settle(Answer::Unknown("no record".into()), Settling::ReconcileStep);
+        assert_eq!(
+            recorded.map(|r| r.state),
+            Some(pb::EffectState::ReconciliationRequired)
+        );
+        assert_eq!(settled, Settled::CannotTell("no record".into()));
     }
 
     #[test]

@@ -199,12 +199,13 @@ impl Runner {
             .deadline
             .map(|at| instant_of(at, self.shared.clock.now()));
         let mut tick_armed = deadline.is_some();
-        // Tool calls may be running: a drain waits for them and the commit of their turn,
-        // for at most the drain timeout; then it cancels them, so a shutdown is bounded.
-        let mut executing = false;
+        // While tool calls run (`engine.is_executing()`), a drain waits for them and the
+        // commit of their turn, for at most the drain timeout; then it cancels them, so a
+        // shutdown is bounded.
         let mut drain_cutoff: Option<tokio::time::Instant> = None;
         let mut drain_cut = false;
         loop {
+            let executing = self.engine.is_executing();
             let input = match queue.pop_front() {
                 Some(input) => input,
                 None => tokio::select! {
@@ -299,7 +300,6 @@ impl Runner {
                         ops.push(self.authorize(turn, &calls));
                     }
                     Action::Execute { turn, calls, plan } => {
-                        executing = true;
                         let count = u32::try_from(calls.len()).unwrap_or(u32::MAX);
                         self.progress.in_flight.store(count, Relaxed);
                         let started = batch.insert(Batch {
@@ -335,7 +335,6 @@ impl Runner {
                             Ok(input) => input,
                             Err(why) => return Exit::Lost(why),
                         };
-                        executing = false;
                         batch = None;
                         self.progress.in_flight.store(0, Relaxed);
                         if ends {
@@ -396,7 +395,6 @@ impl Runner {
     }
 
     fn authorize(&self, turn: u32, calls: &[ToolCall]) -> Op {
-        let totals = self.engine.protocol().totals;
         let request = pb::EvaluateRequest {
             invocation_id: self.id.to_string(),
             turn,
@@ -404,8 +402,6 @@ impl Runner {
             calls: calls.iter().map(wire::tool_call).collect(),
             actor: self.spec.actor.clone(),
             tenant: self.spec.tenant.clone(),
-            budget: Some(wire::budget(&self.spec.limits, UnixMillis(0))),
-            usage: Some(wire::budget_usage(&totals)),
             approved_proposal_digest: String::new(),
         };
         let port = self.shared.ports.policy.clone();
@@ -469,7 +465,7 @@ impl Runner {
 
     fn reconcile(&self, turn: u32, call: ToolCall) -> Op {
         let (shared, id) = (self.shared.clone(), self.id);
-        Box::pin(async move { Done::One(effects::reconcile(&shared, id, turn, &call).await) })
+        Box::pin(async move { Done::One(effects::reconcile(&shared.ports, id, turn, &call).await) })
     }
 
     /// One call of a batch; `token` cancels the batch.
@@ -478,7 +474,7 @@ impl Runner {
         Box::pin(async move {
             let (side_effect, timeout_ms) = settings(&spec, &shared, &call);
             let outcome = effects::Call {
-                shared: &shared,
+                ports: &shared.ports,
                 invocation: id,
                 turn,
                 call: &call,
@@ -502,7 +498,7 @@ impl Runner {
             let stage: Vec<effects::Call<'_>> = calls
                 .iter()
                 .map(|call| effects::Call {
-                    shared: &shared,
+                    ports: &shared.ports,
                     invocation: id,
                     turn,
                     call,
@@ -511,7 +507,7 @@ impl Runner {
                     token: &token,
                 })
                 .collect();
-            let outcomes = effects::run_stage(&shared, &token, &stage).await;
+            let outcomes = effects::run_stage(&shared.ports, &token, &stage).await;
             Done::Stage(
                 calls
                     .into_iter()

@@ -1,14 +1,13 @@
-//! Judging a batch of tool calls: structure, tool names, argument schemas, approval
-//! gates, and the concurrency plan (the engine's, not a second one).
+//! Judging a batch of tool calls: structure, tool names, argument schemas and approval
+//! gates. Which calls run together is not policy's to say: the engine plans the stages
+//! from the tools' side effects, in one place.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 
-use agentloop_engine::{
-    CallId, ExecutionPlan, Fingerprint, SideEffect, ToolCatalog, ToolSpec, canonical_json,
-};
+use agentloop_engine::{Fingerprint, canonical_json};
 use agentloop_proto::v1;
-use agentloop_proto::v1::{EvaluateRequest, EvaluateResponse, Stage, Verdict, Violation};
+use agentloop_proto::v1::{EvaluateRequest, EvaluateResponse, Verdict, Violation};
 use serde_json::Value;
 
 use crate::error::PolicyError;
@@ -33,26 +32,15 @@ impl fmt::Debug for CompiledTool {
     }
 }
 
-/// The tool side of policy: every known tool with its compiled input schema, the
-/// engine catalog built from the same descriptors, and the approval gates.
+/// The tool side of policy: every known tool with its compiled input schema, and the
+/// approval gates.
 ///
 /// Schemas are compiled once, here; an invalid schema fails construction (naming the
 /// tool) rather than every call to that tool later.
 #[derive(Debug)]
 pub struct ToolPolicy {
     tools: BTreeMap<String, CompiledTool>,
-    catalog: ToolCatalog,
     require_approval_for: BTreeSet<String>,
-}
-
-/// The engine's side-effect class of a descriptor. Unspecified and unknown values are
-/// treated as [`SideEffect::Write`], the most dangerous kind (common.proto).
-pub fn side_effect_of(descriptor: &v1::ToolDescriptor) -> SideEffect {
-    match v1::SideEffect::try_from(descriptor.side_effect) {
-        Ok(v1::SideEffect::ReadOnly) => SideEffect::ReadOnly,
-        Ok(v1::SideEffect::IdempotentWrite) => SideEffect::IdempotentWrite,
-        Ok(v1::SideEffect::Write | v1::SideEffect::Unspecified) | Err(_) => SideEffect::Write,
-    }
 }
 
 fn json_kind(value: &Value) -> &'static str {
@@ -77,7 +65,6 @@ impl ToolPolicy {
     /// needs a remote `$ref`: no network or file access is compiled in).
     pub fn new(descriptors: &[v1::ToolDescriptor]) -> Result<ToolPolicy, PolicyError> {
         let mut tools = BTreeMap::new();
-        let mut catalog = ToolCatalog::new();
         for descriptor in descriptors {
             if tools.contains_key(&descriptor.name) {
                 return Err(PolicyError::DuplicateTool {
@@ -99,18 +86,10 @@ impl ToolPolicy {
                     tool: descriptor.name.clone(),
                     detail: e.to_string(),
                 })?;
-            catalog = catalog.with(
-                descriptor.name.clone(),
-                ToolSpec {
-                    side_effect: side_effect_of(descriptor),
-                    commutative: descriptor.commutative,
-                },
-            );
             tools.insert(descriptor.name.clone(), CompiledTool { validator });
         }
         Ok(ToolPolicy {
             tools,
-            catalog,
             require_approval_for: BTreeSet::new(),
         })
     }
@@ -121,11 +100,6 @@ impl ToolPolicy {
     pub fn with_approval_gates(mut self, tools: impl IntoIterator<Item = String>) -> ToolPolicy {
         self.require_approval_for.extend(tools);
         self
-    }
-
-    /// The engine catalog built from the descriptors (side effect, commutative).
-    pub fn catalog(&self) -> &ToolCatalog {
-        &self.catalog
     }
 
     /// Judges a batch of calls.
@@ -183,7 +157,6 @@ impl ToolPolicy {
             return Ok(EvaluateResponse {
                 verdict: Verdict::Deny.into(),
                 violations,
-                stages: Vec::new(),
                 proposal_digest: String::new(),
             });
         }
@@ -207,7 +180,6 @@ impl ToolPolicy {
                 return Ok(EvaluateResponse {
                     verdict: Verdict::RequireApproval.into(),
                     violations: Vec::new(),
-                    stages: Vec::new(),
                     proposal_digest: digest,
                 });
             }
@@ -215,7 +187,6 @@ impl ToolPolicy {
         Ok(EvaluateResponse {
             verdict: Verdict::Allow.into(),
             violations: Vec::new(),
-            stages: self.stages(&request.calls),
             proposal_digest: String::new(),
         })
     }
@@ -263,28 +234,6 @@ impl ToolPolicy {
             }
         }
         Some(canonical_json(&value))
-    }
-
-    /// The execution plan of `agentloop_engine::ExecutionPlan::for_calls`, as call IDs.
-    fn stages(&self, calls: &[v1::ToolCall]) -> Vec<Stage> {
-        let engine_calls: Vec<agentloop_engine::ToolCall> = calls
-            .iter()
-            .map(|call| agentloop_engine::ToolCall {
-                call_id: CallId::new(call.call_id.clone()),
-                tool: call.tool.clone(),
-                arguments_json: call.arguments_json.clone(),
-            })
-            .collect();
-        ExecutionPlan::for_calls(&engine_calls, &self.catalog)
-            .stages
-            .into_iter()
-            .map(|stage| Stage {
-                call_ids: stage
-                    .into_iter()
-                    .filter_map(|index| calls.get(index).map(|call| call.call_id.clone()))
-                    .collect(),
-            })
-            .collect()
     }
 }
 
