@@ -1,4 +1,4 @@
-//! The scripted model: a stable JSON format (DESIGN.md, "Stable external formats") that
+//! The scripted model: a stable JSON format (`docs/models.md`, "The scripted model") that
 //! replays canned decisions, one per turn, so demos and tests run without a provider.
 //!
 //! Parsing is strict on purpose: a typo in a hand-written script should fail loudly with

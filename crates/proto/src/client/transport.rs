@@ -3,7 +3,7 @@
 //! tonic's `Channel` puts a tower `Buffer` in front of its connection: each call is
 //! queued to a worker task, which hands the response future back through a second
 //! channel. Over loopback, where an RPC is nearly all overhead, going without it saved
-//! 4-11% of a distributed turn's CPU (README, Performance). So a plain-text endpoint is
+//! 4-11% of a distributed turn's CPU (`agentloop bench`, docs/performance.md). So a plain-text endpoint is
 //! served by hyper's HTTP/2 client directly: a call clones the connection's sender and
 //! goes to the connection's task, the only task between the caller and the socket.
 //! `https` endpoints keep tonic's channel and its TLS (rustls, the system's roots).
