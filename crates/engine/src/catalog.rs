@@ -1,7 +1,10 @@
-//! What the engine knows of the tools: their names and how they touch the world.
+//! What the runtime knows of the tools: their names, how they touch the world and how
+//! long one call may take.
 //!
 //! Descriptions and input schemas belong to the tools and policy services; the engine
-//! needs only enough to refuse unknown tools and to order calls safely.
+//! needs only enough to refuse unknown tools and to order calls safely. The shell that
+//! runs the calls reads the same catalog for each call's deadline, so an invocation's
+//! tools have one shape.
 
 use std::collections::BTreeMap;
 
@@ -37,15 +40,16 @@ pub struct ToolSpec {
     /// Whether two writes of this tool may run in either order (and so in parallel).
     #[serde(default)]
     pub commutative: bool,
+    /// How long one call may take, in milliseconds; `None`: the shell's default. The
+    /// engine does not read it: the shell sets each call's deadline from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
 }
 
 impl ToolSpec {
     /// A read-only tool.
     pub const fn read_only() -> ToolSpec {
-        ToolSpec {
-            side_effect: SideEffect::ReadOnly,
-            commutative: false,
-        }
+        ToolSpec::new(SideEffect::ReadOnly)
     }
 
     /// A tool with the given side effect, not commutative.
@@ -53,6 +57,7 @@ impl ToolSpec {
         ToolSpec {
             side_effect,
             commutative: false,
+            timeout_ms: None,
         }
     }
 }

@@ -83,6 +83,7 @@ mod tests {
                 ToolSpec {
                     side_effect: SideEffect::IdempotentWrite,
                     commutative: true,
+                    timeout_ms: None,
                 },
             )
     }

@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 mod config;
+mod context;
 mod effects;
 mod error;
 mod hub;
@@ -41,6 +42,7 @@ pub use error::OrchestratorError;
 pub use ports::{DecisionPort, GrpcTools, InProcess, LedgerPort, PolicyPort, Ports, ToolsPort};
 pub use workers::Workers;
 
+use crate::context::ModelContext;
 use crate::intern::{Descriptors, Interner};
 use crate::runner::Runner;
 use crate::spec::InvocationSpec;
@@ -73,12 +75,11 @@ pub(crate) struct Shared {
     drain: CancellationToken,
     /// The tool gateway's descriptors, fetched once and kept.
     descriptors: RwLock<Option<Arc<Vec<pb::ToolDescriptor>>>>,
-    /// The engine's tool catalogs, one per distinct set of tools.
+    /// The invocations' tools (the engine's catalogs, with timeouts), one per distinct
+    /// set of tools.
     catalogs: Interner<ToolCatalog>,
     /// The tools' descriptors shown to the model, one list per distinct set of tools.
     tool_lists: Interner<Descriptors>,
-    /// The invocations' tools as their specs list them, one list per distinct set.
-    tool_entries: Interner<Vec<spec::ToolEntry>>,
 }
 
 impl Shared {
@@ -150,7 +151,7 @@ impl Shared {
         };
         let own = all
             .iter()
-            .filter(|d| spec.tool(&d.name).is_some())
+            .filter(|d| spec.tools.get(&d.name).is_some())
             .cloned()
             .collect();
         self.tool_lists.intern(Descriptors(own))
@@ -293,7 +294,6 @@ impl Orchestrator {
                 descriptors: RwLock::new(None),
                 catalogs: Interner::new(MAX_SHARED_CATALOGS),
                 tool_lists: Interner::new(MAX_SHARED_CATALOGS),
-                tool_entries: Interner::new(MAX_SHARED_CATALOGS),
                 workers,
                 freed: Notify::new(),
                 started: AtomicBool::new(false),
@@ -492,7 +492,8 @@ impl Orchestrator {
             return Ok(());
         };
         // Nothing is committed yet: no log to read back.
-        let engine = Invocation::new(spec.limits, spec.catalog(&self.shared.catalogs));
+        let spec = spec.share_tools(&self.shared.catalogs);
+        let engine = Invocation::new(spec.limits, Arc::clone(&spec.tools));
         self.spawn_runner(id, spec, engine, Vec::new(), lease, false)
             .await
     }
@@ -505,8 +506,9 @@ impl Orchestrator {
         lease: Lease,
     ) -> Result<(), OrchestratorError> {
         let id = record.invocation_id;
-        let spec: InvocationSpec = serde_json::from_str(&record.spec)
-            .map_err(|e| StoreError::Corrupt(format!("invocation {id}: spec: {e}")))?;
+        let spec = serde_json::from_str::<InvocationSpec>(&record.spec)
+            .map_err(|e| StoreError::Corrupt(format!("invocation {id}: spec: {e}")))?
+            .share_tools(&self.shared.catalogs);
         let mut events = Vec::new();
         let mut from = 1;
         loop {
@@ -521,12 +523,12 @@ impl Orchestrator {
         }
         let engine = Invocation::restore(
             spec.limits,
-            spec.catalog(&self.shared.catalogs),
+            Arc::clone(&spec.tools),
             events.iter().map(|e| &e.event),
         )
         .map_err(|e| StoreError::Corrupt(format!("invocation {id}: {e}")))?;
         let id_text = id.to_string();
-        let skip = events.len().saturating_sub(runner::HISTORY);
+        let skip = events.len().saturating_sub(context::HISTORY);
         let history = events[skip..]
             .iter()
             .map(|stored| wire::event(&id_text, stored.committed_at, &stored.event))
@@ -571,12 +573,12 @@ impl Orchestrator {
         let lost = CancellationToken::new();
         let keeper = keepers.keep(lease, lost.clone());
         self.shared.hub.open(id, engine.protocol().version);
-        let context = Arc::new(runner::context(id, &mut spec, history));
+        let context = ModelContext::new(id, &mut spec, history);
         let tools = self.shared.descriptors_for(&spec);
         let runner = Runner {
             shared: self.shared.clone(),
             id,
-            spec: Arc::new(spec.share_tools(&self.shared.tool_entries)),
+            spec: Arc::new(spec),
             engine,
             keeper: Some(keeper),
             lost,

@@ -35,13 +35,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
+use crate::context::ModelContext;
 use crate::intern::Descriptors;
-use crate::spec::{InvocationSpec, ToolEntry};
+use crate::spec::InvocationSpec;
 use crate::{Progress, Shared, Taken};
 use crate::{effects, wire};
-
-/// Committed events kept to show the model (bounded context; older turns are in the log).
-pub(crate) const HISTORY: usize = 16;
 
 /// An operation in flight; it resolves to the inputs that report it.
 type Op = Pin<Box<dyn Future<Output = Done> + Send>>;
@@ -87,36 +85,11 @@ pub(crate) struct Runner {
     pub(crate) lost: CancellationToken,
     /// A cancel request is on record: the first input is `Cancel`, not `Start`.
     pub(crate) cancel_requested: bool,
-    /// The model's request, kept from turn to turn: a turn changes only its number and
-    /// the history window (the last [`HISTORY`] committed events). The decide call in
-    /// flight shares it, so an in-process model reads it without a copy. Its `tools` are
-    /// empty: they travel apart, as `tools`.
-    pub(crate) context: Arc<pb::DecideRequest>,
+    /// What the model is shown: the goal, the script, the last committed events.
+    pub(crate) context: ModelContext,
     /// The tools offered to the model, shared with the invocations of the same tools.
     pub(crate) tools: Arc<Descriptors>,
     pub(crate) progress: Arc<Progress>,
-}
-
-/// The model's request of an invocation whose last committed events are `history` (at
-/// most [`HISTORY`]); [`Runner`] keeps it and sets the turn before each call. The goal and
-/// the script, which may be long, move from `spec` to the request: the runner reads them
-/// there, and keeps one copy.
-pub(crate) fn context(
-    id: Uuid,
-    spec: &mut InvocationSpec,
-    history: Vec<pb::Event>,
-) -> pb::DecideRequest {
-    pb::DecideRequest {
-        invocation_id: id.to_string(),
-        turn: 0,
-        goal: std::mem::take(&mut spec.goal),
-        profile: spec.profile.clone(),
-        tools: Vec::new(),
-        history,
-        context_from_seq: 0,
-        summary: String::new(),
-        scripted_model_json: spec.script.take().unwrap_or_default(),
-    }
 }
 
 impl Runner {
@@ -375,14 +348,11 @@ impl Runner {
     }
 
     fn decide(&mut self, turn: u32) -> Op {
-        let context = Arc::make_mut(&mut self.context);
-        context.turn = turn;
-        context.context_from_seq = context.history.first().map_or(0, |event| event.seq);
         if self.tools.0.is_empty() {
             // Empty when the gateway's tools were not fetched yet as the runner started.
             self.tools = self.shared.descriptors_for(&self.spec);
         }
-        let (request, tools) = (Arc::clone(&self.context), Arc::clone(&self.tools));
+        let (request, tools) = (self.context.for_turn(turn), Arc::clone(&self.tools));
         let port = self.shared.ports.decision.clone();
         Box::pin(async move {
             Done::One(match port.decide(&request, &tools.0).await {
@@ -422,13 +392,12 @@ impl Runner {
     }
 
     fn verify(&self, answer: String) -> Op {
-        let evidence_refs = self.evidence();
         let request = pb::ValidateFinalRequest {
             invocation_id: self.id.to_string(),
             profile: self.spec.profile.clone(),
-            goal: self.context.goal.clone(),
+            goal: self.context.goal().to_owned(),
             answer,
-            evidence_refs,
+            evidence_refs: self.context.outputs(),
         };
         let port = self.shared.ports.policy.clone();
         Box::pin(async move {
@@ -445,22 +414,6 @@ impl Runner {
             };
             Done::One(Input::Verified(verification))
         })
-    }
-
-    /// Successful tool results in the recent history, as `seq:call_id` references.
-    fn evidence(&self) -> Vec<String> {
-        use pb::tool_result::Outcome;
-        let mut refs = Vec::new();
-        for event in &self.context.history {
-            if let Some(pb::event::Body::Turn(turn)) = &event.body {
-                for result in &turn.results {
-                    if matches!(result.outcome, Some(Outcome::Output(_))) {
-                        refs.push(format!("{}:{}", event.seq, result.call_id));
-                    }
-                }
-            }
-        }
-        refs
     }
 
     fn reconcile(&self, turn: u32, call: ToolCall) -> Op {
@@ -591,13 +544,7 @@ impl Runner {
                     .iter()
                     .map(|event| wire::event(&id, committed_at, event))
                     .collect();
-                let history = &mut Arc::make_mut(&mut self.context).history;
-                for event in &wire {
-                    if history.len() == HISTORY {
-                        history.remove(0);
-                    }
-                    history.push(event.clone());
-                }
+                self.context.committed(&wire);
                 self.shared.hub.publish(self.id, wire);
                 Ok(Input::Committed)
             }
@@ -629,13 +576,10 @@ enum Exit {
 /// A call's side-effect class and timeout, from the invocation's catalog. The engine
 /// only executes catalog tools; a mismatch is treated as the riskier kind.
 fn settings(spec: &InvocationSpec, shared: &Shared, call: &ToolCall) -> (SideEffect, u64) {
-    match spec.tool(&call.tool) {
-        Some(ToolEntry {
-            side_effect,
-            timeout_ms,
-            ..
-        }) => (*side_effect, *timeout_ms),
-        None => (SideEffect::Write, shared.config.limits.tool_timeout_ms),
+    let default = shared.config.limits.tool_timeout_ms;
+    match spec.tools.get(&call.tool) {
+        Some(tool) => (tool.side_effect, tool.timeout_ms.unwrap_or(default)),
+        None => (SideEffect::Write, default),
     }
 }
 

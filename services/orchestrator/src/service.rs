@@ -4,7 +4,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use agentloop_engine::{MicroUsd, TerminalReason};
+use agentloop_engine::{MicroUsd, TerminalReason, ToolCatalog, ToolSpec};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
 use agentloop_store::{
@@ -18,7 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use uuid::Uuid;
 
-use crate::spec::{InvocationSpec, ToolEntry};
+use crate::spec::InvocationSpec;
 use crate::{Orchestrator, OrchestratorError, Shared, wire};
 
 /// Default page size of `ListInvocations`.
@@ -165,18 +165,21 @@ impl Orchestrator {
         let tools = descriptors
             .iter()
             .filter(|d| request.allowed_tools.is_empty() || request.allowed_tools.contains(&d.name))
-            .map(|d| ToolEntry {
-                name: d.name.clone(),
-                side_effect: wire::side_effect(d.side_effect()),
-                commutative: d.commutative,
-                timeout_ms: d
+            .map(|d| {
+                let timeout_ms = d
                     .timeout
                     .as_ref()
                     .and_then(|t| millis(t, "timeout").ok())
                     .filter(|ms| *ms > 0)
-                    .unwrap_or(shared.config.limits.tool_timeout_ms),
+                    .unwrap_or(shared.config.limits.tool_timeout_ms);
+                let spec = ToolSpec {
+                    side_effect: wire::side_effect(d.side_effect()),
+                    commutative: d.commutative,
+                    timeout_ms: Some(timeout_ms),
+                };
+                (d.name.clone(), spec)
             })
-            .collect();
+            .collect::<ToolCatalog>();
 
         if shared.running_count() >= bounds.max_running {
             return Err(OrchestratorError::ResourceExhausted(format!(

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use agentloop_engine::{Limits, SideEffect, ToolCatalog, ToolSpec};
+use agentloop_engine::{Limits, ToolCatalog};
 use serde::{Deserialize, Serialize};
 
 use crate::intern::Interner;
@@ -17,48 +17,103 @@ pub(crate) struct InvocationSpec {
     pub(crate) actor: String,
     pub(crate) tenant: String,
     pub(crate) limits: Limits,
-    /// The tools it may call, as they were when it started; shared with the invocations
-    /// of the same tools (see [`InvocationSpec::share_tools`]).
-    pub(crate) tools: Arc<Vec<ToolEntry>>,
+    /// The tools it may call, as they were when it started, each with its timeout: the
+    /// engine's catalog, which the runner reads too, shared with the engine and with the
+    /// invocations of the same tools (see [`InvocationSpec::share_tools`]).
+    #[serde(with = "stored_tools")]
+    pub(crate) tools: Arc<ToolCatalog>,
     /// The scripted model, for offline runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) script: Option<String>,
 }
 
-/// One tool of an invocation.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub(crate) struct ToolEntry {
-    pub(crate) name: String,
-    pub(crate) side_effect: SideEffect,
-    pub(crate) commutative: bool,
-    pub(crate) timeout_ms: u64,
-}
-
 impl InvocationSpec {
-    /// Swaps its tools for the copy `entries` holds of the same tools, if any.
-    pub(crate) fn share_tools(mut self, entries: &Interner<Vec<ToolEntry>>) -> InvocationSpec {
-        self.tools = entries.intern(Arc::unwrap_or_clone(self.tools));
+    /// Swaps its tools for the copy `catalogs` holds of the same tools, if any.
+    pub(crate) fn share_tools(mut self, catalogs: &Interner<ToolCatalog>) -> InvocationSpec {
+        self.tools = catalogs.intern(Arc::unwrap_or_clone(self.tools));
         self
     }
+}
 
-    /// The engine's catalog of these tools, shared with every invocation of the same
-    /// tools that `catalogs` holds.
-    pub(crate) fn catalog(&self, catalogs: &Interner<ToolCatalog>) -> Arc<ToolCatalog> {
-        catalogs.intern(
-            self.tools
-                .iter()
-                .map(|tool| {
-                    let spec = ToolSpec {
-                        side_effect: tool.side_effect,
-                        commutative: tool.commutative,
-                    };
-                    (tool.name.clone(), spec)
-                })
-                .collect(),
-        )
+/// The tools as stored with an invocation: a list of `{name, side_effect, commutative,
+/// timeout_ms}`, the format of every invocation already in a store.
+mod stored_tools {
+    use std::sync::Arc;
+
+    use agentloop_engine::{SideEffect, ToolCatalog, ToolSpec};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct Entry {
+        name: String,
+        side_effect: SideEffect,
+        commutative: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
     }
 
-    pub(crate) fn tool(&self, name: &str) -> Option<&ToolEntry> {
-        self.tools.iter().find(|tool| tool.name == name)
+    pub(super) fn serialize<S: Serializer>(
+        tools: &Arc<ToolCatalog>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(tools.iter().map(|(name, spec)| Entry {
+            name: name.to_owned(),
+            side_effect: spec.side_effect,
+            commutative: spec.commutative,
+            timeout_ms: spec.timeout_ms,
+        }))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Arc<ToolCatalog>, D::Error> {
+        let entries = Vec::<Entry>::deserialize(deserializer)?;
+        Ok(Arc::new(
+            entries
+                .into_iter()
+                .map(|entry| {
+                    let spec = ToolSpec {
+                        side_effect: entry.side_effect,
+                        commutative: entry.commutative,
+                        timeout_ms: entry.timeout_ms,
+                    };
+                    (entry.name, spec)
+                })
+                .collect(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agentloop_engine::{SideEffect, ToolSpec};
+
+    use super::*;
+
+    #[test]
+    fn tools_are_stored_in_the_format_of_earlier_invocations() {
+        // As an earlier build wrote it: a list of entries in the gateway's order.
+        let stored = r#"{"goal":"g","profile":"default","actor":"","tenant":"","limits":LIMITS,
+            "tools":[{"name":"transfer","side_effect":"write","commutative":false,"timeout_ms":400},
+                     {"name":"lookup","side_effect":"read_only","commutative":false,"timeout_ms":30000}]}"#
+            .replace("LIMITS", &serde_json::to_string(&Limits::default()).unwrap());
+        let spec: InvocationSpec = serde_json::from_str(&stored).unwrap();
+        let transfer = spec.tools.get("transfer").unwrap();
+        assert_eq!(transfer.side_effect, SideEffect::Write);
+        assert_eq!(transfer.timeout_ms, Some(400));
+        assert_eq!(
+            spec.tools.get("lookup").copied(),
+            Some(ToolSpec {
+                timeout_ms: Some(30_000),
+                ..ToolSpec::read_only()
+            })
+        );
+        // Written back, it reads the same.
+        let again: InvocationSpec =
+            serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+        assert_eq!(again, spec);
+        let json: serde_json::Value = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json["tools"][0]["name"], "lookup");
+        assert_eq!(json["tools"][1]["timeout_ms"], 400);
     }
 }
