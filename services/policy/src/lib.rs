@@ -78,6 +78,23 @@ impl Default for PolicyConfig {
 }
 
 /// The shared start (`agentloop_server::Service::start`) binds `listen`.
+impl PolicyConfig {
+    /// The checks that need no network: exactly one source of tool descriptors. Run at
+    /// start (so `--dump-config` refuses what the service would) and by
+    /// [`PolicyServer::from_config`].
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::NoToolSource`] or [`PolicyError::ConflictingToolSources`].
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        match (&self.tools_file, &self.tools_endpoint) {
+            (None, None) => Err(PolicyError::NoToolSource),
+            (Some(_), Some(_)) => Err(PolicyError::ConflictingToolSources),
+            (Some(_), None) | (None, Some(_)) => Ok(()),
+        }
+    }
+}
+
 impl agentloop_server::ServiceConfig for PolicyConfig {
     fn listen(&self) -> SocketAddr {
         self.listen
@@ -181,10 +198,10 @@ impl PolicyServer {
     /// exactly one source is set, [`PolicyError::ToolsFile`], then the errors of
     /// [`fetch_tools`] and [`PolicyServer::from_descriptors`].
     pub async fn from_config(config: &PolicyConfig) -> Result<PolicyServer, PolicyError> {
+        config.validate()?;
         let descriptors = match (&config.tools_file, &config.tools_endpoint) {
-            (None, None) => return Err(PolicyError::NoToolSource),
-            (Some(_), Some(_)) => return Err(PolicyError::ConflictingToolSources),
-            (Some(path), None) => agentloop_tools::ToolsConfig::load(path)
+            // Both at once was refused by `validate`.
+            (Some(path), _) => agentloop_tools::ToolsConfig::load(path)
                 .map_err(|e| PolicyError::ToolsFile {
                     path: path.display().to_string(),
                     detail: e.to_string(),
@@ -198,6 +215,7 @@ impl PolicyServer {
                 )
                 .await?
             }
+            (None, None) => return Err(PolicyError::NoToolSource),
         };
         tracing::info!(tools = descriptors.len(), "tool descriptors loaded");
         PolicyServer::from_descriptors(&descriptors, config)

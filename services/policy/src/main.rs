@@ -7,7 +7,6 @@
 //! missing, doubled or unreadable, or a tool schema that does not compile, exits with
 //! 78; a gateway that never answers exits with 1.
 
-use std::convert::Infallible;
 use std::path::PathBuf;
 
 use agentloop_policy::{PolicyConfig, PolicyError, PolicyServer};
@@ -41,14 +40,12 @@ struct Flags {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let flags = SERVICE.parse::<Flags, PolicyConfig>();
-    // Everything policy checks needs the tool descriptors, which may come from the
-    // network: nothing to check before the start.
+    // The tool descriptors may come from the network: only their source is checked
+    // before the start.
     let Started {
         config, listener, ..
     } = SERVICE
-        .start(&flags.common, &flags, |_: &PolicyConfig| {
-            Ok::<_, Infallible>(())
-        })
+        .start(&flags.common, &flags, PolicyConfig::validate)
         .await;
     let server = match PolicyServer::from_config(&config).await {
         Ok(server) => server,
