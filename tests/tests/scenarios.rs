@@ -43,6 +43,7 @@ both_wirings!(
     bad_input_is_refused_and_nothing_is_stored,
     cost_budget_override_stops_the_run,
     a_transfer_is_recorded_in_the_ledger_and_applied_once,
+    an_error_quotes_only_a_bounded_excerpt_of_the_input,
 );
 
 const SEED: &str = r#"{"turns": [
@@ -536,5 +537,44 @@ async fn a_transfer_is_recorded_in_the_ledger_and_applied_once(wiring: Wiring) {
         .unwrap()
         .into_inner();
     assert!(unresolved.entries.is_empty(), "{:?}", unresolved.entries);
+    system.stop().await;
+}
+
+/// A huge ID is refused with its own code and a short message: never echoed whole, which
+/// a stock client would report as RESOURCE_EXHAUSTED (the trailer too large).
+async fn an_error_quotes_only_a_bounded_excerpt_of_the_input(wiring: Wiring) {
+    let system = System::start(wiring, OrchestratorConfig::default()).await;
+    let mut client = system.client().await;
+    let huge = "x".repeat(1024 * 1024);
+    let bounded = |status: tonic::Status, code: Code| {
+        let excerpt: String = status.message().chars().take(200).collect();
+        assert_eq!(status.code(), code, "{excerpt}");
+        assert!(
+            status.message().len() <= agentloop_proto::MAX_STATUS_MESSAGE_BYTES,
+            "{} bytes",
+            status.message().len()
+        );
+    };
+    let get = client
+        .get_invocation(pb::GetInvocationRequest {
+            invocation_id: huge.clone(),
+        })
+        .await
+        .unwrap_err();
+    bounded(get, Code::InvalidArgument);
+    let cancel = client
+        .cancel_invocation(pb::CancelInvocationRequest {
+            invocation_id: huge.clone(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap_err();
+    bounded(cancel, Code::InvalidArgument);
+    let mut ledger = system.ledger().await;
+    let entry = ledger
+        .get(pb::GetRequest { effect_key: huge })
+        .await
+        .unwrap_err();
+    bounded(entry, Code::InvalidArgument);
     system.stop().await;
 }

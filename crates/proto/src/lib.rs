@@ -49,3 +49,48 @@ pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Most calls one `ToolGatewayService.ExecuteStage` request may carry; the gateway
 /// refuses a larger stage whole, and the orchestrator sends one call by call.
 pub const MAX_STAGE_CALLS: usize = 256;
+
+/// Longest `grpc-message` any agentloop service answers with, in bytes.
+pub const MAX_STATUS_MESSAGE_BYTES: usize = 1024;
+
+/// `message`, cut at a character boundary to at most [`MAX_STATUS_MESSAGE_BYTES`] (the
+/// cut marked with `…`). Every service's one mapping from its errors to `tonic::Status`
+/// passes its message through here. Messages quote caller input (an ID, a tool name, a
+/// path), so without a bound a 1 MB invocation ID came back as a 1 MB trailer, which
+/// stock clients report as RESOURCE_EXHAUSTED instead of the real error.
+pub fn bounded_message(message: String) -> String {
+    const MARK: &str = "…";
+    if message.len() <= MAX_STATUS_MESSAGE_BYTES {
+        return message;
+    }
+    let mut end = MAX_STATUS_MESSAGE_BYTES - MARK.len();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut bounded = message;
+    bounded.truncate(end);
+    bounded.push_str(MARK);
+    bounded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_messages_are_cut_at_a_character_boundary() {
+        assert_eq!(bounded_message("short".to_owned()), "short");
+        let exact = "a".repeat(MAX_STATUS_MESSAGE_BYTES);
+        assert_eq!(bounded_message(exact.clone()), exact);
+        // Multi-byte characters across the cut: never half a character.
+        let long = format!("invalid ID {:?}", "é".repeat(1_000_000));
+        let bounded = bounded_message(long.clone());
+        assert!(
+            bounded.len() <= MAX_STATUS_MESSAGE_BYTES,
+            "{}",
+            bounded.len()
+        );
+        assert!(bounded.ends_with('…'));
+        assert!(long.starts_with(bounded.trim_end_matches('…')));
+    }
+}

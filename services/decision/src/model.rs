@@ -74,7 +74,7 @@ pub enum ModelError {
 
 impl From<ModelError> for tonic::Status {
     fn from(error: ModelError) -> Self {
-        let message = error.to_string();
+        let message = agentloop_proto::bounded_message(error.to_string());
         match error {
             ModelError::InvalidRequest(_) | ModelError::Script(_) => {
                 tonic::Status::invalid_argument(message)

@@ -70,7 +70,7 @@ pub enum DemoError {
 
 impl From<DemoError> for tonic::Status {
     fn from(error: DemoError) -> Self {
-        let message = error.to_string();
+        let message = agentloop_proto::bounded_message(error.to_string());
         match error {
             DemoError::InvalidRequest(_) | DemoError::NotReconcilable(_) => {
                 tonic::Status::invalid_argument(message)

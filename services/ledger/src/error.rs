@@ -85,14 +85,15 @@ impl LedgerError {
 impl From<LedgerError> for tonic::Status {
     fn from(error: LedgerError) -> Self {
         use tonic::{Code, Status};
+        let message = || agentloop_proto::bounded_message(error.to_string());
         match &error {
-            LedgerError::InvalidArgument { .. } => Status::invalid_argument(error.to_string()),
-            LedgerError::NotFound { .. } => Status::not_found(error.to_string()),
-            LedgerError::AlreadyExists { .. } => Status::already_exists(error.to_string()),
-            LedgerError::Transition { .. } => Status::failed_precondition(error.to_string()),
+            LedgerError::InvalidArgument { .. } => Status::invalid_argument(message()),
+            LedgerError::NotFound { .. } => Status::not_found(message()),
+            LedgerError::AlreadyExists { .. } => Status::already_exists(message()),
+            LedgerError::Transition { .. } => Status::failed_precondition(message()),
             LedgerError::Corrupt { .. } => {
                 tracing::error!(%error, "corrupt ledger row");
-                Status::new(Code::DataLoss, error.to_string())
+                Status::new(Code::DataLoss, message())
             }
             LedgerError::Storage(source) => {
                 tracing::error!(%error, "ledger storage error");

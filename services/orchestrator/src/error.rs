@@ -61,7 +61,7 @@ impl From<OrchestratorError> for Status {
                 }
             }
         };
-        Status::new(code, error.to_string())
+        Status::new(code, agentloop_proto::bounded_message(error.to_string()))
     }
 }
 

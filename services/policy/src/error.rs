@@ -57,7 +57,7 @@ pub enum PolicyError {
 
 impl From<PolicyError> for tonic::Status {
     fn from(error: PolicyError) -> Self {
-        let message = error.to_string();
+        let message = agentloop_proto::bounded_message(error.to_string());
         match error {
             PolicyError::InvalidRequest(_) => tonic::Status::invalid_argument(message),
             PolicyError::InvalidSchema { .. }

@@ -44,7 +44,7 @@ pub enum GatewayError {
 
 impl From<GatewayError> for tonic::Status {
     fn from(error: GatewayError) -> Self {
-        let message = error.to_string();
+        let message = agentloop_proto::bounded_message(error.to_string());
         match error {
             GatewayError::InvalidRequest(_)
             | GatewayError::NotReconcilable(_)
@@ -95,5 +95,12 @@ mod tests {
             assert_eq!(status.code(), code, "{text}");
             assert_eq!(status.message(), text);
         }
+    }
+
+    #[test]
+    fn a_long_name_is_quoted_only_in_part() {
+        let status = tonic::Status::from(GatewayError::UnknownTool("t".repeat(100_000)));
+        assert_eq!(status.code(), Code::NotFound);
+        assert!(status.message().len() <= agentloop_proto::MAX_STATUS_MESSAGE_BYTES);
     }
 }
