@@ -44,6 +44,7 @@ both_wirings!(
     cost_budget_override_stops_the_run,
     a_transfer_is_recorded_in_the_ledger_and_applied_once,
     an_error_quotes_only_a_bounded_excerpt_of_the_input,
+    concurrent_starts_never_pass_max_running,
 );
 
 const SEED: &str = r#"{"turns": [
@@ -576,5 +577,35 @@ async fn an_error_quotes_only_a_bounded_excerpt_of_the_input(wiring: Wiring) {
         .await
         .unwrap_err();
     bounded(entry, Code::InvalidArgument);
+    system.stop().await;
+}
+
+/// Many starts at once against a small `max_running`: exactly the bound is accepted, and
+/// every other start is RESOURCE_EXHAUSTED naming it.
+async fn concurrent_starts_never_pass_max_running(wiring: Wiring) {
+    const BOUND: usize = 4;
+    const STARTS: usize = 40;
+    let mut config = OrchestratorConfig::default();
+    config.bounds.max_running = BOUND;
+    let system = System::start(wiring, config).await;
+    // Each invocation waits in its first model call, so none ends and frees its slot.
+    let waiting = r#"{"turns": [{"final": "done", "delay_ms": 600000}]}"#;
+    let client = system.client().await;
+    let starts = (0..STARTS).map(|_| {
+        let mut client = client.clone();
+        async move { client.start_invocation(start_request(waiting)).await }
+    });
+    let answers = futures::future::join_all(starts).await;
+    let mut accepted = 0;
+    for answer in answers {
+        match answer {
+            Ok(_) => accepted += 1,
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                assert!(status.message().contains(&BOUND.to_string()), "{status:?}");
+            }
+        }
+    }
+    assert_eq!(accepted, BOUND);
     system.stop().await;
 }

@@ -31,7 +31,7 @@ use agentloop_engine::{Clock, Invocation, SystemClock, ToolCatalog};
 use agentloop_lease::Lease;
 use agentloop_proto::v1 as pb;
 use agentloop_store::{EventStore, InvocationRecord, InvocationState, StoreError};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
@@ -62,6 +62,10 @@ pub(crate) struct Shared {
     clock: Arc<dyn Clock>,
     /// Invocations running in this process, with their cancellation tokens and progress.
     running: Mutex<HashMap<Uuid, Running>>,
+    /// One permit per invocation this process may run (`bounds.max_running`). A start
+    /// or an adoption takes one before it does anything, so concurrent starts cannot
+    /// pass the bound together; a runner's permit comes back when it is forgotten.
+    slots: Semaphore,
     /// Every runner task; shutdown waits for them.
     tracker: TaskTracker,
     /// Leases, hand-off and timings shared with other orchestrator processes.
@@ -85,8 +89,12 @@ pub(crate) struct Shared {
 impl Shared {
     fn forget(&self, invocation_id: Uuid) {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        running.remove(&invocation_id);
+        let removed = running.remove(&invocation_id).is_some();
         drop(running);
+        if removed {
+            // The permit `spawn_runner` kept for this runner.
+            self.slots.add_permits(1);
+        }
         self.freed.notify_waiters();
     }
 
@@ -127,7 +135,12 @@ impl Shared {
     }
 
     fn is_full(&self) -> bool {
-        self.running_count() >= self.config.bounds.max_running
+        self.slots.available_permits() == 0
+    }
+
+    /// A slot for one more runner, or `None` when this process runs all it may.
+    fn slot(&self) -> Option<SemaphorePermit<'_>> {
+        self.slots.try_acquire().ok()
     }
 
     fn running_count(&self) -> usize {
@@ -281,6 +294,7 @@ impl Orchestrator {
         ports: Ports,
         workers: Workers,
     ) -> Orchestrator {
+        let slots = Semaphore::new(config.bounds.max_running.min(Semaphore::MAX_PERMITS));
         Orchestrator {
             shared: Arc::new(Shared {
                 config,
@@ -289,6 +303,7 @@ impl Orchestrator {
                 hub: hub::Hub::default(),
                 clock: Arc::new(SystemClock),
                 running: Mutex::new(HashMap::new()),
+                slots,
                 tracker: TaskTracker::new(),
                 drain: CancellationToken::new(),
                 descriptors: RwLock::new(None),
@@ -455,9 +470,9 @@ impl Orchestrator {
         if shared.runs(id) {
             return Ok(Adopted::Here);
         }
-        if shared.is_full() {
+        let Some(slot) = shared.slot() else {
             return Ok(Adopted::Full);
-        }
+        };
         if shared.drain.is_cancelled() {
             return Ok(Adopted::Elsewhere);
         }
@@ -466,7 +481,7 @@ impl Orchestrator {
             Taken::Elsewhere => return Ok(Adopted::Elsewhere),
             Taken::Ended => return Ok(Adopted::Ended),
         };
-        if let Err(error) = self.launch(&record, lease.clone()).await {
+        if let Err(error) = self.launch(&record, lease.clone(), slot).await {
             shared.let_go(&lease).await;
             return Err(error);
         }
@@ -481,6 +496,7 @@ impl Orchestrator {
         &self,
         record: &InvocationRecord,
         spec: InvocationSpec,
+        slot: SemaphorePermit<'_>,
     ) -> Result<(), OrchestratorError> {
         let workers = &self.shared.workers;
         let id = record.invocation_id;
@@ -494,7 +510,7 @@ impl Orchestrator {
         // Nothing is committed yet: no log to read back.
         let spec = spec.share_tools(&self.shared.catalogs);
         let engine = Invocation::new(spec.limits, Arc::clone(&spec.tools));
-        self.spawn_runner(id, spec, engine, Vec::new(), lease, false)
+        self.spawn_runner(id, spec, engine, Vec::new(), lease, false, slot)
             .await
     }
 
@@ -504,6 +520,7 @@ impl Orchestrator {
         &self,
         record: &InvocationRecord,
         lease: Lease,
+        slot: SemaphorePermit<'_>,
     ) -> Result<(), OrchestratorError> {
         let id = record.invocation_id;
         let spec = serde_json::from_str::<InvocationSpec>(&record.spec)
@@ -534,11 +551,16 @@ impl Orchestrator {
             .map(|stored| wire::event(&id_text, stored.committed_at, &stored.event))
             .collect();
         let cancel_requested = record.cancel_requested_at.is_some();
-        self.spawn_runner(id, spec, engine, history, lease, cancel_requested)
+        self.spawn_runner(id, spec, engine, history, lease, cancel_requested, slot)
             .await
     }
 
-    /// Keeps `lease` alive and starts the runner of an invocation this worker now holds.
+    /// Keeps `lease` alive and starts the runner of an invocation this worker now holds,
+    /// in `slot`: the runner keeps it until [`Shared::forget`] gives it back.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "what a runner starts from: each comes from a different source"
+    )]
     async fn spawn_runner(
         &self,
         id: Uuid,
@@ -547,6 +569,7 @@ impl Orchestrator {
         history: Vec<pb::Event>,
         lease: Lease,
         cancel_requested: bool,
+        slot: SemaphorePermit<'_>,
     ) -> Result<(), OrchestratorError> {
         let workers = &self.shared.workers;
         let keepers = workers.keepers().await?;
@@ -567,6 +590,8 @@ impl Orchestrator {
                     progress: progress.clone(),
                 },
             );
+            // From here the entry holds the slot: `forget` removes both together.
+            slot.forget();
         }
         // Kept only once this runner is sure to start: a second keeper of the same key
         // would take the running one's place.

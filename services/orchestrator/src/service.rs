@@ -181,12 +181,14 @@ impl Orchestrator {
             })
             .collect::<ToolCatalog>();
 
-        if shared.running_count() >= bounds.max_running {
+        // Taken before anything is stored and held until the runner starts (or the start
+        // gives up), so concurrent starts cannot pass the bound together.
+        let Some(slot) = shared.slot() else {
             return Err(OrchestratorError::ResourceExhausted(format!(
                 "{} invocations are running, the most this orchestrator runs at once",
                 bounds.max_running
             )));
-        }
+        };
         let spec = InvocationSpec {
             goal: request.goal.clone(),
             profile,
@@ -208,7 +210,7 @@ impl Orchestrator {
         };
         let (record, created) = match shared.store.create(new).await? {
             Created::New(record) => {
-                if let Err(error) = self.start_new(&record, spec).await {
+                if let Err(error) = self.start_new(&record, spec, slot).await {
                     // Stored and running: the sweep starts it once the lease backend
                     // answers again. The caller gets the invocation, not an error, so a
                     // retry does not look like a different request.
