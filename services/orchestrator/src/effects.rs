@@ -255,16 +255,15 @@ impl Call<'_> {
     /// An `outcome_unknown` write met again: the executor's answer settles it; a
     /// not-applied write is sent again (its entry says it never took effect).
     async fn reconcile_and_finish(&self, key: &str) -> CallOutcome {
-        let answer = ask(self.ports, self.call, key).await;
-        let (recorded, settled) = settle(answer, Settling::InTurn);
-        if let Some(recorded) = recorded {
-            self.record(key, pb::EffectState::OutcomeUnknown, recorded)
-                .await;
-        }
-        match settled {
-            Settled::Outcome(outcome) => outcome,
-            Settled::SendAgain => self.dispatch(key, pb::EffectState::OutcomeUnknown).await,
-            Settled::CannotTell(detail) => CallOutcome::Unknown { detail },
+        match settle_in_turn(ask(self.ports, self.call, key).await) {
+            InTurn::Done { recorded, outcome } => {
+                if let Some(recorded) = recorded {
+                    self.record(key, pb::EffectState::OutcomeUnknown, recorded)
+                        .await;
+                }
+                outcome
+            }
+            InTurn::SendAgain => self.dispatch(key, pb::EffectState::OutcomeUnknown).await,
         }
     }
 
@@ -335,20 +334,12 @@ pub(crate) async fn reconcile(
     call: &ToolCall,
 ) -> Input {
     let key = effect_key(invocation, turn, call);
-    let answer = ask(ports, call, &key).await;
-    let (recorded, settled) = settle(answer, Settling::ReconcileStep);
-    if let Some(recorded) = recorded {
-        record(ports, &key, pb::EffectState::OutcomeUnknown, recorded).await;
-    }
+    let (recorded, settled) = settle_at_reconcile(ask(ports, call, &key).await);
+    record(ports, &key, pb::EffectState::OutcomeUnknown, recorded).await;
     let call_id: CallId = call.call_id.clone();
     match settled {
-        Settled::Outcome(outcome) => Input::Reconciled { call_id, outcome },
-        // Not reached from the reconcile step: a not-applied write is settled there.
-        Settled::SendAgain => Input::ReconciliationFailed {
-            call_id,
-            detail: "the executor's records show the effect was not applied".into(),
-        },
-        Settled::CannotTell(detail) => Input::ReconciliationFailed { call_id, detail },
+        Ok(outcome) => Input::Reconciled { call_id, outcome },
+        Err(detail) => Input::ReconciliationFailed { call_id, detail },
     }
 }
 
@@ -439,49 +430,56 @@ fn recorded_after_send(sent: &Sent) -> Recorded {
     }
 }
 
-/// Where a write of unknown outcome is being settled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Settling {
-    /// The call met again in a running turn (after a crash, a takeover, a resume): a write
-    /// its executor says was not applied is sent again.
-    InTurn,
-    /// The engine's reconcile step, after the turn's results are in: nothing is sent; a
-    /// write that was not applied becomes a retryable error for the model, and one the
-    /// executor cannot tell about is flagged for an operator.
-    ReconcileStep,
-}
-
-/// How settling ends.
+/// How a write of unknown outcome met again in a running turn (after a crash, a
+/// takeover, a resume) goes on, from its executor's answer.
 #[derive(Debug, Clone, PartialEq)]
-enum Settled {
-    /// The call's result.
-    Outcome(CallOutcome),
-    /// Send the write again (from `outcome_unknown`).
+enum InTurn {
+    /// Settled: record this (from `outcome_unknown`), if anything, and this is the result.
+    /// A write nobody can tell about records nothing here: its result is `unknown`, and
+    /// the engine's reconcile step asks again.
+    Done {
+        recorded: Option<Recorded>,
+        outcome: CallOutcome,
+    },
+    /// Its executor says it was not applied: send it again (the dispatch records it).
     SendAgain,
-    /// Nobody can tell whether it was applied.
-    CannotTell(String),
 }
 
-/// The executor's answer about a write of unknown outcome: what to record (from
-/// `outcome_unknown`) and how the call goes on.
-fn settle(answer: Answer, at: Settling) -> (Option<Recorded>, Settled) {
-    match (answer, at) {
-        (
-            Answer::Applied {
-                output_json,
-                receipt,
-            },
-            Settling::InTurn | Settling::ReconcileStep,
-        ) => (
-            Some(Recorded::committed(&receipt)),
-            Settled::Outcome(CallOutcome::Output { output_json }),
+fn settle_in_turn(answer: Answer) -> InTurn {
+    match answer {
+        Answer::Applied {
+            output_json,
+            receipt,
+        } => InTurn::Done {
+            recorded: Some(Recorded::committed(&receipt)),
+            outcome: CallOutcome::Output { output_json },
+        },
+        Answer::NotApplied => InTurn::SendAgain,
+        Answer::Unknown(detail) => InTurn::Done {
+            recorded: None,
+            outcome: CallOutcome::Unknown { detail },
+        },
+    }
+}
+
+/// The engine's reconcile step, after the turn's results are in: nothing is sent. What
+/// to record (from `outcome_unknown`), and the call's result, or why nobody can tell
+/// (the entry is then flagged for an operator). A write that was not applied becomes a
+/// retryable error for the model.
+fn settle_at_reconcile(answer: Answer) -> (Recorded, Result<CallOutcome, String>) {
+    match answer {
+        Answer::Applied {
+            output_json,
+            receipt,
+        } => (
+            Recorded::committed(&receipt),
+            Ok(CallOutcome::Output { output_json }),
         ),
-        (Answer::NotApplied, Settling::InTurn) => (None, Settled::SendAgain),
-        (Answer::NotApplied, Settling::ReconcileStep) => {
+        Answer::NotApplied => {
             let detail = "the executor's records show the effect was not applied";
             (
-                Some(Recorded::rejected(detail)),
-                Settled::Outcome(CallOutcome::Error(ToolError {
+                Recorded::rejected(detail),
+                Ok(CallOutcome::Error(ToolError {
                     error_type: ErrorType::Unavailable,
                     message: detail.into(),
                     retryable: true,
@@ -489,20 +487,19 @@ fn settle(answer: Answer, at: Settling) -> (Option<Recorded>, Settled) {
                 })),
             )
         }
-        (Answer::Unknown(detail), Settling::InTurn) => (None, Settled::CannotTell(detail)),
-        (Answer::Unknown(detail), Settling::ReconcileStep) => (
-            Some(Recorded {
+        Answer::Unknown(detail) => (
+            Recorded {
                 state: pb::EffectState::ReconciliationRequired,
                 receipt: String::new(),
                 detail: detail.clone(),
-            }),
-            Settled::CannotTell(detail),
+            },
+            Err(detail),
         ),
     }
 }
 
 /// A ledger transition to record.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Recorded {
     state: pb::EffectState,
     receipt: String,
@@ -715,40 +712,43 @@ mod tests {
             output_json: r#"{"ok":true}"#.into(),
             receipt: "r-2".into(),
         };
-        let output = Settled::Outcome(CallOutcome::Output {
+        let output = CallOutcome::Output {
             output_json: r#"{"ok":true}"#.into(),
-        });
-        for at in [Settling::InTurn, Settling::ReconcileStep] {
-            assert_eq!(
-                settle(applied(), at),
-                (Some(Recorded::committed("r-2")), output.clone())
-            );
-        }
-        // In a turn, not applied means: send it again (the dispatch records the rest).
+        };
         assert_eq!(
-            settle(Answer::NotApplied, Settling::InTurn),
-            (None, Settled::SendAgain)
+            settle_in_turn(applied()),
+            InTurn::Done {
+                recorded: Some(Recorded::committed("r-2")),
+                outcome: output.clone(),
+            }
         );
+        assert_eq!(
+            settle_at_reconcile(applied()),
+            (Recorded::committed("r-2"), Ok(output))
+        );
+        // In a turn, not applied means: send it again (the dispatch records the rest).
+        assert_eq!(settle_in_turn(Answer::NotApplied), InTurn::SendAgain);
         // At the reconcile step nothing is sent: the model gets a retryable error.
-        let (recorded, settled) = settle(Answer::NotApplied, Settling::ReconcileStep);
-        assert_eq!(recorded.map(|r| r.state), Some(pb::EffectState::Rejected));
+        let (recorded, settled) = settle_at_reconcile(Answer::NotApplied);
+        assert_eq!(recorded.state, pb::EffectState::Rejected);
         assert!(
-            matches!(settled, Settled::Outcome(CallOutcome::Error(ref e)) if e.retryable),
+            matches!(settled, Ok(CallOutcome::Error(ref e)) if e.retryable),
             "{settled:?}"
         );
         // Cannot tell: nothing recorded in a turn (the reconcile step asks again), and an
         // operator is asked for at the reconcile step.
         assert_eq!(
-            settle(Answer::Unknown("no record".into()), Settling::InTurn),
-            (None, Settled::CannotTell("no record".into()))
+            settle_in_turn(Answer::Unknown("no record".into())),
+            InTurn::Done {
+                recorded: None,
+                outcome: CallOutcome::Unknown {
+                    detail: "no record".into()
+                },
+            }
         );
-        let (recorded, settled) =
-            settle(Answer::Unknown("no record".into()), Settling::ReconcileStep);
-        assert_eq!(
-            recorded.map(|r| r.state),
-            Some(pb::EffectState::ReconciliationRequired)
-        );
-        assert_eq!(settled, Settled::CannotTell("no record".into()));
+        let (recorded, settled) = settle_at_reconcile(Answer::Unknown("no record".into()));
+        assert_eq!(recorded.state, pb::EffectState::ReconciliationRequired);
+        assert_eq!(settled, Err("no record".into()));
     }
 
     #[test]
