@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use agentloop_decision::{Model, ModelError, ModelReply};
 use agentloop_orchestrator::{Orchestrator, OrchestratorConfig};
-use agentloop_proto::client::{ClientConfig, Transport, connect};
+use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
@@ -528,14 +528,7 @@ impl Deployment {
         let client = match options.mode {
             Mode::Embedded => Client::InProcess(stack.orchestrator().clone()),
             Mode::Distributed => Client::Grpc(agentloop_proto::client::orchestrator(
-                connect(
-                    &stack.endpoint(),
-                    ClientConfig::default()
-                        .with_lazy(true)
-                        // Watches last as long as their invocation.
-                        .with_request_timeout(None),
-                )
-                .await?,
+                agentloop_stack::channel(&stack.endpoint()).await?,
             )),
         };
         Ok(Deployment { client, stack })

@@ -118,18 +118,26 @@ struct Local {
     ledger: LedgerService,
 }
 
+/// How the services are reached, by wiring.
+#[derive(Debug)]
+enum Reached {
+    /// Embedded: the implementations, which the caller serves on its one port.
+    InProcess(Local),
+    /// Distributed: each service's own server, and where it listens.
+    Served {
+        endpoints: Endpoints,
+        stop: CancellationToken,
+        servers: Vec<JoinHandle<Result<(), ServeError>>>,
+    },
+}
+
 /// The services an orchestrator reaches (decision, policy, tool gateway, effect ledger)
 /// and the demo executor, running.
 #[derive(Debug)]
 pub struct Services {
     demo: DemoExecutor,
     ports: Ports,
-    /// Distributed: where each one is served.
-    endpoints: Option<Endpoints>,
-    /// Embedded: the implementations the caller serves.
-    local: Option<Local>,
-    stop: CancellationToken,
-    servers: Vec<JoinHandle<Result<(), ServeError>>>,
+    reached: Reached,
 }
 
 impl Services {
@@ -149,8 +157,6 @@ impl Services {
         };
         let ledger = LedgerService::new(ledger_config.open_store().await?);
         let decision = DecisionServer::new(options.model);
-        let stop = CancellationToken::new();
-        let mut servers = Vec::new();
         let tools_for = |endpoint: &str| -> anyhow::Result<ToolsConfig> {
             if let Some(tools) = &options.tools {
                 return Ok(tools.clone());
@@ -185,18 +191,17 @@ impl Services {
                 Ok(Services {
                     demo,
                     ports,
-                    endpoints: None,
-                    local: Some(Local {
+                    reached: Reached::InProcess(Local {
                         decision,
                         policy,
                         gateway,
                         ledger,
                     }),
-                    stop,
-                    servers,
                 })
             }
             Wiring::Distributed => {
+                let stop = CancellationToken::new();
+                let mut servers = Vec::new();
                 let mut serve = |listener, services| {
                     servers.push(tokio::spawn(agentloop_server::serve(
                         listener,
@@ -243,10 +248,11 @@ impl Services {
                 Ok(Services {
                     demo,
                     ports,
-                    endpoints: Some(endpoints),
-                    local: None,
-                    stop,
-                    servers,
+                    reached: Reached::Served {
+                        endpoints,
+                        stop,
+                        servers,
+                    },
                 })
             }
         }
@@ -259,7 +265,10 @@ impl Services {
 
     /// Where each service is served: `Some` in the distributed wiring.
     pub fn endpoints(&self) -> Option<&Endpoints> {
-        self.endpoints.as_ref()
+        match &self.reached {
+            Reached::InProcess(_) => None,
+            Reached::Served { endpoints, .. } => Some(endpoints),
+        }
     }
 
     /// The demo executor (its counters show what it applied).
@@ -273,9 +282,11 @@ impl Services {
     ///
     /// When a server failed.
     pub async fn stop(self) -> anyhow::Result<()> {
-        self.stop.cancel();
-        for server in self.servers {
-            server.await.context("a service's server task failed")??;
+        if let Reached::Served { stop, servers, .. } = self.reached {
+            stop.cancel();
+            for server in servers {
+                server.await.context("a service's server task failed")??;
+            }
         }
         Ok(())
     }
@@ -344,7 +355,7 @@ impl Stack {
         let orchestrator = Orchestrator::new(config, Arc::new(store.clone()), services.ports());
 
         let mut served = ServiceSet::new().add(orchestrator.service());
-        if let Some(local) = &services.local {
+        if let Reached::InProcess(local) = &services.reached {
             served = served
                 .add(server::decision(local.decision.clone()))
                 .add(server::policy(local.policy.clone()))
@@ -378,7 +389,7 @@ impl Stack {
     /// The effect ledger's endpoint: its own in the distributed wiring, the one port when
     /// embedded.
     pub fn ledger_endpoint(&self) -> String {
-        match &self.services.endpoints {
+        match self.services.endpoints() {
             Some(endpoints) => endpoints.ledger.clone(),
             None => self.endpoint.clone(),
         }
@@ -424,8 +435,14 @@ async fn listen(address: &str) -> anyhow::Result<(TcpListener, String)> {
     Ok((listener, endpoint))
 }
 
-/// A lazy channel without a request timeout: watches last as long as their invocation.
-async fn channel(endpoint: &str) -> anyhow::Result<Transport> {
+/// The channel every part of a stack reaches a service with: lazy (the service may start
+/// after its caller) and without a request timeout (watches last as long as their
+/// invocation). The bench's client and the tests' clients use it too.
+///
+/// # Errors
+///
+/// When `endpoint` is not a URL the client factory accepts.
+pub async fn channel(endpoint: &str) -> anyhow::Result<Transport> {
     let config = ClientConfig::default()
         .with_lazy(true)
         .with_request_timeout(None);

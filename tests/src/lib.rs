@@ -12,7 +12,7 @@
 
 use agentloop_demo_executor::DemoExecutor;
 use agentloop_orchestrator::OrchestratorConfig;
-use agentloop_proto::client::{ClientConfig, Transport, connect};
+use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
@@ -31,14 +31,7 @@ pub struct System {
 }
 
 async fn channel(endpoint: &str) -> Transport {
-    connect(
-        endpoint,
-        ClientConfig::default()
-            .with_lazy(true)
-            .with_request_timeout(None),
-    )
-    .await
-    .unwrap()
+    agentloop_stack::channel(endpoint).await.unwrap()
 }
 
 impl System {

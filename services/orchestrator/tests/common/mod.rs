@@ -35,14 +35,7 @@ pub(crate) async fn listener() -> (TcpListener, String) {
 }
 
 pub(crate) async fn channel(endpoint: &str) -> Transport {
-    connect(
-        endpoint,
-        ClientConfig::default()
-            .with_lazy(true)
-            .with_request_timeout(None),
-    )
-    .await
-    .unwrap()
+    agentloop_stack::channel(endpoint).await.unwrap()
 }
 
 /// PostgreSQL + Redis + the four services; `None` (after a loud message) when PostgreSQL
