@@ -53,8 +53,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use agentloop_auth::{AuthConfig, AuthMode, DevToken};
 use agentloop_decision::{Model, ModelError, ModelReply};
-use agentloop_orchestrator::{Orchestrator, OrchestratorConfig};
+use agentloop_orchestrator::{Api, OrchestratorConfig};
 use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
@@ -67,6 +68,7 @@ use futures::stream::BoxStream;
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tonic::metadata::{Ascii, MetadataValue};
 
 /// Most invocations one run may start.
 pub const MAX_INVOCATIONS: u32 = 1_000_000;
@@ -117,6 +119,9 @@ pub struct BenchOptions {
     pub park: bool,
     /// Where the temporary data directory goes (the system's temp directory if unset).
     pub dir: Option<PathBuf>,
+    /// Authenticate every call: the orchestrator verifies an HS256 token on each, as
+    /// with `[auth] mode = "jwt"`.
+    pub auth: bool,
 }
 
 /// Two percentiles, in milliseconds.
@@ -146,6 +151,8 @@ pub struct ParkReport {
 pub struct Report {
     /// The wiring.
     pub mode: Mode,
+    /// Whether every call was authenticated.
+    pub auth: bool,
     /// Invocations started.
     pub invocations: u32,
     /// Turns per invocation.
@@ -230,6 +237,7 @@ pub async fn run(options: BenchOptions) -> anyhow::Result<Report> {
     let fsyncs = stats.commits + 2 * stats.checkpoints;
     Ok(Report {
         mode: options.mode,
+        auth: options.auth,
         invocations: options.invocations,
         turns_per_invocation: options.turns,
         completed: figures.completed,
@@ -259,8 +267,13 @@ impl Report {
             Mode::Embedded => "embedded (in-process ports and executor)",
             Mode::Distributed => "distributed (five gRPC servers on loopback)",
         };
+        let auth = if self.auth {
+            ", every call authenticated"
+        } else {
+            ""
+        };
         let mut text = format!(
-            "agentloop bench, {mode}: {} invocations x {} turns\n\
+            "agentloop bench, {mode}{auth}: {} invocations x {} turns\n\
              completed        {} of {}\n\
              turns            {} in {:.2} s: {:.0} turns/s\n",
             self.invocations,
@@ -449,8 +462,22 @@ impl Model for BenchModel {
 /// How the bench reaches the orchestrator.
 #[derive(Clone)]
 enum Client {
-    InProcess(Orchestrator),
+    /// The API in this process, and the `authorization` each call carries, if any.
+    InProcess(Api, Option<MetadataValue<Ascii>>),
     Grpc(OrchestratorServiceClient<Transport>),
+}
+
+impl Client {
+    /// `message` as a call of the in-process API, with the token.
+    fn request<T>(message: T, authorization: Option<&MetadataValue<Ascii>>) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(value) = authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        request
+    }
 }
 
 type Events = BoxStream<'static, Result<pb::WatchInvocationResponse, tonic::Status>>;
@@ -458,9 +485,8 @@ type Events = BoxStream<'static, Result<pb::WatchInvocationResponse, tonic::Stat
 impl Client {
     async fn start(&self, request: pb::StartInvocationRequest) -> Result<String, tonic::Status> {
         let response = match self {
-            Client::InProcess(orchestrator) => {
-                orchestrator
-                    .start_invocation(tonic::Request::new(request))
+            Client::InProcess(api, authorization) => {
+                api.start_invocation(Client::request(request, authorization.as_ref()))
                     .await?
             }
             Client::Grpc(client) => client.clone().start_invocation(request).await?,
@@ -478,8 +504,8 @@ impl Client {
             from_seq: 1,
         };
         Ok(match self {
-            Client::InProcess(orchestrator) => orchestrator
-                .watch_invocation(tonic::Request::new(request))
+            Client::InProcess(api, authorization) => api
+                .watch_invocation(Client::request(request, authorization.as_ref()))
                 .await?
                 .into_inner(),
             Client::Grpc(client) => client
@@ -518,17 +544,46 @@ impl Deployment {
             Mode::Embedded => Wiring::Embedded,
             Mode::Distributed => Wiring::Distributed,
         };
+        let mut orchestrator = orchestrator_config(options);
+        let token = if options.auth {
+            let secret_file = dir.join("jwt-secret");
+            let secret = hex_secret();
+            std::fs::write(&secret_file, &secret)?;
+            orchestrator.auth = AuthConfig {
+                mode: AuthMode::Jwt,
+                hs256_secret_file: Some(secret_file),
+                issuer: Some(ISSUER.to_owned()),
+                audience: Some(AUDIENCE.to_owned()),
+                ..AuthConfig::default()
+            };
+            let token = DevToken {
+                issuer: ISSUER.to_owned(),
+                audience: AUDIENCE.to_owned(),
+                actor: "bench".to_owned(),
+                tenant: "bench".to_owned(),
+                roles: Vec::new(),
+                valid_for_s: 24 * 3600,
+            };
+            Some(agentloop_auth::mint_hs256(&secret, &token)?)
+        } else {
+            None
+        };
         let stack = Stack::start(StackOptions {
             wiring,
             listen: "127.0.0.1:0".to_owned(),
-            orchestrator: orchestrator_config(options),
+            orchestrator,
             services,
         })
         .await?;
         let client = match options.mode {
-            Mode::Embedded => Client::InProcess(stack.orchestrator().clone()),
+            Mode::Embedded => {
+                let authorization = token
+                    .map(|token| format!("Bearer {token}").parse())
+                    .transpose()?;
+                Client::InProcess(stack.api().clone(), authorization)
+            }
             Mode::Distributed => Client::Grpc(agentloop_proto::client::orchestrator(
-                agentloop_stack::channel(&stack.endpoint()).await?,
+                agentloop_stack::channel_as(&stack.endpoint(), token.as_deref()).await?,
             )),
         };
         Ok(Deployment { client, stack })
@@ -544,6 +599,16 @@ impl Deployment {
 
 /// The orchestrator's configuration for the workload: budgets that fit T turns exactly,
 /// and room for N invocations at once.
+/// The issuer and audience of the bench's tokens.
+const ISSUER: &str = "https://agentloop-bench.invalid";
+const AUDIENCE: &str = "agentloop";
+
+/// A fresh 256-bit HS256 secret, as hex.
+fn hex_secret() -> String {
+    let bytes: [u8; 32] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn orchestrator_config(options: &BenchOptions) -> OrchestratorConfig {
     let mut config = OrchestratorConfig::default();
     let tool_calls = 2 * options.turns.saturating_sub(1);

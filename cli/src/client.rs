@@ -99,8 +99,34 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(millis))
 }
 
-async fn client(server: &str) -> anyhow::Result<OrchestratorServiceClient<Transport>> {
-    let config = ClientConfig::default().with_request_timeout(None);
+/// An orchestrator to call, and the caller's token (`--token`, `AGENTLOOP_TOKEN`) when
+/// it authenticates its callers.
+#[derive(Clone, Copy)]
+pub struct Server<'a> {
+    /// `http://host:port`.
+    pub endpoint: &'a str,
+    /// A bearer token (a JWT), sent with every call.
+    pub token: Option<&'a str>,
+}
+
+impl std::fmt::Debug for Server<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("endpoint", &self.endpoint)
+            .field("token", &self.token.map(|_| "REDACTED"))
+            .finish()
+    }
+}
+
+/// A client of `server`'s orchestrator.
+pub async fn client(server: Server<'_>) -> anyhow::Result<OrchestratorServiceClient<Transport>> {
+    let Server {
+        endpoint: server,
+        token,
+    } = server;
+    let config = ClientConfig::default()
+        .with_request_timeout(None)
+        .with_bearer(token)?;
     let channel = connect(server, config)
         .await
         .with_context(|| format!("cannot reach the orchestrator at {server}"))?;
@@ -114,7 +140,7 @@ fn status(context: &str, status: tonic::Status) -> anyhow::Error {
 /// Starts an invocation and follows it: live progress on a terminal, then the summary.
 /// Ctrl-C cancels the invocation (a second one leaves without waiting). Returns the exit
 /// code of its terminal reason.
-pub async fn run(server: &str, options: RunOptions) -> anyhow::Result<u8> {
+pub async fn run(server: Server<'_>, options: RunOptions) -> anyhow::Result<u8> {
     let started = Instant::now();
     let mut orchestrator = client(server).await?;
     let overrides = pb::BudgetOverrides {
@@ -264,7 +290,7 @@ fn print_events(events: &[pb::Event], json: bool) -> anyhow::Result<()> {
 }
 
 /// `show` against a running orchestrator: the events committed so far.
-pub async fn show_remote(server: &str, id: &str, json: bool) -> anyhow::Result<u8> {
+pub async fn show_remote(server: Server<'_>, id: &str, json: bool) -> anyhow::Result<u8> {
     let mut orchestrator = client(server).await?;
     let invocation = orchestrator
         .get_invocation(pb::GetInvocationRequest {
@@ -308,7 +334,7 @@ pub async fn show_local(data_dir: &Path, id: &str, json: bool) -> anyhow::Result
 }
 
 /// `cancel` on a running orchestrator.
-pub async fn cancel(server: &str, id: &str, reason: &str) -> anyhow::Result<u8> {
+pub async fn cancel(server: Server<'_>, id: &str, reason: &str) -> anyhow::Result<u8> {
     let mut orchestrator = client(server).await?;
     let invocation = orchestrator
         .cancel_invocation(pb::CancelInvocationRequest {

@@ -4,9 +4,10 @@
 //! settle it (a guarded `Record` of COMMITTED or REJECTED after checking the executor's
 //! system); the others are still the runtime's to reconcile.
 //!
-//! The entries come from a ledger's `ListUnresolved` over gRPC (`--ledger`; `agentloop
-//! dev` serves the ledger on its one port), or from the ledger file of the embedded data
-//! directory through the same service code in-process. Reading the file while `agentloop
+//! The entries come from an orchestrator's `ListUnresolvedEffects` over gRPC
+//! (`--server`, which checks the caller's token like every other call), or from the
+//! ledger file of the embedded data directory through the ledger's own service code
+//! in-process. Reading the file while `agentloop
 //! dev` runs is safe: SQLite in WAL mode lets readers in beside the writer.
 //!
 //! Text is a table for people; `--json` prints one object per entry (JSON lines, like
@@ -16,14 +17,16 @@ use std::io::Write;
 use std::path::Path;
 
 use agentloop_ledger::{EffectState, LedgerConfig, LedgerService, LedgerStore};
-use agentloop_proto::client::{ClientConfig, Transport, connect};
+use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
-use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
 use agentloop_proto::v1::effect_ledger_service_server::EffectLedgerService;
+use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use anyhow::{Context, bail};
 use serde::Serialize;
 
 use agentloop_stack::LEDGER_DIR;
+
+use crate::client::Server;
 
 /// Entries asked for per `ListUnresolved` page (the server may cap it lower).
 const PAGE_SIZE: u32 = 500;
@@ -36,8 +39,8 @@ const TABLE_DETAIL_CHARS: usize = 80;
 /// Where the entries are read.
 #[derive(Debug, Clone, Copy)]
 pub enum Source<'a> {
-    /// A ledger's gRPC endpoint (`http://ADDR`).
-    Ledger(&'a str),
+    /// A running orchestrator.
+    Server(Server<'a>),
     /// An embedded data directory.
     DataDir(&'a Path),
 }
@@ -105,21 +108,14 @@ fn millis(time: Option<&prost_types::Timestamp>) -> i64 {
 
 /// A ledger to page through: a remote one, or the service over a local file.
 enum Ledger {
-    Remote(EffectLedgerServiceClient<Transport>),
+    Remote(OrchestratorServiceClient<Transport>),
     Local(LedgerService, LedgerStore),
 }
 
 impl Ledger {
     async fn open(source: Source<'_>) -> anyhow::Result<Ledger> {
         match source {
-            Source::Ledger(endpoint) => {
-                let channel = connect(endpoint, ClientConfig::default())
-                    .await
-                    .with_context(|| format!("cannot reach the effect ledger at {endpoint}"))?;
-                Ok(Ledger::Remote(agentloop_proto::client::effect_ledger(
-                    channel,
-                )))
-            }
+            Source::Server(server) => Ok(Ledger::Remote(crate::client::client(server).await?)),
             Source::DataDir(data_dir) => {
                 let config = LedgerConfig {
                     data_dir: data_dir.join(LEDGER_DIR),
@@ -128,7 +124,7 @@ impl Ledger {
                 // Opening would create an empty ledger: a mistyped directory must say so.
                 if !config.data_dir.join(agentloop_ledger::DB_FILE).exists() {
                     bail!(
-                        "no effect ledger in {} (use --data-dir or --ledger)",
+                        "no effect ledger in {} (use --data-dir or --server)",
                         data_dir.display()
                     );
                 }
@@ -143,7 +139,20 @@ impl Ledger {
         request: pb::ListUnresolvedRequest,
     ) -> Result<pb::ListUnresolvedResponse, tonic::Status> {
         match self {
-            Ledger::Remote(client) => Ok(client.list_unresolved(request).await?.into_inner()),
+            Ledger::Remote(client) => {
+                let listed = client
+                    .list_unresolved_effects(pb::ListUnresolvedEffectsRequest {
+                        invocation_id: request.invocation_id,
+                        page_size: request.page_size,
+                        page_token: request.page_token,
+                    })
+                    .await?
+                    .into_inner();
+                Ok(pb::ListUnresolvedResponse {
+                    entries: listed.entries,
+                    next_page_token: listed.next_page_token,
+                })
+            }
             Ledger::Local(service, _) => Ok(service
                 .list_unresolved(tonic::Request::new(request))
                 .await?

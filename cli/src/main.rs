@@ -8,6 +8,7 @@
     reason = "a command line prints its results on stdout"
 )]
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -40,20 +41,33 @@ struct Cli {
         default_value = ".agentloop"
     )]
     data_dir: PathBuf,
+    /// The caller's token (a JWT) for an orchestrator that authenticates its callers;
+    /// sent by the commands that call one (`--server`, `cancel`).
+    #[arg(long, global = true, env = "AGENTLOOP_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Runs every service in this process on one port, over the embedded store.
+    /// Runs every service in this process over the embedded store; the port serves the
+    /// orchestrator's API.
     Dev {
         /// Address to serve on.
         #[arg(long, default_value = "127.0.0.1:50051")]
-        listen: String,
+        listen: SocketAddr,
         /// Tools config (TOML); without it the demo executor's tools are registered.
         #[arg(long)]
         tools: Option<PathBuf>,
+        /// The orchestrator's configuration file (TOML: `[auth]`, `[limits]`, `[tenants]`,
+        /// ...), layered under `AGENTLOOP_ORCHESTRATOR_*` variables as the orchestrator's.
+        #[arg(long, value_name = "FILE", env = "AGENTLOOP_ORCHESTRATOR_CONFIG")]
+        config: Option<PathBuf>,
+        /// Listen beyond loopback without authentication (no `[auth]`): anyone who
+        /// reaches the port acts as any tenant.
+        #[arg(long)]
+        insecure_no_auth: bool,
     },
     /// Starts an invocation with a scripted model or a real one and follows it to its end.
     Run(RunArgs),
@@ -86,10 +100,10 @@ enum Command {
         /// reconciliation_required (required: the only listing there is).
         #[arg(long, required = true)]
         unresolved: bool,
-        /// A running effect ledger (`agentloop dev` serves one on its port); without it,
-        /// the embedded data directory is read.
+        /// A running orchestrator (`agentloop dev`'s port); without it, the embedded data
+        /// directory is read. With authentication on, --invocation is required.
         #[arg(long)]
-        ledger: Option<String>,
+        server: Option<String>,
         /// Only this invocation's entries.
         #[arg(long)]
         invocation: Option<String>,
@@ -100,6 +114,31 @@ enum Command {
     /// Runs the standard workload (N invocations at once, T turns each, two lookups per
     /// turn) and reports throughput, latency, CPU, memory, storage and fsyncs.
     Bench(BenchArgs),
+    /// Mints a development token (an HS256 JWT) for an orchestrator whose `[auth]` names
+    /// the same secret file; production tokens come from your identity provider.
+    Token {
+        /// The secret file of `auth.hs256_secret_file` (at least 32 bytes).
+        #[arg(long)]
+        secret_file: PathBuf,
+        /// `auth.issuer`.
+        #[arg(long)]
+        issuer: String,
+        /// `auth.audience`.
+        #[arg(long, default_value = "agentloop")]
+        audience: String,
+        /// The actor (`sub`).
+        #[arg(long)]
+        actor: String,
+        /// The tenant (the `tenant` claim).
+        #[arg(long)]
+        tenant: String,
+        /// A role (the `roles` claim); repeat for several, e.g. `--role approver`.
+        #[arg(long = "role")]
+        roles: Vec<String>,
+        /// How long it is valid: `30m`, `8h`.
+        #[arg(long, default_value = "1h", value_parser = client::parse_duration)]
+        valid_for: std::time::Duration,
+    },
     /// The seeds' example end to end: two parallel lookups, then the answer.
     Demo {
         /// JSON instead of text.
@@ -125,6 +164,9 @@ struct BenchArgs {
     /// Where the temporary data directory goes (default: the system's temp directory).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Authenticate every call with a JWT (HS256), as `[auth] mode = "jwt"` does.
+    #[arg(long)]
+    auth: bool,
     /// JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -214,13 +256,31 @@ fn main() -> ExitCode {
 
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
-        Command::Dev { listen, tools } => {
-            let stack = Stack::start(StackOptions {
+        Command::Dev {
+            listen,
+            tools,
+            config,
+            insecure_no_auth,
+        } => {
+            let mut options = embedded(cli.data_dir, tools.as_deref())?;
+            options.listen = listen.to_string();
+            options.orchestrator = agentloop_server::config::load_from(
+                config.as_deref(),
+                agentloop_server::config::process_env(),
+                &DEV_SERVICE.env_prefix(),
+                (),
+            )?;
+            options
+                .orchestrator
+                .validate()
+                .map_err(anyhow::Error::msg)?;
+            agentloop_server::exposure(
                 listen,
-                ..embedded(cli.data_dir, tools.as_deref())?
-            })
-            .await?;
-            println!("agentloop dev: all services on {}", stack.endpoint());
+                options.orchestrator.auth.is_on(),
+                insecure_no_auth || options.orchestrator.insecure_no_auth,
+            )?;
+            let stack = Stack::start(options).await?;
+            println!("agentloop dev: the orchestrator on {}", stack.endpoint());
             println!("press Ctrl-C to stop");
             agentloop_server::shutdown_signal().await;
             stack.stop().await?;
@@ -261,7 +321,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 max_cost: args.max_cost_usd,
             };
             match args.server {
-                Some(server) => client::run(&server, options).await,
+                Some(endpoint) => {
+                    client::run(server(&endpoint, cli.token.as_deref()), options).await
+                }
                 None => {
                     let mut stack_options = embedded(cli.data_dir, args.tools.as_deref())?;
                     if model.is_some() {
@@ -271,25 +333,35 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                     }
                     stack_options.services.model = model;
                     let stack = Stack::start(stack_options).await?;
-                    let result = client::run(&stack.endpoint(), options).await;
+                    let result = client::run(server(&stack.endpoint(), None), options).await;
                     stack.stop().await?;
                     result
                 }
             }
         }
-        Command::Show { id, server, json } => match server {
-            Some(server) => client::show_remote(&server, &id, json).await,
+        Command::Show {
+            id,
+            server: endpoint,
+            json,
+        } => match endpoint {
+            Some(endpoint) => {
+                client::show_remote(server(&endpoint, cli.token.as_deref()), &id, json).await
+            }
             None => client::show_local(&cli.data_dir, &id, json).await,
         },
-        Command::Cancel { id, server, reason } => client::cancel(&server, &id, &reason).await,
+        Command::Cancel {
+            id,
+            server: endpoint,
+            reason,
+        } => client::cancel(server(&endpoint, cli.token.as_deref()), &id, &reason).await,
         Command::Effects {
             unresolved: _,
-            ledger,
+            server: endpoint,
             invocation,
             json,
         } => {
-            let source = match &ledger {
-                Some(endpoint) => effects::Source::Ledger(endpoint),
+            let source = match &endpoint {
+                Some(endpoint) => effects::Source::Server(server(endpoint, cli.token.as_deref())),
                 None => effects::Source::DataDir(&cli.data_dir),
             };
             effects::unresolved(source, invocation.as_deref(), json).await
@@ -301,6 +373,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 mode: args.mode,
                 park: args.park,
                 dir: args.dir,
+                auth: args.auth,
             })
             .await?;
             if args.json {
@@ -309,6 +382,30 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 print!("{}", report.text());
             }
             Ok(if report.failed == 0 { 0 } else { exit::FAILURE })
+        }
+        Command::Token {
+            secret_file,
+            issuer,
+            audience,
+            actor,
+            tenant,
+            roles,
+            valid_for,
+        } => {
+            let secret = agentloop_auth::read_secret_file(&secret_file)?;
+            let token = agentloop_auth::mint_hs256(
+                &secret,
+                &agentloop_auth::DevToken {
+                    issuer,
+                    audience,
+                    actor,
+                    tenant,
+                    roles,
+                    valid_for_s: valid_for.as_secs().max(1),
+                },
+            )?;
+            println!("{token}");
+            Ok(0)
         }
         Command::Demo { json } => {
             let stack = Stack::start(StackOptions::embedded(cli.data_dir)).await?;
@@ -323,11 +420,19 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 deadline: None,
                 max_cost: None,
             };
-            let result = client::run(&stack.endpoint(), options).await;
+            let result = client::run(server(&stack.endpoint(), None), options).await;
             stack.stop().await?;
             result
         }
     }
+}
+
+/// The configuration `dev --config` reads is the orchestrator's, under its variables.
+const DEV_SERVICE: agentloop_server::Service =
+    agentloop_server::Service::new("agentloop-orchestrator");
+
+fn server<'a>(endpoint: &'a str, token: Option<&'a str>) -> client::Server<'a> {
+    client::Server { endpoint, token }
 }
 
 /// The embedded stack over `data_dir`, with the tool registry `tools` if one is named.

@@ -1,20 +1,17 @@
-//! `agentloop effects --unresolved` as an operator runs it: the real binary against a real
-//! ledger gRPC server on 127.0.0.1 port 0, against the embedded stack (`agentloop dev`'s
-//! one port), and on an embedded data directory's ledger file.
+//! `agentloop effects --unresolved` as an operator runs it: the real binary against a
+//! running orchestrator (whose ledger is its own gRPC server) and on a data directory's
+//! ledger file.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output};
 
 use agentloop_ledger::{LedgerConfig, LedgerStore, NewEffect, Outcome, effect_key};
+use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
-use agentloop_stack::{Stack, StackOptions};
+use agentloop_stack::{Stack, StackOptions, Wiring};
 use serde_json::Value;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tonic::transport::Channel;
 
 /// Runs the binary off the runtime's worker threads, so the in-process server keeps
 /// serving while the test waits for it.
@@ -48,52 +45,40 @@ fn json_lines(output: &Output) -> Vec<Value> {
         .collect()
 }
 
+/// A deployment whose ledger the test writes to directly (as the orchestrator would, with
+/// its service token) and whose orchestrator the CLI asks (`--server`).
 struct Ledger {
     endpoint: String,
-    client: EffectLedgerServiceClient<Channel>,
-    stop: oneshot::Sender<()>,
-    handle: tokio::task::JoinHandle<Result<(), agentloop_ledger::RunError>>,
+    client: EffectLedgerServiceClient<Transport>,
+    stack: Stack,
 }
 
-/// The ledger service as deployed: `agentloop_ledger::run` on a free loopback port.
+/// The distributed stack over `data_dir`: its ledger is its own gRPC server, keeping its
+/// file under `data_dir` as the embedded one does.
 async fn start_ledger(data_dir: &Path) -> Ledger {
-    let config = LedgerConfig {
-        data_dir: data_dir.to_owned(),
-        ..LedgerConfig::default()
-    };
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr: SocketAddr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let handle = tokio::spawn(async move {
-        agentloop_ledger::run(listener, &config, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
-    let endpoint = format!("http://{addr}");
-    let client = connect(&endpoint).await;
+    agentloop_server::install_crypto_provider();
+    let stack = Stack::start(StackOptions {
+        wiring: Wiring::Distributed,
+        ..StackOptions::embedded(data_dir.to_owned())
+    })
+    .await
+    .unwrap();
+    let endpoints = stack.endpoints().unwrap();
+    let transport =
+        agentloop_stack::channel_as(&endpoints.ledger, Some(&endpoints.tokens.orchestrator))
+            .await
+            .unwrap();
     Ledger {
-        endpoint,
-        client,
-        stop,
-        handle,
+        endpoint: stack.endpoint(),
+        client: agentloop_proto::client::effect_ledger(transport),
+        stack,
     }
-}
-
-async fn connect(endpoint: &str) -> EffectLedgerServiceClient<Channel> {
-    let channel = Channel::from_shared(endpoint.to_owned())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    EffectLedgerServiceClient::new(channel)
 }
 
 impl Ledger {
     async fn stop(self) {
         drop(self.client);
-        self.stop.send(()).unwrap();
-        self.handle.await.unwrap().unwrap();
+        self.stack.stop().await.unwrap();
     }
 }
 
@@ -108,7 +93,7 @@ enum Leave {
 }
 
 async fn leave(
-    client: &mut EffectLedgerServiceClient<Channel>,
+    client: &mut EffectLedgerServiceClient<Transport>,
     invocation: &str,
     call: &str,
     at: Leave,
@@ -176,10 +161,10 @@ async fn lists_unresolved_entries_of_a_ledger_over_grpc() {
     leave(&mut ledger.client, "inv-b", "c4", Leave::Committed).await;
     leave(&mut ledger.client, "inv-b", "c5", Leave::Unknown).await;
     let endpoint = ledger.endpoint.clone();
-    // The CLI must not read the (empty) data directory when --ledger is given.
+    // The CLI must not read the (empty) data directory when --server is given.
     let empty = dir.path().join("unused");
 
-    let output = agentloop(&empty, &["effects", "--unresolved", "--ledger", &endpoint]).await;
+    let output = agentloop(&empty, &["effects", "--unresolved", "--server", &endpoint]).await;
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let text = stdout(&output);
     let lines: Vec<&str> = text.lines().collect();
@@ -217,7 +202,7 @@ async fn lists_unresolved_entries_of_a_ledger_over_grpc() {
 
     let output = agentloop(
         &empty,
-        &["effects", "--unresolved", "--ledger", &endpoint, "--json"],
+        &["effects", "--unresolved", "--server", &endpoint, "--json"],
     )
     .await;
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
@@ -241,7 +226,7 @@ async fn lists_unresolved_entries_of_a_ledger_over_grpc() {
         &[
             "effects",
             "--unresolved",
-            "--ledger",
+            "--server",
             &endpoint,
             "--invocation",
             "inv-b",
@@ -273,7 +258,7 @@ async fn lists_unresolved_entries_of_a_ledger_over_grpc() {
         &[
             "effects",
             "--unresolved",
-            "--ledger",
+            "--server",
             &endpoint,
             "--invocation",
             "inv-b",
@@ -290,7 +275,7 @@ async fn lists_unresolved_entries_of_a_ledger_over_grpc() {
         &[
             "effects",
             "--unresolved",
-            "--ledger",
+            "--server",
             &endpoint,
             "--invocation",
             "inv-none",
@@ -299,7 +284,7 @@ async fn lists_unresolved_entries_of_a_ledger_over_grpc() {
     .await;
     assert_eq!(output.status.code(), Some(0));
     assert_eq!(stdout(&output), "no unresolved effects\n");
-    assert!(!empty.exists(), "--ledger left the data directory alone");
+    assert!(!empty.exists(), "--server left the data directory alone");
     ledger.stop().await;
 }
 
@@ -324,7 +309,7 @@ async fn pages_through_more_entries_than_one_page() {
         &[
             "effects",
             "--unresolved",
-            "--ledger",
+            "--server",
             &ledger.endpoint,
             "--invocation",
             "inv-many",
@@ -343,22 +328,22 @@ async fn pages_through_more_entries_than_one_page() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn works_with_the_embedded_stack_and_its_data_directory() {
+async fn the_orchestrator_and_the_data_directory_list_the_same_entries() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
-    let stack = Stack::start(StackOptions::embedded(data_dir.clone()))
-        .await
-        .unwrap();
-    // `agentloop dev` serves the ledger on its one port.
-    let endpoint = stack.endpoint();
-    let mut client = connect(&endpoint).await;
-    leave(&mut client, "inv-dev", "c1", Leave::Flagged).await;
-    leave(&mut client, "inv-dev", "c2", Leave::Committed).await;
-    drop(client);
+    let mut ledger = start_ledger(&data_dir).await;
+    leave(&mut ledger.client, "inv-dev", "c1", Leave::Flagged).await;
+    leave(&mut ledger.client, "inv-dev", "c2", Leave::Committed).await;
 
     let remote = agentloop(
         dir.path(),
-        &["effects", "--unresolved", "--ledger", &endpoint, "--json"],
+        &[
+            "effects",
+            "--unresolved",
+            "--server",
+            &ledger.endpoint,
+            "--json",
+        ],
     )
     .await;
     assert_eq!(remote.status.code(), Some(0), "{}", stderr(&remote));
@@ -370,7 +355,7 @@ async fn works_with_the_embedded_stack_and_its_data_directory() {
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0]["call_id"], "c1");
     assert_eq!(entries[0]["state"], "reconciliation_required");
-    stack.stop().await.unwrap();
+    ledger.stop().await;
 
     // And after it stopped, as a table.
     let local = agentloop(&data_dir, &["effects", "--unresolved"]).await;
@@ -456,7 +441,7 @@ async fn mistakes_are_reported_with_exit_codes() {
     );
     assert!(!missing.exists());
 
-    // A ledger nobody serves.
+    // An orchestrator nobody serves.
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()
@@ -466,14 +451,14 @@ async fn mistakes_are_reported_with_exit_codes() {
         &[
             "effects",
             "--unresolved",
-            "--ledger",
+            "--server",
             &format!("http://127.0.0.1:{port}"),
         ],
     )
     .await;
     assert_eq!(output.status.code(), Some(1));
     assert!(
-        stderr(&output).contains("cannot reach the effect ledger"),
+        stderr(&output).contains("cannot reach the orchestrator"),
         "{}",
         stderr(&output)
     );

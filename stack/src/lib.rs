@@ -1,13 +1,16 @@
 //! `agentloop-stack`: the services of agentloop wired into one deployment, in one place.
 //!
 //! Two wirings, the same services:
-//! - [`Wiring::Embedded`]: one process, one loopback port. The orchestrator reaches
-//!   decision, policy, the tool gateway and the effect ledger in-process, and the gateway
-//!   reaches the demo executor in-process; every service is also served on the one port.
+//! - [`Wiring::Embedded`]: one process, one port. The orchestrator reaches decision,
+//!   policy, the tool gateway and the effect ledger in-process, and the gateway reaches
+//!   the demo executor in-process; the port serves the orchestrator's public API alone
+//!   (with health and reflection), so nothing internal is reachable from outside.
 //!   This is `agentloop run`, `demo` and `dev`: no Redis, no PostgreSQL, no other server.
 //! - [`Wiring::Distributed`]: each service is its own gRPC server on a loopback port of
 //!   this process and reaches the others over gRPC with the shared client settings,
-//!   exactly as when each runs as its own binary.
+//!   exactly as when each runs as its own binary. Each internal service accepts only its
+//!   callers, by service tokens generated at start: the orchestrator's for decision,
+//!   policy, the gateway and the ledger, the gateway's for the executor.
 //!
 //! The CLI, `agentloop bench` and the end-to-end tests start a [`Stack`]; tests that run
 //! their own orchestrator workers (over PostgreSQL and Redis) start only the
@@ -20,10 +23,11 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use agentloop_auth::{Authenticator, Callers};
 use agentloop_decision::{DecisionServer, Model};
 use agentloop_demo_executor::{DemoConfig, DemoExecutor};
 use agentloop_ledger::{LedgerConfig, LedgerService};
-use agentloop_orchestrator::{InProcess, Orchestrator, OrchestratorConfig, Ports, wire};
+use agentloop_orchestrator::{Api, InProcess, Orchestrator, OrchestratorConfig, Ports, wire};
 use agentloop_policy::{PolicyConfig, PolicyServer};
 use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::server;
@@ -94,6 +98,34 @@ impl ServicesOptions {
     }
 }
 
+/// The service tokens of the distributed wiring, generated at start.
+#[derive(Clone)]
+pub struct ServiceTokens {
+    /// The orchestrator's, which decision, policy, the gateway and the ledger accept.
+    pub orchestrator: String,
+    /// The tool gateway's, which the demo executor accepts.
+    pub tools: String,
+}
+
+impl std::fmt::Debug for ServiceTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServiceTokens(REDACTED)")
+    }
+}
+
+impl ServiceTokens {
+    fn generate() -> ServiceTokens {
+        let token = || {
+            let bytes: [u8; 32] = rand::random();
+            hex::encode(bytes)
+        };
+        ServiceTokens {
+            orchestrator: token(),
+            tools: token(),
+        }
+    }
+}
+
 /// Where each service is served, in the distributed wiring.
 #[derive(Debug, Clone)]
 pub struct Endpoints {
@@ -107,22 +139,15 @@ pub struct Endpoints {
     pub ledger: String,
     /// The demo executor.
     pub demo_executor: String,
-}
-
-/// The embedded wiring's service implementations, served beside the orchestrator.
-#[derive(Debug, Clone)]
-struct Local {
-    decision: DecisionServer,
-    policy: PolicyServer,
-    gateway: Gateway,
-    ledger: LedgerService,
+    /// What each caller presents.
+    pub tokens: ServiceTokens,
 }
 
 /// How the services are reached, by wiring.
 #[derive(Debug)]
 enum Reached {
-    /// Embedded: the implementations, which the caller serves on its one port.
-    InProcess(Local),
+    /// Embedded: in-process, through the ports alone.
+    InProcess,
     /// Distributed: each service's own server, and where it listens.
     Served {
         endpoints: Endpoints,
@@ -178,25 +203,21 @@ impl Services {
                     tools.clone(),
                     options.gateway,
                     vec![(IN_PROCESS_EXECUTOR.to_owned(), executor)],
+                    None,
                 )
                 .await?;
                 let policy =
                     PolicyServer::from_descriptors(&tools.descriptors(), &PolicyConfig::default())?;
                 let ports = Ports {
-                    decision: Arc::new(decision.clone()),
-                    policy: Arc::new(InProcess(Arc::new(policy.clone()))),
-                    tools: Arc::new(InProcess(Arc::new(gateway.clone()))),
-                    ledger: Arc::new(InProcess(Arc::new(ledger.clone()))),
+                    decision: Arc::new(decision),
+                    policy: Arc::new(InProcess(Arc::new(policy))),
+                    tools: Arc::new(InProcess(Arc::new(gateway))),
+                    ledger: Arc::new(InProcess(Arc::new(ledger))),
                 };
                 Ok(Services {
                     demo,
                     ports,
-                    reached: Reached::InProcess(Local {
-                        decision,
-                        policy,
-                        gateway,
-                        ledger,
-                    }),
+                    reached: Reached::InProcess,
                 })
             }
             Wiring::Distributed => {
@@ -209,28 +230,56 @@ impl Services {
                         stop.clone().cancelled_owned(),
                     )));
                 };
+                let tokens = ServiceTokens::generate();
+                let accept = |name: &str, token: &str| {
+                    Callers::from_tokens([(name.to_owned(), token.to_owned())])
+                };
+                let orchestrator = accept("orchestrator", &tokens.orchestrator)?;
+                let gateway_caller = accept("tools", &tokens.tools)?;
                 let (listener, demo_executor) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
-                    ServiceSet::new().add(server::tool_executor(demo.clone())),
+                    ServiceSet::new()
+                        .add_guarded(server::tool_executor(demo.clone()), Some(&gateway_caller)),
                 );
                 let tools = tools_for(&demo_executor)?;
                 let policy =
                     PolicyServer::from_descriptors(&tools.descriptors(), &PolicyConfig::default())?;
-                let gateway = Gateway::new(tools, options.gateway).await?;
+                let gateway = Gateway::with_in_process(
+                    tools,
+                    options.gateway,
+                    Vec::new(),
+                    Some(&tokens.tools),
+                )
+                .await?;
                 let (listener, tools) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
-                    ServiceSet::new().add(server::tool_gateway(gateway)),
+                    ServiceSet::new()
+                        .add_guarded(server::tool_gateway(gateway), Some(&orchestrator)),
                 );
                 let (listener, policy_endpoint) = listen("127.0.0.1:0").await?;
-                serve(listener, ServiceSet::new().add(server::policy(policy)));
+                serve(
+                    listener,
+                    ServiceSet::new().add_guarded(server::policy(policy), Some(&orchestrator)),
+                );
                 let (listener, decision_endpoint) = listen("127.0.0.1:0").await?;
-                serve(listener, ServiceSet::new().add(server::decision(decision)));
+                serve(
+                    listener,
+                    ServiceSet::new().add_guarded(server::decision(decision), Some(&orchestrator)),
+                );
                 let (listener, ledger_endpoint) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
-                    ServiceSet::new().add(server::effect_ledger(ledger)),
+                    ServiceSet::new()
+                        .add_guarded(server::effect_ledger(ledger), Some(&orchestrator)),
+                );
+                let as_orchestrator = Some(tokens.orchestrator.as_str());
+                let ports = Ports::grpc(
+                    channel_as(&decision_endpoint, as_orchestrator).await?,
+                    channel_as(&policy_endpoint, as_orchestrator).await?,
+                    channel_as(&tools, as_orchestrator).await?,
+                    channel_as(&ledger_endpoint, as_orchestrator).await?,
                 );
                 let endpoints = Endpoints {
                     decision: decision_endpoint,
@@ -238,13 +287,8 @@ impl Services {
                     tools,
                     ledger: ledger_endpoint,
                     demo_executor,
+                    tokens,
                 };
-                let ports = Ports::grpc(
-                    channel(&endpoints.decision).await?,
-                    channel(&endpoints.policy).await?,
-                    channel(&endpoints.tools).await?,
-                    channel(&endpoints.ledger).await?,
-                );
                 Ok(Services {
                     demo,
                     ports,
@@ -266,7 +310,7 @@ impl Services {
     /// Where each service is served: `Some` in the distributed wiring.
     pub fn endpoints(&self) -> Option<&Endpoints> {
         match &self.reached {
-            Reached::InProcess(_) => None,
+            Reached::InProcess => None,
             Reached::Served { endpoints, .. } => Some(endpoints),
         }
     }
@@ -297,11 +341,10 @@ impl Services {
 pub struct StackOptions {
     /// How the services reach each other.
     pub wiring: Wiring,
-    /// Where the orchestrator is served (`127.0.0.1:0` for any free port); embedded, every
-    /// service is served there.
+    /// Where the orchestrator is served (`127.0.0.1:0` for any free port).
     pub listen: String,
-    /// The orchestrator's configuration; its event store is SQLite in the services'
-    /// `data_dir` (its own `data_dir` and `listen` are replaced).
+    /// The orchestrator's configuration, `auth` included; its event store is SQLite in
+    /// the services' `data_dir` (its own `data_dir` and `listen` are replaced).
     pub orchestrator: OrchestratorConfig,
     /// The other services.
     pub services: ServicesOptions,
@@ -324,6 +367,7 @@ impl StackOptions {
 pub struct Stack {
     endpoint: String,
     orchestrator: Orchestrator,
+    api: Api,
     store: SqliteStore,
     services: Services,
     stop: CancellationToken,
@@ -352,17 +396,11 @@ impl Stack {
             data_dir,
             ..options.orchestrator
         };
+        let auth = Authenticator::from_config(&config.auth).await?;
         let orchestrator = Orchestrator::new(config, Arc::new(store.clone()), services.ports());
-
-        let mut served = ServiceSet::new().add(orchestrator.service());
-        if let Reached::InProcess(local) = &services.reached {
-            served = served
-                .add(server::decision(local.decision.clone()))
-                .add(server::policy(local.policy.clone()))
-                .add(server::tool_gateway(local.gateway.clone()))
-                .add(server::effect_ledger(local.ledger.clone()))
-                .add(server::tool_executor(services.demo.clone()));
-        }
+        // The public port: the orchestrator's API alone, whatever the wiring.
+        let api = orchestrator.api(auth);
+        let served = ServiceSet::new().add(server::orchestrator(api.clone()));
         let stop = CancellationToken::new();
         let (drained, stopped) = (orchestrator.clone(), stop.clone());
         let server = tokio::spawn(agentloop_server::serve(listener, served, async move {
@@ -373,6 +411,7 @@ impl Stack {
         Ok(Stack {
             endpoint,
             orchestrator,
+            api,
             store,
             services,
             stop,
@@ -386,18 +425,20 @@ impl Stack {
         self.endpoint.clone()
     }
 
-    /// The effect ledger's endpoint: its own in the distributed wiring, the one port when
-    /// embedded.
-    pub fn ledger_endpoint(&self) -> String {
-        match self.services.endpoints() {
-            Some(endpoints) => endpoints.ledger.clone(),
-            None => self.endpoint.clone(),
-        }
+    /// Where each internal service is served: `Some` in the distributed wiring.
+    pub fn endpoints(&self) -> Option<&Endpoints> {
+        self.services.endpoints()
     }
 
     /// The in-process orchestrator.
     pub fn orchestrator(&self) -> &Orchestrator {
         &self.orchestrator
+    }
+
+    /// The orchestrator's public API as the port serves it (authenticated as configured),
+    /// for callers in this process.
+    pub fn api(&self) -> &Api {
+        &self.api
     }
 
     /// The orchestrator's event store.
@@ -443,9 +484,19 @@ async fn listen(address: &str) -> anyhow::Result<(TcpListener, String)> {
 ///
 /// When `endpoint` is not a URL the client factory accepts.
 pub async fn channel(endpoint: &str) -> anyhow::Result<Transport> {
+    channel_as(endpoint, None).await
+}
+
+/// [`channel`], its calls carrying `token` (a caller's JWT, a service token).
+///
+/// # Errors
+///
+/// As [`channel`], and when `token` cannot be a header value.
+pub async fn channel_as(endpoint: &str, token: Option<&str>) -> anyhow::Result<Transport> {
     let config = ClientConfig::default()
         .with_lazy(true)
-        .with_request_timeout(None);
+        .with_request_timeout(None)
+        .with_bearer(token)?;
     Ok(connect(endpoint, config).await?)
 }
 

@@ -59,9 +59,20 @@ impl System {
         agentloop_proto::client::orchestrator(channel(&self.stack.endpoint()).await)
     }
 
-    /// A client of the effect ledger.
-    pub async fn ledger(&self) -> EffectLedgerServiceClient<Transport> {
-        agentloop_proto::client::effect_ledger(channel(&self.stack.ledger_endpoint()).await)
+    /// A client of the effect ledger, as the orchestrator reaches it (with its service
+    /// token): only the distributed wiring serves the ledger on a port.
+    pub async fn ledger(&self) -> Option<EffectLedgerServiceClient<Transport>> {
+        let endpoints = self.stack.endpoints()?;
+        let transport =
+            agentloop_stack::channel_as(&endpoints.ledger, Some(&endpoints.tokens.orchestrator))
+                .await
+                .unwrap();
+        Some(agentloop_proto::client::effect_ledger(transport))
+    }
+
+    /// The running stack.
+    pub fn stack(&self) -> &Stack {
+        &self.stack
     }
 
     /// Graceful stop of every server.

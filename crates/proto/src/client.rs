@@ -18,6 +18,7 @@ mod transport;
 
 use std::time::Duration;
 
+use tonic::codegen::http::HeaderValue;
 use tonic::transport::{ClientTlsConfig, Endpoint};
 
 pub use transport::Transport;
@@ -34,7 +35,7 @@ use crate::v1::tool_gateway_service_client::ToolGatewayServiceClient;
 ///
 /// Construct it with [`ClientConfig::default`] and the `with_*` methods, so fields can
 /// be added later without breaking callers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ClientConfig {
     /// Longest time to establish the connection (TCP and, for `https`, TLS).
@@ -48,6 +49,20 @@ pub struct ClientConfig {
     /// connecting before it returns. Lazy suits services that start before the
     /// services they call; eager reports a wrong address at startup.
     pub lazy: bool,
+    /// `authorization: Bearer <token>` on every call that does not carry its own: a
+    /// caller's JWT, or a service's token for the services it calls. Never printed.
+    bearer: Option<HeaderValue>,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("lazy", &self.lazy)
+            .field("bearer", &self.bearer.as_ref().map(|_| "REDACTED"))
+            .finish()
+    }
 }
 
 impl Default for ClientConfig {
@@ -56,6 +71,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Some(Duration::from_secs(30)),
             lazy: false,
+            bearer: None,
         }
     }
 }
@@ -81,6 +97,27 @@ impl ClientConfig {
         self.lazy = lazy;
         self
     }
+
+    /// Sends `authorization: Bearer <token>` with every call (a caller's JWT, or a
+    /// service token); `None` sends none.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnectError::InvalidToken`] when the token cannot be a header value (control
+    /// characters, non-ASCII).
+    pub fn with_bearer(mut self, token: Option<&str>) -> Result<Self, ConnectError> {
+        self.bearer = match token {
+            None => None,
+            Some(token) => {
+                let mut value = HeaderValue::try_from(format!("Bearer {token}"))
+                    .map_err(|_| ConnectError::InvalidToken)?;
+                // Kept out of HPACK's table, like every credential.
+                value.set_sensitive(true);
+                Some(value)
+            }
+        };
+        Ok(self)
+    }
 }
 
 /// Why [`connect`] could not produce a transport.
@@ -105,6 +142,9 @@ pub enum ConnectError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// The bearer token is not a valid header value.
+    #[error("the token is not a valid header value (control characters or non-ASCII)")]
+    InvalidToken,
     /// The connection could not be established (refused, unreachable, timed out).
     #[error("cannot connect to {endpoint:?}")]
     Connect {
@@ -153,7 +193,7 @@ pub async fn connect(endpoint: &str, config: ClientConfig) -> Result<Transport, 
                 builder = builder.timeout(timeout);
             }
             if config.lazy {
-                return Ok(Transport::tls(builder.connect_lazy()));
+                return Ok(Transport::tls(builder.connect_lazy()).with_authorization(config.bearer));
             }
             let channel = builder
                 .connect()
@@ -175,7 +215,7 @@ pub async fn connect(endpoint: &str, config: ClientConfig) -> Result<Transport, 
     if !config.lazy {
         transport.open().await.map_err(connect_failed)?;
     }
-    Ok(transport)
+    Ok(transport.with_authorization(config.bearer))
 }
 
 /// Applies the shared limits to a generated client. A macro because the generated

@@ -95,7 +95,7 @@ where
 pub(crate) const FILE_KEY: &str = "CONFIG";
 
 /// The process environment, without variables whose name or value is not UTF-8.
-pub(crate) fn process_env() -> impl Iterator<Item = (String, String)> {
+pub fn process_env() -> impl Iterator<Item = (String, String)> {
     std::env::vars_os()
         .filter_map(|(key, value)| Some((key.into_string().ok()?, value.into_string().ok()?)))
 }

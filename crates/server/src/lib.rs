@@ -24,9 +24,10 @@
 
 pub mod config;
 mod dump;
+mod guard;
 mod start;
 
-pub use start::{CommonFlags, Prepared, Service, ServiceConfig, StartError, Started};
+pub use start::{CommonFlags, Prepared, Service, ServiceConfig, StartError, Started, exposure};
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -178,6 +179,28 @@ impl ServiceSet {
         self.routes.add_service(service);
         self.names.push(S::NAME);
         self
+    }
+
+    /// Adds `service` behind `callers`: a call without the service token of one of them
+    /// is UNAUTHENTICATED before it reaches the service, and the service finds the
+    /// caller's name in the request's extensions ([`agentloop_auth::Caller`]). `None`
+    /// adds it open, as [`ServiceSet::add`] does. Health and reflection stay open (probes
+    /// carry no tokens, and neither reveals data).
+    #[must_use]
+    pub fn add_guarded<S>(self, service: S, callers: Option<&agentloop_auth::Callers>) -> Self
+    where
+        S: TowerService<Request<Body>, Response = Response<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        match callers {
+            Some(callers) => self.add(guard::Guarded::new(service, callers.clone())),
+            None => self.add(service),
+        }
     }
 
     /// The fully-qualified gRPC names of the added services, in the order added.

@@ -48,6 +48,11 @@ pub struct CommonFlags {
     #[arg(long)]
     #[serde(skip)]
     pub dump_config: bool,
+    /// Listen on a non-loopback address although callers are not authenticated: anyone
+    /// who reaches the port may call every RPC. Logged as a warning.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_no_auth: bool,
 }
 
 /// A service configuration as the shared start needs it: layered by [`config::load`]
@@ -56,6 +61,14 @@ pub trait ServiceConfig: Serialize + DeserializeOwned + Default {
     /// The address to listen on: the `listen` key, typed, so that an address that is
     /// not an IP:port fails at load (exit 78) rather than at bind.
     fn listen(&self) -> SocketAddr;
+
+    /// Whether every caller is authenticated (a verified token, a service token). A
+    /// service whose callers are not refuses to listen beyond loopback.
+    fn authenticates_callers(&self) -> bool;
+
+    /// The operator's explicit leave to listen beyond loopback without authentication
+    /// (the `insecure_no_auth` key, `--insecure-no-auth`).
+    fn insecure_no_auth(&self) -> bool;
 }
 
 /// What [`Service::start`] hands to the rest of `main`.
@@ -100,10 +113,46 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// The service would listen beyond loopback without authenticating its callers, and
+    /// the operator did not say `--insecure-no-auth`.
+    #[error(
+        "refusing to listen on {address} without authentication: anyone reaching it could \
+         call every RPC; configure authentication, listen on loopback, or pass \
+         --insecure-no-auth"
+    )]
+    Unauthenticated {
+        /// The configured address.
+        address: SocketAddr,
+    },
     /// `--dump-config` cannot express the configuration in TOML (an integer above
     /// `i64::MAX`, which TOML has no room for).
     #[error("cannot print the configuration as TOML: {0}")]
     Dump(#[from] toml::ser::Error),
+}
+
+/// Whether a server may listen on `address`: beyond loopback only when it authenticates
+/// its callers, or when the operator said `insecure_no_auth` (then with a warning in the
+/// log). For [`Service::start`] and for `agentloop dev`, which binds the same way.
+///
+/// # Errors
+///
+/// [`StartError::Unauthenticated`] when it may not.
+pub fn exposure(
+    address: SocketAddr,
+    authenticated: bool,
+    insecure_no_auth: bool,
+) -> Result<(), StartError> {
+    if address.ip().is_loopback() || authenticated {
+        return Ok(());
+    }
+    if !insecure_no_auth {
+        return Err(StartError::Unauthenticated { address });
+    }
+    tracing::warn!(
+        %address,
+        "listening beyond loopback WITHOUT authentication (--insecure-no-auth)"
+    );
+    Ok(())
 }
 
 /// A service binary, known by its name. Everything else is derived from the name, so
@@ -187,7 +236,9 @@ impl Service {
     /// 4. runs `validate`, the service's checks of what serde cannot check: they must
     ///    not need the network, since `--dump-config` runs them too;
     /// 5. with `--dump-config`, prints the configuration and exits 0;
-    /// 6. binds `listen` and logs the bound address.
+    /// 6. refuses an address beyond loopback when callers are not authenticated, unless
+    ///    `insecure_no_auth` says to go on (with a warning);
+    /// 7. binds `listen` and logs the bound address.
     ///
     /// Any failure exits with [`EXIT_BAD_CONFIG`](crate::EXIT_BAD_CONFIG) (78) and
     /// `<service>: bad configuration: <why>` on stderr, e.g. `agentloop-ledger: bad
@@ -261,6 +312,11 @@ impl Service {
             return Ok(Prepared::Dump(dump::to_toml(self.name, &config)?));
         }
         let address = config.listen();
+        exposure(
+            address,
+            config.authenticates_callers(),
+            config.insecure_no_auth(),
+        )?;
         let listener = TcpListener::bind(address)
             .await
             .map_err(|source| StartError::Listen { address, source })?;
@@ -269,6 +325,25 @@ impl Service {
             validated,
             listener,
         }))
+    }
+
+    /// The callers `config` accepts, their token files read; `None` when it lists none.
+    /// A file that cannot be read exits as a bad configuration.
+    pub fn callers(
+        &self,
+        config: &agentloop_auth::CallersConfig,
+    ) -> Option<agentloop_auth::Callers> {
+        agentloop_auth::Callers::from_config(config).unwrap_or_else(|e| self.exit_bad_config(&e))
+    }
+
+    /// The service token in `file` (the `service_token_file` key), for the services this
+    /// one calls; `None` without a file. A file that cannot be read exits as a bad
+    /// configuration.
+    pub fn service_token(&self, file: Option<&std::path::Path>) -> Option<String> {
+        file.map(|path| {
+            agentloop_auth::read_secret_file(path)
+                .unwrap_or_else(|e| self.exit_bad_config(&format!("service_token_file: {e}")))
+        })
     }
 
     /// [`exit_bad_config`](crate::exit_bad_config) under this service's name, for the
@@ -283,8 +358,11 @@ mod tests {
     use super::*;
 
     #[derive(Debug, Default, Serialize, serde::Deserialize)]
+    #[serde(default)]
     struct Config {
         listen: Option<SocketAddr>,
+        authenticated: bool,
+        insecure_no_auth: bool,
     }
 
     impl ServiceConfig for Config {
@@ -292,6 +370,54 @@ mod tests {
             self.listen
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 50099)))
         }
+
+        fn authenticates_callers(&self) -> bool {
+            self.authenticated
+        }
+
+        fn insecure_no_auth(&self) -> bool {
+            self.insecure_no_auth
+        }
+    }
+
+    #[tokio::test]
+    async fn beyond_loopback_needs_authentication_or_the_operators_leave() {
+        let service = Service::new("agentloop-test");
+        let start = async |env: &[(&str, &str)], flags: CommonFlags| {
+            let env = env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<Vec<_>>();
+            service
+                .prepare::<Config, (), String>(&flags, &flags, env, |_| Ok(()))
+                .await
+        };
+        let public = CommonFlags {
+            listen: Some(SocketAddr::from(([0, 0, 0, 0], 0))),
+            ..CommonFlags::default()
+        };
+        match start(&[], public.clone()).await {
+            Err(error @ StartError::Unauthenticated { .. }) => {
+                assert!(error.to_string().contains("--insecure-no-auth"), "{error}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let authenticated = [("AGENTLOOP_TEST_AUTHENTICATED", "true")];
+        assert!(matches!(
+            start(&authenticated, public.clone()).await,
+            Ok(Prepared::Serve(_))
+        ));
+        let leave = CommonFlags {
+            insecure_no_auth: true,
+            ..public
+        };
+        assert!(matches!(start(&[], leave).await, Ok(Prepared::Serve(_))));
+        // Loopback needs neither.
+        let local = CommonFlags {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            ..CommonFlags::default()
+        };
+        assert!(matches!(start(&[], local).await, Ok(Prepared::Serve(_))));
     }
 
     #[derive(Debug, clap::Parser)]

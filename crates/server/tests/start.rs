@@ -56,6 +56,14 @@ impl ServiceConfig for TestConfig {
     fn listen(&self) -> SocketAddr {
         self.listen
     }
+
+    fn authenticates_callers(&self) -> bool {
+        false
+    }
+
+    fn insecure_no_auth(&self) -> bool {
+        false
+    }
 }
 
 /// A main's flags: the common ones flattened, plus one of its own.
@@ -191,6 +199,7 @@ async fn the_dump_loads_back_to_the_effective_config_with_the_password_redacted(
             config: Some(file.clone()),
             listen: Some(taken.local_addr().unwrap()),
             dump_config: true,
+            insecure_no_auth: false,
         },
         retries: Some(5),
     };

@@ -10,7 +10,8 @@ use agentloop_engine::{EndRecord, Event, EventBody, Totals, UnixMillis};
 use uuid::Uuid;
 
 use crate::{
-    Append, Created, InvocationRecord, InvocationState, NewInvocation, StoreError, StoredEvent,
+    Append, Created, InvocationRecord, InvocationState, ListRequest, NewInvocation, StoreError,
+    StoredEvent,
 };
 
 /// Most events one `events()` call returns, whatever the caller asks for.
@@ -26,6 +27,8 @@ pub(crate) const CREATE_ATTEMPTS: u32 = 3;
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct InvocationColumns {
     pub(crate) invocation_id: String,
+    pub(crate) tenant: String,
+    /// The key as stored: [`scoped_key`].
     pub(crate) idempotency_key: Option<String>,
     pub(crate) request_digest: String,
     pub(crate) spec: String,
@@ -53,9 +56,18 @@ impl InvocationColumns {
             .map(|text| serde_json::from_str::<EndRecord>(&text))
             .transpose()
             .map_err(|e| corrupt("end record", &e))?;
+        let idempotency_key = self
+            .idempotency_key
+            .map(|stored| {
+                unscoped_key(&self.tenant, &stored)
+                    .map(str::to_owned)
+                    .ok_or_else(|| corrupt("idempotency key", &"not scoped to its tenant"))
+            })
+            .transpose()?;
         Ok(InvocationRecord {
             invocation_id,
-            idempotency_key: self.idempotency_key,
+            tenant: self.tenant,
+            idempotency_key,
             request_digest: self.request_digest,
             spec: self.spec,
             state: parse_state(&self.state, invocation_id)?,
@@ -96,11 +108,86 @@ impl EventColumns {
     }
 }
 
+/// An idempotency key as stored: prefixed with its tenant, so the column's one unique
+/// index makes keys unique per tenant. The prefix is `<chars>:<tenant>:` with the tenant's
+/// length in characters (what SQL's `length()` counts, so a migration can write it too):
+/// no tenant name, whatever its characters, makes one tenant's key another's.
+pub(crate) fn scoped_key(tenant: &str, key: &str) -> String {
+    format!("{}:{tenant}:{key}", tenant.chars().count())
+}
+
+/// The caller's key inside a stored one; `None` if it is not `tenant`'s.
+fn unscoped_key<'a>(tenant: &str, stored: &'a str) -> Option<&'a str> {
+    let (count, rest) = stored.split_once(':')?;
+    if count != tenant.chars().count().to_string() {
+        return None;
+    }
+    rest.strip_prefix(tenant)?.strip_prefix(':')
+}
+
+/// The SQL dialects [`ListQuery`] writes for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// The filter and order of one `list` page: `WHERE ... ORDER BY` built from fixed
+/// fragments (never from the request's text, which is bound), and the values to bind in
+/// order, the limit after them. Each combination of filters has an index that serves it.
+#[derive(Debug)]
+pub(crate) struct ListQuery {
+    pub(crate) clauses: String,
+    pub(crate) values: Vec<String>,
+}
+
+impl ListQuery {
+    pub(crate) fn new(request: &ListRequest, dialect: Dialect) -> ListQuery {
+        let mut conditions = Vec::new();
+        let mut values = Vec::new();
+        let mut bind = |condition: &str, value: String| {
+            values.push(value);
+            let placeholder = match dialect {
+                Dialect::Sqlite => "?".to_owned(),
+                Dialect::Postgres => format!("${}", values.len()),
+            };
+            conditions.push(condition.replace('?', &placeholder));
+        };
+        if let Some(tenant) = &request.tenant {
+            bind("tenant = ?", tenant.clone());
+        }
+        if let Some(state) = request.state {
+            bind("state = ?", state_text(state).to_owned());
+        }
+        if let Some(before) = request.before {
+            let condition = match dialect {
+                Dialect::Sqlite => "invocation_id < ?",
+                Dialect::Postgres => "invocation_id < ?::uuid",
+            };
+            bind(condition, before.hyphenated().to_string());
+        }
+        let filter = if conditions.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", conditions.join(" AND "))
+        };
+        let limit = match dialect {
+            Dialect::Sqlite => "?".to_owned(),
+            Dialect::Postgres => format!("${}", values.len() + 1),
+        };
+        ListQuery {
+            clauses: format!("{filter} ORDER BY invocation_id DESC LIMIT {limit}"),
+            values,
+        }
+    }
+}
+
 /// The record a fresh `create` stored: running, version 0, no epoch yet.
 pub(crate) fn fresh_record(new: NewInvocation) -> InvocationRecord {
     let created_at = UnixMillis(u64::try_from(time_to_i64(new.created_at)).unwrap_or(0));
     InvocationRecord {
         invocation_id: new.invocation_id,
+        tenant: new.tenant,
         idempotency_key: new.idempotency_key,
         request_digest: new.request_digest,
         spec: new.spec,
@@ -118,14 +205,13 @@ pub(crate) fn fresh_record(new: NewInvocation) -> InvocationRecord {
 /// The answer to a create whose key is taken: the same request gets the same invocation.
 pub(crate) fn idempotent_answer(
     new: &NewInvocation,
-    key: &str,
     existing: InvocationRecord,
 ) -> Result<Created, StoreError> {
     if existing.request_digest == new.request_digest {
         Ok(Created::Existing(existing))
     } else {
         Err(StoreError::IdempotencyConflict {
-            key: key.to_owned(),
+            key: existing.idempotency_key.unwrap_or_default(),
             existing: existing.invocation_id,
         })
     }
@@ -255,5 +341,32 @@ pub(crate) fn claim_check(
         }),
         std::cmp::Ordering::Equal => Ok(Claim::Unchanged),
         std::cmp::Ordering::Less => Ok(Claim::Raise),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scoped_keys_read_back_only_under_their_tenant() {
+        for (tenant, key) in [("acme", "k"), ("", "k"), ("a:b", "c"), ("ü", "x:y")] {
+            let stored = scoped_key(tenant, key);
+            assert_eq!(unscoped_key(tenant, &stored), Some(key), "{tenant:?}");
+        }
+        assert_eq!(unscoped_key("other", &scoped_key("acme", "k")), None);
+        assert_eq!(
+            unscoped_key("acme", "k"),
+            None,
+            "an unscoped key is corrupt"
+        );
+    }
+
+    #[test]
+    fn no_two_tenants_share_a_stored_key() {
+        // Without the length, tenant "a:b" with key "c" and tenant "a" with key "b:c"
+        // would be stored alike.
+        assert_ne!(scoped_key("a:b", "c"), scoped_key("a", "b:c"));
+        assert_ne!(scoped_key("", "1::k"), scoped_key("1", "k"));
     }
 }

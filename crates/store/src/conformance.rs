@@ -65,6 +65,7 @@ pub const CHECKS: &[Check<Arc<dyn EventStore>>] = &[
         Box::pin(malformed_appends_write_nothing(s))
     }),
     ("list_paging", |s| Box::pin(list_paging(s))),
+    ("tenants_apart", |s| Box::pin(tenants_apart(s))),
     ("running_oldest_first", |s| {
         Box::pin(running_oldest_first(s))
     }),
@@ -105,10 +106,14 @@ pub fn id_at(ms: u64) -> Uuid {
     uuid::Builder::from_unix_timestamp_millis(ms, &random).into_uuid()
 }
 
-/// A new invocation with ID `id_at(ms)`, created at `ms`.
+/// The tenant of [`new_invocation`]'s invocations.
+pub const TENANT: &str = "acme";
+
+/// A new invocation of [`TENANT`] with ID `id_at(ms)`, created at `ms`.
 pub fn new_invocation(ms: u64, key: Option<&str>, digest: &str) -> NewInvocation {
     NewInvocation {
         invocation_id: id_at(ms),
+        tenant: TENANT.to_owned(),
         idempotency_key: key.map(str::to_owned),
         request_digest: digest.to_owned(),
         spec: format!(r#"{{"goal":"check {ms}","profile":"default"}}"#),
@@ -355,7 +360,8 @@ async fn event_count(store: &dyn EventStore, id: Uuid) -> usize {
 
 /// The invocation an upgrade test writes with an earlier release's schema, before it
 /// upgrades: (idempotency key, request digest, spec).
-pub const EARLIER_ROW: (&str, &str, &str) = ("key-1", "digest-1", r#"{"goal":"old"}"#);
+pub const EARLIER_ROW: (&str, &str, &str) =
+    ("key-1", "digest-1", r#"{"goal":"old","tenant":"acme"}"#);
 
 /// Writes [`EARLIER_ROW`] into the invocations table of the schema before the spec moved
 /// out of it, through `executor` (a SQLite or PostgreSQL connection: the statement is the
@@ -385,6 +391,7 @@ pub async fn earlier_row_goes_on(store: &dyn EventStore, id: Uuid) {
     let (key, digest, spec) = EARLIER_ROW;
     let record = store.get(id).await.unwrap();
     assert_eq!(record.spec, spec);
+    assert_eq!(record.tenant, TENANT, "the tenant comes from the spec");
     assert_eq!(record.request_digest, digest);
     assert_eq!(record.idempotency_key.as_deref(), Some(key));
     let mut again = new_invocation(6_000, Some(key), digest);
@@ -469,6 +476,7 @@ pub async fn idempotent_create(store: Arc<dyn EventStore>) {
             limit: 100,
             before: None,
             state: None,
+            tenant: None,
         })
         .await
         .expect("list");
@@ -505,6 +513,7 @@ pub async fn concurrent_creates_one_key(store: Arc<dyn EventStore>) {
             limit: 100,
             before: None,
             state: None,
+            tenant: None,
         })
         .await
         .expect("list");
@@ -750,6 +759,83 @@ pub async fn malformed_appends_write_nothing(store: Arc<dyn EventStore>) {
     assert_eq!(event_count(&*store, id).await, 0);
 }
 
+/// Another tenant's invocation, created at `ms`.
+fn of_tenant(tenant: &str, ms: u64, key: Option<&str>, digest: &str) -> NewInvocation {
+    NewInvocation {
+        tenant: tenant.to_owned(),
+        ..new_invocation(ms, key, digest)
+    }
+}
+
+/// One key in two tenants is two invocations, a conflict names only the caller's own
+/// invocation, and a tenant's listing holds its invocations alone, paged and filtered.
+pub async fn tenants_apart(store: Arc<dyn EventStore>) {
+    let ours = create_new(&*store, of_tenant("a", 1_000, Some("k"), "d1")).await;
+    let theirs = create_new(&*store, of_tenant("b", 2_000, Some("k"), "d2")).await;
+    assert_ne!(ours.invocation_id, theirs.invocation_id);
+    assert_eq!(theirs.idempotency_key.as_deref(), Some("k"));
+    assert_eq!(store.get(theirs.invocation_id).await.unwrap().tenant, "b");
+    // Tenant names that would collide if keys were only joined with a separator.
+    create_new(&*store, of_tenant("a:k", 2_500, Some("x"), "d")).await;
+    create_new(&*store, of_tenant("a", 2_600, Some("k:x"), "d")).await;
+    match store.create(of_tenant("b", 3_000, Some("k"), "d1")).await {
+        Err(StoreError::IdempotencyConflict { key, existing }) => {
+            assert_eq!((key.as_str(), existing), ("k", theirs.invocation_id));
+        }
+        other => panic!("expected b's own conflict, got {other:?}"),
+    }
+    match store.create(of_tenant("a", 4_000, Some("k"), "d1")).await {
+        Ok(Created::Existing(record)) => assert_eq!(record.invocation_id, ours.invocation_id),
+        other => panic!("expected a's invocation, got {other:?}"),
+    }
+    let mut a_ids = vec![ours.invocation_id];
+    for ms in 5_000..5_004 {
+        a_ids.push(
+            create_new(&*store, of_tenant("a", ms, None, "d"))
+                .await
+                .invocation_id,
+        );
+    }
+    store
+        .append(
+            a_ids[2],
+            append_of(0, 1, &[ended(1, TerminalReason::MaxSteps)]),
+        )
+        .await
+        .unwrap();
+    let list = |tenant: &str, limit, before, state| {
+        let store = Arc::clone(&store);
+        let tenant = Some(tenant.to_owned());
+        async move {
+            store
+                .list(ListRequest {
+                    limit,
+                    before,
+                    state,
+                    tenant,
+                })
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|record| (record.tenant, record.invocation_id))
+                .collect::<Vec<_>>()
+        }
+    };
+    let b = list("b", 100, None, None).await;
+    assert_eq!(b, [("b".to_owned(), theirs.invocation_id)]);
+    let first = list("a", 2, None, None).await;
+    let rest = list("a", 100, Some(first[1].1), None).await;
+    let mut seen: Vec<Uuid> = first.iter().chain(&rest).map(|(_, id)| *id).collect();
+    assert!(first.iter().chain(&rest).all(|(tenant, _)| tenant == "a"));
+    // Four without a key, `ours` and the "k:x" one.
+    assert_eq!(seen.len(), 6);
+    seen.retain(|id| a_ids.contains(id));
+    assert_eq!(seen, a_ids.iter().rev().copied().collect::<Vec<_>>());
+    let ended = list("a", 100, None, Some(InvocationState::Ended)).await;
+    assert_eq!(ended, [("a".to_owned(), a_ids[2])]);
+    assert!(list("c", 100, None, None).await.is_empty());
+}
+
 /// Listings come newest first, page with `before`, and filter by state.
 pub async fn list_paging(store: Arc<dyn EventStore>) {
     let mut ids = Vec::new();
@@ -775,6 +861,7 @@ pub async fn list_paging(store: Arc<dyn EventStore>) {
                     limit,
                     before,
                     state,
+                    tenant: None,
                 })
                 .await
                 .expect("list")
@@ -808,6 +895,7 @@ pub async fn list_paging(store: Arc<dyn EventStore>) {
             limit: 1,
             before: None,
             state: Some(InvocationState::Ended),
+            tenant: None,
         })
         .await
         .unwrap();
@@ -970,6 +1058,7 @@ pub async fn cancel_requests_are_durable(store: Arc<dyn EventStore>) {
             limit: 10,
             before: None,
             state: None,
+            tenant: None,
         })
         .await
         .unwrap();

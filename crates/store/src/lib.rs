@@ -54,6 +54,9 @@ pub enum InvocationState {
 pub struct NewInvocation {
     /// The new invocation's ID (UUIDv7: time-ordered, so listings page by creation order).
     pub invocation_id: Uuid,
+    /// The tenant that owns it: listings filter by it, and idempotency keys are unique
+    /// per tenant, so one tenant's key never finds (or names) another tenant's invocation.
+    pub tenant: String,
     /// The caller's idempotency key, if any.
     pub idempotency_key: Option<String>,
     /// Digest of the caller's request, to tell "the same request again" from "the same key
@@ -71,6 +74,8 @@ pub struct NewInvocation {
 pub struct InvocationRecord {
     /// Its ID.
     pub invocation_id: Uuid,
+    /// See [`NewInvocation::tenant`].
+    pub tenant: String,
     /// The caller's idempotency key, if any.
     pub idempotency_key: Option<String>,
     /// See [`NewInvocation::request_digest`].
@@ -137,6 +142,8 @@ pub struct ListRequest {
     pub before: Option<Uuid>,
     /// Only invocations in this state.
     pub state: Option<InvocationState>,
+    /// Only invocations of this tenant.
+    pub tenant: Option<String>,
 }
 
 /// Largest page any listing returns.
@@ -198,8 +205,8 @@ pub enum StoreError {
 /// Invocations and their event logs.
 #[async_trait]
 pub trait EventStore: Send + Sync + 'static {
-    /// Stores a new invocation, or returns the existing one for a reused idempotency key
-    /// with the same `request_digest`; a different digest is [`StoreError::IdempotencyConflict`].
+    /// Stores a new invocation, or returns the existing one for an idempotency key its
+    /// tenant already used, with the same `request_digest`; a different digest is [`StoreError::IdempotencyConflict`].
     async fn create(&self, new: NewInvocation) -> Result<Created, StoreError>;
 
     /// One invocation.

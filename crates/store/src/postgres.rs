@@ -20,13 +20,14 @@ use agentloop_engine::{Totals, UnixMillis};
 use async_trait::async_trait;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{FromRow, Postgres, Row, Transaction};
+use sqlx::{AssertSqlSafe, FromRow, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use crate::codec::{
-    CREATE_ATTEMPTS, Claim, EventColumns, InvocationColumns, MAX_EVENTS_PAGE, claim_check,
-    counter_to_i64, encode_events, ended_record, fresh_record, from_seq_to_i64, idempotent_answer,
-    parse_id, parse_state, state_text, stored_u64, time_to_i64, to_json,
+    CREATE_ATTEMPTS, Claim, Dialect, EventColumns, InvocationColumns, ListQuery, MAX_EVENTS_PAGE,
+    claim_check, counter_to_i64, encode_events, ended_record, fresh_record, from_seq_to_i64,
+    idempotent_answer, parse_id, parse_state, scoped_key, state_text, stored_u64, time_to_i64,
+    to_json,
 };
 use crate::{
     Append, Created, EventStore, InvocationRecord, InvocationState, ListRequest, MAX_PAGE_SIZE,
@@ -113,7 +114,7 @@ impl PgStore {
 /// The ID is read as text so both backends decode the same columns.
 macro_rules! select_invocation {
     () => {
-        "SELECT invocation_id::text AS invocation_id, idempotency_key, request_digest, spec, \
+        "SELECT invocation_id::text AS invocation_id, tenant, idempotency_key, request_digest, spec, \
          state, version, lease_epoch, totals, end_record, cancel_requested_at, created_at, \
          updated_at FROM invocations JOIN invocation_specs USING (invocation_id)"
     };
@@ -125,30 +126,35 @@ impl EventStore for PgStore {
         let id_text = new.invocation_id.hyphenated().to_string();
         let totals = to_json(&Totals::default())?;
         let created_at = time_to_i64(new.created_at);
+        let key = new
+            .idempotency_key
+            .as_deref()
+            .map(|key| scoped_key(&new.tenant, key));
         for _ in 0..CREATE_ATTEMPTS {
             // Without a key nothing can conflict but the ID itself, which is an error.
             // One statement writes both rows, or neither when the key is taken.
             let inserted = sqlx::query(
                 "WITH new AS (\
                  INSERT INTO invocations (invocation_id, idempotency_key, state, version, \
-                 lease_epoch, totals, end_record, created_at, updated_at) \
-                 VALUES ($1::uuid, $2, 'running', 0, 0, $5, NULL, $6, $6) \
+                 lease_epoch, totals, end_record, created_at, updated_at, tenant) \
+                 VALUES ($1::uuid, $2, 'running', 0, 0, $5, NULL, $6, $6, $7) \
                  ON CONFLICT (idempotency_key) DO NOTHING RETURNING invocation_id) \
                  INSERT INTO invocation_specs (invocation_id, request_digest, spec) \
                  SELECT invocation_id, $3, $4 FROM new",
             )
             .bind(&id_text)
-            .bind(new.idempotency_key.as_deref())
+            .bind(key.as_deref())
             .bind(&new.request_digest)
             .bind(&new.spec)
             .bind(&totals)
             .bind(created_at)
+            .bind(&new.tenant)
             .execute(&self.pool)
             .await?;
             if inserted.rows_affected() == 1 {
                 return Ok(Created::New(fresh_record(new)));
             }
-            let Some(key) = &new.idempotency_key else {
+            let Some(key) = &key else {
                 return Err(StoreError::Corrupt(format!(
                     "invocation {}: insert without an idempotency key stored nothing",
                     new.invocation_id
@@ -163,7 +169,7 @@ impl EventStore for PgStore {
                     .fetch_optional(&self.pool)
                     .await?;
             if let Some(row) = existing {
-                return idempotent_answer(&new, key, decode_invocation(&row)?);
+                return idempotent_answer(&new, decode_invocation(&row)?);
             }
         }
         Err(StoreError::Corrupt(format!(
@@ -188,33 +194,12 @@ impl EventStore for PgStore {
 
     async fn list(&self, request: ListRequest) -> Result<Vec<InvocationRecord>, StoreError> {
         let limit = i64::from(request.limit.min(MAX_PAGE_SIZE));
-        let before = request.before.map(|id| id.hyphenated().to_string());
-        let state = request.state.map(state_text);
-        // Four static queries rather than `$1 IS NULL OR ...`, so each can use its index.
-        // Parameters are bound in order, the limit last.
-        let query = match (&before, &state) {
-            (None, None) => sqlx::query(concat!(
-                select_invocation!(),
-                " ORDER BY invocation_id DESC LIMIT $1"
-            )),
-            (Some(before), None) => sqlx::query(concat!(
-                select_invocation!(),
-                " WHERE invocation_id < $1::uuid ORDER BY invocation_id DESC LIMIT $2"
-            ))
-            .bind(before),
-            (None, Some(state)) => sqlx::query(concat!(
-                select_invocation!(),
-                " WHERE state = $1 ORDER BY invocation_id DESC LIMIT $2"
-            ))
-            .bind(*state),
-            (Some(before), Some(state)) => sqlx::query(concat!(
-                select_invocation!(),
-                " WHERE state = $1 AND invocation_id < $2::uuid \
-                 ORDER BY invocation_id DESC LIMIT $3"
-            ))
-            .bind(*state)
-            .bind(before),
-        };
+        let page = ListQuery::new(&request, Dialect::Postgres);
+        let sql = format!("{}{}", select_invocation!(), page.clauses);
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for value in page.values {
+            query = query.bind(value);
+        }
         let rows = query.bind(limit).fetch_all(&self.pool).await?;
         rows.iter().map(decode_invocation).collect()
     }

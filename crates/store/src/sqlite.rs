@@ -19,12 +19,12 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
 };
-use sqlx::{ConnectOptions, FromRow};
+use sqlx::{AssertSqlSafe, ConnectOptions, FromRow};
 use uuid::Uuid;
 
 use crate::codec::{
-    Claim, EventColumns, InvocationColumns, MAX_EVENTS_PAGE, claim_check, counter_to_i64,
-    from_seq_to_i64, parse_id, state_text, time_to_i64,
+    Claim, Dialect, EventColumns, InvocationColumns, ListQuery, MAX_EVENTS_PAGE, claim_check,
+    counter_to_i64, from_seq_to_i64, parse_id, time_to_i64,
 };
 use crate::writer::{SqliteStats, Writer, WriterHold};
 use crate::{
@@ -220,7 +220,7 @@ impl SqliteStore {
 /// The columns `decode_invocation` reads, as a literal so queries stay `&'static str`.
 macro_rules! select_invocation {
     () => {
-        "SELECT invocation_id, idempotency_key, request_digest, spec, state, version, \
+        "SELECT invocation_id, tenant, idempotency_key, request_digest, spec, state, version, \
          lease_epoch, totals, end_record, cancel_requested_at, created_at, updated_at \
          FROM invocations JOIN invocation_specs USING (invocation_id)"
     };
@@ -250,31 +250,12 @@ impl EventStore for SqliteStore {
 
     async fn list(&self, request: ListRequest) -> Result<Vec<InvocationRecord>, StoreError> {
         let limit = i64::from(request.limit.min(MAX_PAGE_SIZE));
-        let before = request.before.map(|id| id.hyphenated().to_string());
-        let state = request.state.map(state_text);
-        // Four static queries rather than `? IS NULL OR ...`, so each can use its index.
-        let query = match (&before, &state) {
-            (None, None) => sqlx::query(concat!(
-                select_invocation!(),
-                " ORDER BY invocation_id DESC LIMIT ?"
-            )),
-            (Some(before), None) => sqlx::query(concat!(
-                select_invocation!(),
-                " WHERE invocation_id < ? ORDER BY invocation_id DESC LIMIT ?"
-            ))
-            .bind(before),
-            (None, Some(state)) => sqlx::query(concat!(
-                select_invocation!(),
-                " WHERE state = ? ORDER BY invocation_id DESC LIMIT ?"
-            ))
-            .bind(*state),
-            (Some(before), Some(state)) => sqlx::query(concat!(
-                select_invocation!(),
-                " WHERE state = ? AND invocation_id < ? ORDER BY invocation_id DESC LIMIT ?"
-            ))
-            .bind(*state)
-            .bind(before),
-        };
+        let page = ListQuery::new(&request, Dialect::Sqlite);
+        let sql = format!("{SELECT_INVOCATION}{}", page.clauses);
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for value in page.values {
+            query = query.bind(value);
+        }
         let rows = query.bind(limit).fetch_all(&self.pool).await?;
         rows.iter().map(decode_invocation).collect()
     }

@@ -62,7 +62,7 @@ use uuid::Uuid;
 
 use crate::codec::{
     counter_to_i64, encode_events, ended_record, fresh_record, idempotent_answer, parse_state,
-    state_text, stored_u64, time_to_i64, to_json,
+    scoped_key, state_text, stored_u64, time_to_i64, to_json,
 };
 use crate::sqlite::{SELECT_INVOCATION, decode_invocation};
 use crate::{Append, Created, InvocationRecord, InvocationState, NewInvocation, StoreError};
@@ -259,6 +259,10 @@ impl Writer {
         let (reply, answer) = oneshot::channel();
         let job = CreateJob {
             id_text: new.invocation_id.hyphenated().to_string(),
+            key: new
+                .idempotency_key
+                .as_deref()
+                .map(|key| scoped_key(&new.tenant, key)),
             created_at: time_to_i64(new.created_at),
             totals: to_json(&crate::Totals::default())?,
             new,
@@ -591,6 +595,8 @@ async fn commit_group(conn: &mut SqliteConnection, group: Group, counters: &Coun
 pub(crate) struct CreateJob {
     new: NewInvocation,
     id_text: String,
+    /// The idempotency key as stored ([`scoped_key`]).
+    key: Option<String>,
     created_at: i64,
     totals: String,
     reply: oneshot::Sender<Result<Created, StoreError>>,
@@ -632,10 +638,7 @@ async fn create_batch(
     conn: &mut SqliteConnection,
     creates: &[CreateJob],
 ) -> Result<Vec<Result<Created, StoreError>>, sqlx::Error> {
-    let mut keys: Vec<&str> = creates
-        .iter()
-        .filter_map(|c| c.new.idempotency_key.as_deref())
-        .collect();
+    let mut keys: Vec<&str> = creates.iter().filter_map(|c| c.key.as_deref()).collect();
     keys.sort_unstable();
     keys.dedup();
     // A stored row that does not decode fails the creates with its key, not the batch.
@@ -658,16 +661,16 @@ async fn create_batch(
     let mut answers = Vec::with_capacity(creates.len());
     let mut new = Vec::with_capacity(creates.len());
     for create in creates {
-        if let Some(key) = create.new.idempotency_key.as_deref() {
+        if let Some(key) = create.key.as_deref() {
             if let Some(existing) = stored.get(key) {
                 answers.push(match existing {
-                    Ok(record) => idempotent_answer(&create.new, key, record.clone()),
+                    Ok(record) => idempotent_answer(&create.new, record.clone()),
                     Err(corrupt) => Err(StoreError::Corrupt(corrupt.clone())),
                 });
                 continue;
             }
             if let Some(earlier) = taken.get(key) {
-                answers.push(idempotent_answer(&create.new, key, earlier.clone()));
+                answers.push(idempotent_answer(&create.new, earlier.clone()));
                 continue;
             }
             taken.insert(key, fresh_record(create.new.clone()));
@@ -677,15 +680,16 @@ async fn create_batch(
     }
     for chunk in chunks(&new) {
         let sql = format!(
-            "INSERT INTO invocations (invocation_id, idempotency_key, state, version, \
+            "INSERT INTO invocations (invocation_id, tenant, idempotency_key, state, version, \
              lease_epoch, totals, end_record, created_at, updated_at) VALUES {}",
-            placeholders(chunk.len(), 9)
+            placeholders(chunk.len(), 10)
         );
         let mut query = sqlx::query(AssertSqlSafe(sql));
         for create in chunk {
             query = query
                 .bind(create.id_text.as_str())
-                .bind(create.new.idempotency_key.as_deref())
+                .bind(create.new.tenant.as_str())
+                .bind(create.key.as_deref())
                 .bind(state_text(InvocationState::Running))
                 .bind(0_i64)
                 .bind(0_i64)

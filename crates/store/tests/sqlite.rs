@@ -96,6 +96,7 @@ async fn reopening_an_existing_database_does_not_rerun_migrations() {
             limit: 10,
             before: None,
             state: None,
+            tenant: None,
         })
         .await
         .unwrap();

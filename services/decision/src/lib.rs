@@ -78,6 +78,12 @@ pub const MAX_INVOCATION_ID_BYTES: usize = 256;
 pub struct DecisionConfig {
     /// Address to listen on.
     pub listen: SocketAddr,
+    /// The callers it accepts, each by its service token (`[[auth.callers]]`). With
+    /// none, anyone who reaches the port is served, so it must be loopback (or
+    /// `insecure_no_auth`).
+    pub auth: agentloop_auth::CallersConfig,
+    /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
+    pub insecure_no_auth: bool,
     /// A scripted-model file used when a request carries no `scripted_model_json`.
     /// Without it, such requests fail with FAILED_PRECONDITION.
     pub script_file: Option<PathBuf>,
@@ -96,6 +102,8 @@ impl Default for DecisionConfig {
     fn default() -> Self {
         DecisionConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
+            auth: agentloop_auth::CallersConfig::default(),
+            insecure_no_auth: false,
             script_file: None,
             model: None,
             profiles: BTreeMap::new(),
@@ -108,6 +116,14 @@ impl Default for DecisionConfig {
 impl agentloop_server::ServiceConfig for DecisionConfig {
     fn listen(&self) -> SocketAddr {
         self.listen
+    }
+
+    fn authenticates_callers(&self) -> bool {
+        self.auth.is_on()
+    }
+
+    fn insecure_no_auth(&self) -> bool {
+        self.insecure_no_auth
     }
 }
 
@@ -324,9 +340,10 @@ impl DecisionService for DecisionServer {
 pub async fn run(
     listener: TcpListener,
     server: DecisionServer,
+    callers: Option<agentloop_auth::Callers>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentloop_server::ServeError> {
-    let services =
-        agentloop_server::ServiceSet::new().add(agentloop_proto::server::decision(server));
+    let services = agentloop_server::ServiceSet::new()
+        .add_guarded(agentloop_proto::server::decision(server), callers.as_ref());
     agentloop_server::serve(listener, services, shutdown).await
 }

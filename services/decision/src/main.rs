@@ -36,12 +36,19 @@ struct Flags {
 async fn main() -> anyhow::Result<()> {
     let flags = SERVICE.parse::<Flags, DecisionConfig>();
     let Started {
+        config,
         listener,
         validated: server,
-        ..
     } = SERVICE
         .start(&flags.common, &flags, DecisionServer::from_config)
         .await;
-    agentloop_decision::run(listener, server, agentloop_server::shutdown_signal()).await?;
+    let callers = SERVICE.callers(&config.auth);
+    agentloop_decision::run(
+        listener,
+        server,
+        callers,
+        agentloop_server::shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }

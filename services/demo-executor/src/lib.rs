@@ -73,6 +73,12 @@ pub const MAX_REPLY_DELAY_MS: u64 = 600_000;
 pub struct DemoConfig {
     /// Address to serve on.
     pub listen: SocketAddr,
+    /// The callers it accepts, each by its service token (`[[auth.callers]]`). With
+    /// none, anyone who reaches the port is served, so it must be loopback (or
+    /// `insecure_no_auth`).
+    pub auth: agentloop_auth::CallersConfig,
+    /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
+    pub insecure_no_auth: bool,
     /// Directory of the transfer record (`transfers.jsonl`); created if missing.
     pub data_dir: PathBuf,
     /// Optional JSON file `{"key": "value", ...}` of extra lookup entries.
@@ -85,6 +91,8 @@ impl Default for DemoConfig {
     fn default() -> Self {
         DemoConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 50061)),
+            auth: agentloop_auth::CallersConfig::default(),
+            insecure_no_auth: false,
             data_dir: PathBuf::from("agentloop-demo-data"),
             data_file: None,
             faults: FaultConfig::default(),
@@ -96,6 +104,14 @@ impl Default for DemoConfig {
 impl agentloop_server::ServiceConfig for DemoConfig {
     fn listen(&self) -> SocketAddr {
         self.listen
+    }
+
+    fn authenticates_callers(&self) -> bool {
+        self.auth.is_on()
+    }
+
+    fn insecure_no_auth(&self) -> bool {
+        self.insecure_no_auth
     }
 }
 
@@ -608,9 +624,12 @@ impl ToolExecutorService for DemoExecutor {
 pub async fn run(
     listener: tokio::net::TcpListener,
     executor: DemoExecutor,
+    callers: Option<agentloop_auth::Callers>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentloop_server::ServeError> {
-    let services =
-        agentloop_server::ServiceSet::new().add(agentloop_proto::server::tool_executor(executor));
+    let services = agentloop_server::ServiceSet::new().add_guarded(
+        agentloop_proto::server::tool_executor(executor),
+        callers.as_ref(),
+    );
     agentloop_server::serve(listener, services, shutdown).await
 }

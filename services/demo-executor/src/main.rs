@@ -93,6 +93,13 @@ async fn main() -> anyhow::Result<()> {
         Err(error) => return Err(error.into()),
     };
     tracing::info!(data_dir = %config.data_dir.display(), "serving");
-    run(listener, executor, agentloop_server::shutdown_signal()).await?;
+    let callers = SERVICE.callers(&config.auth);
+    run(
+        listener,
+        executor,
+        callers,
+        agentloop_server::shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }

@@ -38,7 +38,7 @@ impl Server {
         let (stop, stopped) = oneshot::channel::<()>();
         let served = executor.clone();
         let task = tokio::spawn(async move {
-            run(listener, served, async {
+            run(listener, served, None, async {
                 let _ = stopped.await;
             })
             .await

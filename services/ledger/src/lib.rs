@@ -74,6 +74,12 @@ pub fn effect_key(invocation_id: &str, call_id: &str) -> String {
 pub struct LedgerConfig {
     /// Address to listen on.
     pub listen: SocketAddr,
+    /// The callers it accepts, each by its service token (`[[auth.callers]]`). With
+    /// none, anyone who reaches the port is served, so it must be loopback (or
+    /// `insecure_no_auth`).
+    pub auth: agentloop_auth::CallersConfig,
+    /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
+    pub insecure_no_auth: bool,
     /// A PostgreSQL database, `postgres://user[:password]@host[:port]/database`, shared
     /// by every ledger process of a deployment; the database must exist, its schema is
     /// brought up to date on start. When unset, the ledger is the SQLite file in
@@ -93,6 +99,8 @@ impl Default for LedgerConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50055)),
+            auth: agentloop_auth::CallersConfig::default(),
+            insecure_no_auth: false,
             database_url: None,
             data_dir: PathBuf::from("data/ledger"),
             busy_timeout_ms: 5_000,
@@ -105,6 +113,14 @@ impl Default for LedgerConfig {
 impl agentloop_server::ServiceConfig for LedgerConfig {
     fn listen(&self) -> SocketAddr {
         self.listen
+    }
+
+    fn authenticates_callers(&self) -> bool {
+        self.auth.is_on()
+    }
+
+    fn insecure_no_auth(&self) -> bool {
+        self.insecure_no_auth
     }
 }
 
@@ -178,14 +194,16 @@ pub enum RunError {
 pub async fn run(
     listener: TcpListener,
     config: &LedgerConfig,
+    callers: Option<agentloop_auth::Callers>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
     let store = config.open_store().await?;
     let durability = store.durability().await?;
     tracing::info!(backend = %config.describe_backend(), %durability, "effect ledger store open");
-    let services = agentloop_server::ServiceSet::new().add(agentloop_proto::server::effect_ledger(
-        LedgerService::new(store.clone()),
-    ));
+    let services = agentloop_server::ServiceSet::new().add_guarded(
+        agentloop_proto::server::effect_ledger(LedgerService::new(store.clone())),
+        callers.as_ref(),
+    );
     let served = agentloop_server::serve(listener, services, shutdown).await;
     store.close().await;
     Ok(served?)

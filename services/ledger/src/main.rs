@@ -44,7 +44,14 @@ async fn main() -> anyhow::Result<()> {
         .start(&flags.common, &flags, LedgerConfig::validate)
         .await;
     tracing::info!(backend = %config.describe_backend(), "effect ledger starting");
-    agentloop_ledger::run(listener, &config, agentloop_server::shutdown_signal()).await?;
+    let callers = SERVICE.callers(&config.auth);
+    agentloop_ledger::run(
+        listener,
+        &config,
+        callers,
+        agentloop_server::shutdown_signal(),
+    )
+    .await?;
     tracing::info!("effect ledger stopped");
     Ok(())
 }

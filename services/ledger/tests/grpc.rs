@@ -45,7 +45,7 @@ async fn start_with(database_url: Option<String>) -> Ledger {
     let addr: SocketAddr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let handle = tokio::spawn(async move {
-        agentloop_ledger::run(listener, &config, async {
+        agentloop_ledger::run(listener, &config, None, async {
             let _ = stopped.await;
         })
         .await

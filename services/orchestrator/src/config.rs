@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
 
+use agentloop_auth::AuthConfig;
 use agentloop_engine::{DecisionBounds, Limits, MicroUsd, UnixMillis};
 use serde::{Deserialize, Serialize};
 
@@ -27,12 +28,22 @@ pub struct OrchestratorConfig {
     pub tools_endpoint: String,
     /// The effect ledger.
     pub ledger_endpoint: String,
+    /// This orchestrator's token for the services above, when they check their callers.
+    pub service_token_file: Option<PathBuf>,
     /// The default profile's budgets.
     pub limits: LimitsConfig,
     /// Bounds on requests.
     pub bounds: RequestBounds,
     /// How this process shares invocations with other orchestrator processes.
     pub workers: WorkersConfig,
+    /// Who may call the public API: `mode = "jwt"` verifies a bearer token on every
+    /// call and takes the caller's actor, tenant and roles from it.
+    pub auth: AuthConfig,
+    /// Fair use per tenant, beside `bounds.max_running`.
+    pub tenants: TenantLimits,
+    /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`):
+    /// anyone who reaches the port acts as any tenant. Logged as a warning at start.
+    pub insecure_no_auth: bool,
 }
 
 impl Default for OrchestratorConfig {
@@ -45,9 +56,13 @@ impl Default for OrchestratorConfig {
             tools_endpoint: "http://127.0.0.1:50054".into(),
             ledger_endpoint: "http://127.0.0.1:50055".into(),
             database_url: None,
+            service_token_file: None,
             limits: LimitsConfig::default(),
             bounds: RequestBounds::default(),
             workers: WorkersConfig::default(),
+            auth: AuthConfig::default(),
+            tenants: TenantLimits::default(),
+            insecure_no_auth: false,
         }
     }
 }
@@ -57,6 +72,30 @@ impl agentloop_server::ServiceConfig for OrchestratorConfig {
     fn listen(&self) -> SocketAddr {
         self.listen
     }
+
+    fn authenticates_callers(&self) -> bool {
+        self.auth.is_on()
+    }
+
+    fn insecure_no_auth(&self) -> bool {
+        self.insecure_no_auth
+    }
+}
+
+/// Fair use per tenant: so that one tenant cannot fill the orchestrator for the others.
+/// Both bounds hold per orchestrator process, like `bounds.max_running`; 0 turns a bound
+/// off (the default: a deployment sets them to its tenants' sizes). A start over a bound
+/// is RESOURCE_EXHAUSTED, names the bound, and stores nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantLimits {
+    /// Invocations one tenant may have running in this process at once.
+    pub max_running: usize,
+    /// Starts one tenant may make per second, on average.
+    pub starts_per_s: u32,
+    /// Starts one tenant may make at once after a quiet spell (the token bucket's size);
+    /// 0 for `starts_per_s`.
+    pub start_burst: u32,
 }
 
 /// Budgets of the default profile; `StartInvocation` may override them per invocation.
@@ -225,6 +264,10 @@ impl OrchestratorConfig {
         if self.bounds.max_running == 0 {
             return Err("bounds.max_running must be at least 1".into());
         }
+        if self.tenants.start_burst > 0 && self.tenants.starts_per_s == 0 {
+            return Err("tenants.start_burst needs tenants.starts_per_s".into());
+        }
+        self.auth.validate()?;
         for (name, endpoint) in [
             ("decision_endpoint", &self.decision_endpoint),
             ("policy_endpoint", &self.policy_endpoint),

@@ -13,6 +13,10 @@ pub enum OrchestratorError {
     /// The named invocation does not exist.
     #[error("{0}")]
     NotFound(String),
+    /// The caller may not do this (another tenant or actor named in a start, an approval
+    /// without the approver role).
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The idempotency key belongs to a different request.
     #[error("{0}")]
     AlreadyExists(String),
@@ -39,6 +43,7 @@ impl From<OrchestratorError> for Status {
             OrchestratorError::InvalidArgument(_) => Code::InvalidArgument,
             OrchestratorError::NotFound(_) => Code::NotFound,
             OrchestratorError::AlreadyExists(_) => Code::AlreadyExists,
+            OrchestratorError::PermissionDenied(_) => Code::PermissionDenied,
             OrchestratorError::ResourceExhausted(_) => Code::ResourceExhausted,
             OrchestratorError::Unavailable(_) => Code::Unavailable,
             OrchestratorError::Unimplemented(_) => Code::Unimplemented,
@@ -85,6 +90,10 @@ mod tests {
             (
                 OrchestratorError::AlreadyExists("key".into()),
                 Code::AlreadyExists,
+            ),
+            (
+                OrchestratorError::PermissionDenied("not yours".into()),
+                Code::PermissionDenied,
             ),
             (
                 OrchestratorError::ResourceExhausted("full".into()),

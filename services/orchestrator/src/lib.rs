@@ -14,6 +14,7 @@ mod config;
 mod context;
 mod effects;
 mod error;
+mod fair;
 mod hub;
 mod intern;
 pub mod ports;
@@ -27,6 +28,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
+use agentloop_auth::Authenticator;
 use agentloop_engine::{Clock, Invocation, SystemClock, ToolCatalog};
 use agentloop_lease::Lease;
 use agentloop_proto::v1 as pb;
@@ -37,9 +39,10 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
-pub use config::{LimitsConfig, OrchestratorConfig, RequestBounds, WorkersConfig};
+pub use config::{LimitsConfig, OrchestratorConfig, RequestBounds, TenantLimits, WorkersConfig};
 pub use error::OrchestratorError;
 pub use ports::{DecisionPort, GrpcTools, InProcess, LedgerPort, PolicyPort, Ports, ToolsPort};
+pub use service::Api;
 pub use workers::Workers;
 
 use crate::context::ModelContext;
@@ -66,6 +69,8 @@ pub(crate) struct Shared {
     /// or an adoption takes one before it does anything, so concurrent starts cannot
     /// pass the bound together; a runner's permit comes back when it is forgotten.
     slots: Semaphore,
+    /// Each tenant's running invocations and start rate (`tenants`).
+    tenants: fair::Tenants,
     /// Every runner task; shutdown waits for them.
     tracker: TaskTracker,
     /// Leases, hand-off and timings shared with other orchestrator processes.
@@ -89,11 +94,14 @@ pub(crate) struct Shared {
 impl Shared {
     fn forget(&self, invocation_id: Uuid) {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        let removed = running.remove(&invocation_id).is_some();
+        let removed = running.remove(&invocation_id);
         drop(running);
-        if removed {
-            // The permit `spawn_runner` kept for this runner.
+        if let Some(removed) = removed {
+            // The permit and the tenant's place `spawn_runner` kept for this runner.
             self.slots.add_permits(1);
+            if let Some(tenant) = removed.tenant {
+                self.tenants.release(&tenant);
+            }
         }
         self.freed.notify_waiters();
     }
@@ -139,8 +147,12 @@ impl Shared {
     }
 
     /// A slot for one more runner, or `None` when this process runs all it may.
-    fn slot(&self) -> Option<SemaphorePermit<'_>> {
-        self.slots.try_acquire().ok()
+    fn slot(&self) -> Option<Slot<'_>> {
+        let permit = self.slots.try_acquire().ok()?;
+        Some(Slot {
+            permit,
+            ticket: None,
+        })
     }
 
     fn running_count(&self) -> usize {
@@ -204,15 +216,17 @@ impl Shared {
     }
 }
 
-/// Serves `orchestrator` on `listener` until `shutdown` resolves, then drains: new
-/// invocations are refused, in-flight turns commit, running invocations park (they are
-/// handed off to another worker, or resume on the next start) and in-flight RPCs finish.
+/// Serves `orchestrator` on `listener`, its callers authenticated by `auth` (`None`:
+/// nobody is), until `shutdown` resolves, then drains: new invocations are refused,
+/// in-flight turns commit, running invocations park (they are handed off to another
+/// worker, or resume on the next start) and in-flight RPCs finish.
 pub async fn run(
     listener: tokio::net::TcpListener,
     orchestrator: Orchestrator,
+    auth: Option<Authenticator>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentloop_server::ServeError> {
-    let services = agentloop_server::ServiceSet::new().add(orchestrator.service());
+    let services = agentloop_server::ServiceSet::new().add(orchestrator.service(auth));
     agentloop_server::serve(listener, services, async move {
         shutdown.await;
         orchestrator.shutdown().await;
@@ -223,6 +237,15 @@ pub async fn run(
 /// What the process keeps of an invocation it runs.
 struct Running {
     progress: Arc<Progress>,
+    /// Its tenant, while the tenant bounds are on.
+    tenant: Option<Arc<str>>,
+}
+
+/// Room for one more runner: one of `bounds.max_running` and, for a start, a place of
+/// its tenant's (an adoption takes its tenant's place when it reads the spec).
+pub(crate) struct Slot<'a> {
+    permit: SemaphorePermit<'a>,
+    ticket: Option<fair::Ticket<'a>>,
 }
 
 /// Where a running invocation is, for callers who ask while it runs. Not durable, and
@@ -297,13 +320,13 @@ impl Orchestrator {
         let slots = Semaphore::new(config.bounds.max_running.min(Semaphore::MAX_PERMITS));
         Orchestrator {
             shared: Arc::new(Shared {
-                config,
                 store,
                 ports,
                 hub: hub::Hub::default(),
                 clock: Arc::new(SystemClock),
                 running: Mutex::new(HashMap::new()),
                 slots,
+                tenants: fair::Tenants::new(config.tenants),
                 tracker: TaskTracker::new(),
                 drain: CancellationToken::new(),
                 descriptors: RwLock::new(None),
@@ -312,6 +335,7 @@ impl Orchestrator {
                 workers,
                 freed: Notify::new(),
                 started: AtomicBool::new(false),
+                config,
             }),
         }
     }
@@ -347,11 +371,20 @@ impl Orchestrator {
         Ok(resumed)
     }
 
-    /// The gRPC service, with the message limits and compression of `agentloop_proto::server`.
+    /// The public gRPC API, its callers authenticated by `auth` (`None`: nobody is, and
+    /// every caller sees every tenant), with the message limits and compression of
+    /// `agentloop_proto::server`.
     pub fn service(
         &self,
-    ) -> pb::orchestrator_service_server::OrchestratorServiceServer<Orchestrator> {
-        agentloop_proto::server::orchestrator(self.clone())
+        auth: Option<Authenticator>,
+    ) -> pb::orchestrator_service_server::OrchestratorServiceServer<Api> {
+        agentloop_proto::server::orchestrator(self.api(auth))
+    }
+
+    /// The public API itself, for callers in the same process (`agentloop bench`): its
+    /// methods are those of the gRPC service, each call authenticated by `auth`.
+    pub fn api(&self, auth: Option<Authenticator>) -> Api {
+        Api::new(self.clone(), auth)
     }
 
     /// Graceful shutdown: refuse new invocations, let in-flight turns commit, wait for
@@ -496,7 +529,7 @@ impl Orchestrator {
         &self,
         record: &InvocationRecord,
         spec: InvocationSpec,
-        slot: SemaphorePermit<'_>,
+        slot: Slot<'_>,
     ) -> Result<(), OrchestratorError> {
         let workers = &self.shared.workers;
         let id = record.invocation_id;
@@ -520,7 +553,7 @@ impl Orchestrator {
         &self,
         record: &InvocationRecord,
         lease: Lease,
-        slot: SemaphorePermit<'_>,
+        slot: Slot<'_>,
     ) -> Result<(), OrchestratorError> {
         let id = record.invocation_id;
         let spec = serde_json::from_str::<InvocationSpec>(&record.spec)
@@ -569,7 +602,7 @@ impl Orchestrator {
         history: Vec<pb::Event>,
         lease: Lease,
         cancel_requested: bool,
-        slot: SemaphorePermit<'_>,
+        slot: Slot<'_>,
     ) -> Result<(), OrchestratorError> {
         let workers = &self.shared.workers;
         let keepers = workers.keepers().await?;
@@ -584,14 +617,18 @@ impl Orchestrator {
                 // Cannot happen (one lease, one runner); keep the running one.
                 return Ok(());
             }
+            let ticket = slot
+                .ticket
+                .unwrap_or_else(|| self.shared.tenants.hold(&spec.tenant));
             running.insert(
                 id,
                 Running {
                     progress: progress.clone(),
+                    tenant: ticket.keep(),
                 },
             );
             // From here the entry holds the slot: `forget` removes both together.
-            slot.forget();
+            slot.permit.forget();
         }
         // Kept only once this runner is sure to start: a second keeper of the same key
         // would take the running one's place.

@@ -12,6 +12,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use agentloop_auth::Authenticator;
 use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Ports, Workers};
 use agentloop_proto::client::{ClientConfig, connect};
 use agentloop_server::{CommonFlags, Service, Started};
@@ -68,9 +69,12 @@ async fn main() -> anyhow::Result<()> {
         .await;
 
     // Lazy channels: the other services may start after this one.
+    let token = SERVICE.service_token(config.service_token_file.as_deref());
     let lazy = ClientConfig::default()
         .with_lazy(true)
-        .with_request_timeout(None);
+        .with_request_timeout(None)
+        .with_bearer(token.as_deref())
+        .unwrap_or_else(|error| SERVICE.exit_bad_config(&format!("service_token_file: {error}")));
     let channel = |endpoint: &str| {
         let lazy = lazy.clone();
         let endpoint = endpoint.to_owned();
@@ -93,10 +97,13 @@ async fn main() -> anyhow::Result<()> {
     let workers =
         Workers::from_config(&config.workers).unwrap_or_else(|e| SERVICE.exit_bad_config(&e));
 
+    let auth = Authenticator::from_config(&config.auth)
+        .await
+        .unwrap_or_else(|error| SERVICE.exit_bad_config(&error));
     let orchestrator = Orchestrator::with_workers(config, store, ports, workers);
     tracing::info!(worker = orchestrator.worker_id(), "worker started");
     orchestrator.resume().await?;
-    agentloop_orchestrator::run(listener, orchestrator, agentloop_server::shutdown_signal())
-        .await?;
+    let shutdown = agentloop_server::shutdown_signal();
+    agentloop_orchestrator::run(listener, orchestrator, auth, shutdown).await?;
     Ok(())
 }

@@ -89,6 +89,11 @@ pub trait LedgerPort: Send + Sync + 'static {
     ) -> Result<pb::MarkDispatchedResponse, Status>;
     /// Records an outcome.
     async fn record(&self, request: pb::RecordRequest) -> Result<pb::RecordResponse, Status>;
+    /// A page of unresolved entries, for an operator (`ListUnresolvedEffects`).
+    async fn list_unresolved(
+        &self,
+        request: pb::ListUnresolvedRequest,
+    ) -> Result<pb::ListUnresolvedResponse, Status>;
 }
 
 /// The ports one orchestrator uses.
@@ -349,6 +354,15 @@ impl LedgerPort for EffectLedgerServiceClient<Transport> {
             .await
             .map(tonic::Response::into_inner)
     }
+
+    async fn list_unresolved(
+        &self,
+        request: pb::ListUnresolvedRequest,
+    ) -> Result<pb::ListUnresolvedResponse, Status> {
+        EffectLedgerServiceClient::list_unresolved(&mut self.clone(), request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
 }
 
 #[async_trait]
@@ -373,6 +387,16 @@ impl<S: EffectLedgerService> LedgerPort for InProcess<S> {
     async fn record(&self, request: pb::RecordRequest) -> Result<pb::RecordResponse, Status> {
         self.0
             .record(Request::new(request))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn list_unresolved(
+        &self,
+        request: pb::ListUnresolvedRequest,
+    ) -> Result<pb::ListUnresolvedResponse, Status> {
+        self.0
+            .list_unresolved(Request::new(request))
             .await
             .map(tonic::Response::into_inner)
     }

@@ -1,14 +1,22 @@
-//! The public gRPC API: request validation, idempotent start, watch, cancel.
+//! The public gRPC API: who calls, request validation, idempotent start, watch, cancel.
+//!
+//! Identity is checked here and nowhere else in the orchestrator: with `auth` on, every
+//! call's bearer token is verified before anything is read, a start takes its actor
+//! and tenant from the token, and an invocation of another tenant is NOT_FOUND, the
+//! answer for an ID that does not exist, so that nobody learns which IDs exist. The
+//! runners, the store and the services behind the ports trust what was admitted here.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
+use agentloop_auth::{Authenticator, Identity};
 use agentloop_engine::{MicroUsd, TerminalReason, ToolCatalog, ToolSpec};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
 use agentloop_store::{
     Created, InvocationRecord, InvocationState, ListRequest, MAX_PAGE_SIZE, NewInvocation,
+    StoreError,
 };
 use futures::Stream;
 use prost::Message;
@@ -31,6 +39,105 @@ const WATCH_BUFFER: usize = 64;
 const WATCH_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 /// Largest cancellation reason, in bytes.
 const MAX_REASON_BYTES: usize = 1024;
+/// Most unresolved effects one `ListUnresolvedEffects` page returns.
+const MAX_EFFECTS_PAGE: u32 = 500;
+
+/// The public API: the orchestrator as its callers reach it, each call authenticated
+/// when `auth` is on. Build it with [`Orchestrator::service`].
+#[derive(Debug, Clone)]
+pub struct Api {
+    orchestrator: Orchestrator,
+    auth: Option<Authenticator>,
+}
+
+impl Api {
+    pub(crate) fn new(orchestrator: Orchestrator, auth: Option<Authenticator>) -> Api {
+        Api { orchestrator, auth }
+    }
+}
+
+/// Who calls, as the API established it.
+enum Caller {
+    /// Authentication is off (`auth.mode = "none"`): a local operator, who sees every
+    /// tenant, and whose starts name their own actor and tenant.
+    Anyone,
+    /// A verified token's identity.
+    Verified(Identity),
+}
+
+impl Caller {
+    /// The tenant whose invocations the caller sees; `None` for all.
+    fn tenant(&self) -> Option<&str> {
+        match self {
+            Caller::Anyone => None,
+            Caller::Verified(identity) => Some(&identity.tenant),
+        }
+    }
+
+    fn sees(&self, record: &InvocationRecord) -> bool {
+        self.tenant().is_none_or(|tenant| tenant == record.tenant)
+    }
+}
+
+impl Api {
+    /// The caller of `request`; UNAUTHENTICATED when `auth` is on and its token is
+    /// missing or does not verify.
+    async fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        match &self.auth {
+            None => Ok(Caller::Anyone),
+            Some(auth) => Ok(Caller::Verified(
+                auth.authenticate(request.metadata()).await?,
+            )),
+        }
+    }
+
+    /// An invocation the caller may see; another tenant's is NOT_FOUND, worded as for an
+    /// ID that does not exist.
+    async fn owned(
+        &self,
+        caller: &Caller,
+        invocation_id: &str,
+    ) -> Result<InvocationRecord, OrchestratorError> {
+        let record = self.orchestrator.record(invocation_id).await?;
+        if !caller.sees(&record) {
+            return Err(StoreError::NotFound(record.invocation_id).into());
+        }
+        Ok(record)
+    }
+}
+
+/// The actor and tenant a start runs for: the verified caller's, or, with `auth` off,
+/// the request's own (checked by the same rule as a token's).
+fn principal(
+    caller: &Caller,
+    request: &pb::StartInvocationRequest,
+) -> Result<(String, String), OrchestratorError> {
+    match caller {
+        Caller::Verified(identity) => {
+            if !request.tenant.is_empty() && request.tenant != identity.tenant {
+                return Err(OrchestratorError::PermissionDenied(
+                    "tenant names another tenant than the caller's".into(),
+                ));
+            }
+            if !request.actor.is_empty() && request.actor != identity.actor {
+                return Err(OrchestratorError::PermissionDenied(
+                    "actor names another actor than the caller".into(),
+                ));
+            }
+            Ok((identity.actor.clone(), identity.tenant.clone()))
+        }
+        Caller::Anyone => {
+            for (field, value) in [("actor", &request.actor), ("tenant", &request.tenant)] {
+                if !value.is_empty() && !agentloop_auth::is_valid_identity(value) {
+                    return Err(invalid(format!(
+                        "{field} must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / + = -"
+                    )));
+                }
+            }
+            Ok((request.actor.clone(), request.tenant.clone()))
+        }
+    }
+}
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchInvocationResponse, Status>> + Send>>;
 
@@ -72,6 +179,8 @@ impl Orchestrator {
     async fn start(
         &self,
         request: pb::StartInvocationRequest,
+        actor: String,
+        tenant: String,
     ) -> Result<pb::StartInvocationResponse, OrchestratorError> {
         let shared = &self.shared;
         if shared.drain.is_cancelled() {
@@ -182,18 +291,25 @@ impl Orchestrator {
             .collect::<ToolCatalog>();
 
         // Taken before anything is stored and held until the runner starts (or the start
-        // gives up), so concurrent starts cannot pass the bound together.
-        let Some(slot) = shared.slot() else {
+        // gives up), so concurrent starts cannot pass the bounds together.
+        let Some(mut slot) = shared.slot() else {
             return Err(OrchestratorError::ResourceExhausted(format!(
-                "{} invocations are running, the most this orchestrator runs at once",
+                "{} invocations are running, the most this orchestrator runs at once \
+                 (bounds.max_running); retry when one ends",
                 bounds.max_running
             )));
         };
+        slot.ticket = Some(
+            shared
+                .tenants
+                .admit(&tenant)
+                .map_err(|refusal| OrchestratorError::ResourceExhausted(refusal.to_string()))?,
+        );
         let spec = InvocationSpec {
             goal: request.goal.clone(),
             profile,
-            actor: request.actor.clone(),
-            tenant: request.tenant.clone(),
+            actor,
+            tenant: tenant.clone(),
             limits,
             tools: Arc::new(tools),
             script,
@@ -203,6 +319,7 @@ impl Orchestrator {
         let digest = hex::encode(Sha256::digest(request.encode_to_vec()));
         let new = NewInvocation {
             invocation_id: Uuid::now_v7(),
+            tenant,
             idempotency_key: Some(request.idempotency_key.clone()).filter(|key| !key.is_empty()),
             request_digest: digest,
             spec: spec_json,
@@ -291,21 +408,28 @@ fn invocation(record: &InvocationRecord) -> Result<pb::Invocation, OrchestratorE
 }
 
 #[tonic::async_trait]
-impl OrchestratorService for Orchestrator {
+impl OrchestratorService for Api {
     async fn start_invocation(
         &self,
         request: Request<pb::StartInvocationRequest>,
     ) -> Result<Response<pb::StartInvocationResponse>, Status> {
-        Ok(Response::new(self.start(request.into_inner()).await?))
+        let caller = self.caller(&request).await?;
+        let request = request.into_inner();
+        let (actor, tenant) = principal(&caller, &request)?;
+        let started = self.orchestrator.start(request, actor, tenant).await?;
+        Ok(Response::new(started))
     }
 
     async fn get_invocation(
         &self,
         request: Request<pb::GetInvocationRequest>,
     ) -> Result<Response<pb::GetInvocationResponse>, Status> {
-        let record = self.record(&request.into_inner().invocation_id).await?;
+        let caller = self.caller(&request).await?;
+        let record = self
+            .owned(&caller, &request.into_inner().invocation_id)
+            .await?;
         Ok(Response::new(pb::GetInvocationResponse {
-            invocation: Some(self.invocation(&record)?),
+            invocation: Some(self.orchestrator.invocation(&record)?),
         }))
     }
 
@@ -313,6 +437,7 @@ impl OrchestratorService for Orchestrator {
         &self,
         request: Request<pb::ListInvocationsRequest>,
     ) -> Result<Response<pb::ListInvocationsResponse>, Status> {
+        let caller = self.caller(&request).await?;
         let request = request.into_inner();
         let limit = match request.page_size {
             0 => DEFAULT_PAGE,
@@ -341,12 +466,14 @@ impl OrchestratorService for Orchestrator {
             }
         };
         let records = self
+            .orchestrator
             .shared
             .store
             .list(ListRequest {
                 limit,
                 before,
                 state,
+                tenant: caller.tenant().map(str::to_owned),
             })
             .await
             .map_err(OrchestratorError::from)?;
@@ -356,7 +483,7 @@ impl OrchestratorService for Orchestrator {
         };
         let invocations = records
             .iter()
-            .map(|record| self.invocation(record))
+            .map(|record| self.orchestrator.invocation(record))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Response::new(pb::ListInvocationsResponse {
             invocations,
@@ -370,14 +497,15 @@ impl OrchestratorService for Orchestrator {
         &self,
         request: Request<pb::WatchInvocationRequest>,
     ) -> Result<Response<Self::WatchInvocationStream>, Status> {
+        let caller = self.caller(&request).await?;
         let request = request.into_inner();
-        let record = self.record(&request.invocation_id).await?;
+        let record = self.owned(&caller, &request.invocation_id).await?;
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
-        let shared = self.shared.clone();
+        let shared = self.orchestrator.shared.clone();
         // Ends by itself: after the `Ended` event, when the watcher goes away, or when the
         // invocation parks on shutdown. Tracked, so shutdown waits for it.
-        self.shared.tracker.spawn(watch(
-            shared,
+        shared.tracker.spawn(watch(
+            shared.clone(),
             record.invocation_id,
             request.from_seq.max(1),
             tx,
@@ -389,30 +517,34 @@ impl OrchestratorService for Orchestrator {
         &self,
         request: Request<pb::CancelInvocationRequest>,
     ) -> Result<Response<pb::CancelInvocationResponse>, Status> {
+        let caller = self.caller(&request).await?;
         let request = request.into_inner();
         bounded("reason", &request.reason, MAX_REASON_BYTES)?;
-        let id = parse_id(&request.invocation_id)?;
+        let id = self
+            .owned(&caller, &request.invocation_id)
+            .await?
+            .invocation_id;
+        let shared = &self.orchestrator.shared;
         // First durable, then announced: whichever worker runs the invocation next (its
         // current holder after taking the lease again, or any worker after a crash) finds
         // the request and ends it `cancelled`. Cancelling an ended invocation changes
         // nothing and is not an error.
-        let now = self.shared.clock.now();
-        let record = self
-            .shared
+        let now = shared.clock.now();
+        let record = shared
             .store
             .request_cancel(id, now)
             .await
             .map_err(OrchestratorError::from)?;
         if record.state == InvocationState::Running {
             tracing::info!(invocation = %id, reason = %request.reason, "cancel requested");
-            if let Err(error) = self.shared.workers.leases.revoke(&id.to_string()).await {
+            if let Err(error) = shared.workers.leases.revoke(&id.to_string()).await {
                 // Recorded all the same: the holder stops when its lease lapses, and the
                 // next worker ends the invocation `cancelled`.
                 tracing::warn!(invocation = %id, %error, "cancel recorded; revocation failed");
             }
         }
         Ok(Response::new(pb::CancelInvocationResponse {
-            invocation: Some(self.invocation(&record)?),
+            invocation: Some(self.orchestrator.invocation(&record)?),
         }))
     }
 
@@ -420,7 +552,18 @@ impl OrchestratorService for Orchestrator {
         &self,
         request: Request<pb::ResolveApprovalRequest>,
     ) -> Result<Response<pb::ResolveApprovalResponse>, Status> {
-        self.record(&request.into_inner().invocation_id).await?;
+        let caller = self.caller(&request).await?;
+        self.owned(&caller, &request.get_ref().invocation_id)
+            .await?;
+        if let (Caller::Verified(identity), Some(auth)) = (&caller, &self.auth)
+            && !identity.has_role(auth.approver_role())
+        {
+            return Err(OrchestratorError::PermissionDenied(format!(
+                "resolving an approval needs the {:?} role",
+                auth.approver_role()
+            ))
+            .into());
+        }
         Err(
             OrchestratorError::Unimplemented("resolving approvals is not implemented yet".into())
                 .into(),
@@ -431,11 +574,45 @@ impl OrchestratorService for Orchestrator {
         &self,
         request: Request<pb::AnswerClarificationRequest>,
     ) -> Result<Response<pb::AnswerClarificationResponse>, Status> {
-        self.record(&request.into_inner().invocation_id).await?;
+        let caller = self.caller(&request).await?;
+        self.owned(&caller, &request.get_ref().invocation_id)
+            .await?;
         Err(OrchestratorError::Unimplemented(
             "answering clarifications is not implemented yet".into(),
         )
         .into())
+    }
+
+    async fn list_unresolved_effects(
+        &self,
+        request: Request<pb::ListUnresolvedEffectsRequest>,
+    ) -> Result<Response<pb::ListUnresolvedEffectsResponse>, Status> {
+        let caller = self.caller(&request).await?;
+        let request = request.into_inner();
+        // A local operator sees every entry, as the ledger keeps them; a verified caller
+        // names an invocation of its own tenant.
+        let invocation_id = match (&caller, request.invocation_id.as_str()) {
+            (Caller::Anyone, id) => id.to_owned(),
+            (Caller::Verified(_), "") => {
+                return Err(invalid("invocation_id is required").into());
+            }
+            (Caller::Verified(_), id) => self.owned(&caller, id).await?.invocation_id.to_string(),
+        };
+        let listed = self
+            .orchestrator
+            .shared
+            .ports
+            .ledger
+            .list_unresolved(pb::ListUnresolvedRequest {
+                invocation_id,
+                page_size: request.page_size.min(MAX_EFFECTS_PAGE),
+                page_token: request.page_token,
+            })
+            .await?;
+        Ok(Response::new(pb::ListUnresolvedEffectsResponse {
+            entries: listed.entries,
+            next_page_token: listed.next_page_token,
+        }))
     }
 }
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 use agentloop_demo_executor::{FaultConfig, read_record};
 use agentloop_proto::v1 as pb;
 use agentloop_store::{EventStore, InvocationState, PgOptions, PgStore};
-use common::{Cluster, Process, channel};
+use common::{Cluster, Process};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -147,7 +147,18 @@ async fn chaos_no_write_applied_twice_and_nothing_lost() {
     }
 
     // The ledger: nothing left in flight; only flagged entries may remain unresolved.
-    let mut ledger = agentloop_proto::client::effect_ledger(channel(&cluster.ledger).await);
+    // Read as the orchestrator reads it, with its service token.
+    let token = cluster
+        .services
+        .endpoints()
+        .unwrap()
+        .tokens
+        .orchestrator
+        .clone();
+    let transport = agentloop_stack::channel_as(&cluster.ledger, Some(&token))
+        .await
+        .unwrap();
+    let mut ledger = agentloop_proto::client::effect_ledger(transport);
     let mut unresolved = Vec::new();
     let mut page_token = String::new();
     loop {

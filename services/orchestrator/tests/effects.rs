@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use agentloop_decision::DecisionServer;
 use agentloop_ledger::{LedgerConfig, LedgerService};
-use agentloop_orchestrator::{InProcess, Orchestrator, OrchestratorConfig, Ports, ToolsPort};
+use agentloop_orchestrator::{Api, InProcess, Orchestrator, OrchestratorConfig, Ports, ToolsPort};
 use agentloop_policy::{PolicyConfig, PolicyServer};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::effect_ledger_service_server::EffectLedgerService;
@@ -166,7 +166,7 @@ impl ToolsPort for FaultyTools {
 }
 
 struct Setup {
-    orchestrator: Orchestrator,
+    orchestrator: Api,
     tools: Arc<FaultyTools>,
     ledger: LedgerService,
     _dir: tempfile::TempDir,
@@ -209,7 +209,8 @@ async fn setup_with(script: Script, sends_stages: bool) -> Setup {
     let store = SqliteStore::open_in(&dir.path().join("events"))
         .await
         .unwrap();
-    let orchestrator = Orchestrator::new(OrchestratorConfig::default(), Arc::new(store), ports);
+    let orchestrator =
+        Orchestrator::new(OrchestratorConfig::default(), Arc::new(store), ports).api(None);
     Setup {
         orchestrator,
         tools,

@@ -8,6 +8,9 @@
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PolicyError {
+    /// `service_token_file` cannot be read or used (setup).
+    #[error("service_token_file: {0}")]
+    ServiceToken(String),
     /// The request is malformed (missing invocation ID, too many calls, oversized
     /// arguments): INVALID_ARGUMENT.
     #[error("invalid request: {0}")]
@@ -64,7 +67,8 @@ impl From<PolicyError> for tonic::Status {
             | PolicyError::DuplicateTool { .. }
             | PolicyError::NoToolSource
             | PolicyError::ConflictingToolSources
-            | PolicyError::ToolsFile { .. } => tonic::Status::failed_precondition(message),
+            | PolicyError::ToolsFile { .. }
+            | PolicyError::ServiceToken(_) => tonic::Status::failed_precondition(message),
             PolicyError::ToolsUnavailable { .. } => tonic::Status::unavailable(message),
         }
     }

@@ -48,8 +48,16 @@ pub use tools::{
 pub struct PolicyConfig {
     /// Address to listen on.
     pub listen: SocketAddr,
+    /// The callers it accepts, each by its service token (`[[auth.callers]]`). With
+    /// none, anyone who reaches the port is served, so it must be loopback (or
+    /// `insecure_no_auth`).
+    pub auth: agentloop_auth::CallersConfig,
+    /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
+    pub insecure_no_auth: bool,
     /// The tool gateway (`http://host:port`) whose `ListTools` gives the descriptors.
     pub tools_endpoint: Option<String>,
+    /// This service's token for the tool gateway, when the gateway checks its callers.
+    pub service_token_file: Option<PathBuf>,
     /// The tool gateway's registry file (`agentloop_tools::ToolsConfig` TOML), read
     /// instead of asking the gateway; exactly one of this and `tools_endpoint`.
     pub tools_file: Option<PathBuf>,
@@ -67,7 +75,10 @@ impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 50053)),
+            auth: agentloop_auth::CallersConfig::default(),
+            insecure_no_auth: false,
             tools_endpoint: None,
+            service_token_file: None,
             tools_file: None,
             tools_attempts: 40,
             tools_backoff_ms: 250,
@@ -99,6 +110,14 @@ impl agentloop_server::ServiceConfig for PolicyConfig {
     fn listen(&self) -> SocketAddr {
         self.listen
     }
+
+    fn authenticates_callers(&self) -> bool {
+        self.auth.is_on()
+    }
+
+    fn insecure_no_auth(&self) -> bool {
+        self.insecure_no_auth
+    }
 }
 
 /// Most attempts [`fetch_tools`] makes, whatever the configuration says.
@@ -112,13 +131,16 @@ pub const MAX_TOOLS_ATTEMPTS: u32 = 1000;
 /// [`PolicyError::ToolsUnavailable`] with the last failure when every attempt failed.
 pub async fn fetch_tools(
     endpoint: &str,
+    token: Option<&str>,
     attempts: u32,
     backoff: Duration,
 ) -> Result<Vec<ToolDescriptor>, PolicyError> {
     let attempts = attempts.clamp(1, MAX_TOOLS_ATTEMPTS);
     let client_config = agentloop_proto::client::ClientConfig::default()
         .with_connect_timeout(Duration::from_secs(2))
-        .with_request_timeout(Some(Duration::from_secs(10)));
+        .with_request_timeout(Some(Duration::from_secs(10)))
+        .with_bearer(token)
+        .map_err(|e| PolicyError::ServiceToken(e.to_string()))?;
     let mut last = String::new();
     for attempt in 1..=attempts {
         match agentloop_proto::client::connect(endpoint, client_config.clone()).await {
@@ -208,8 +230,15 @@ impl PolicyServer {
                 })?
                 .descriptors(),
             (None, Some(endpoint)) => {
+                let token = config
+                    .service_token_file
+                    .as_deref()
+                    .map(agentloop_auth::read_secret_file)
+                    .transpose()
+                    .map_err(|e| PolicyError::ServiceToken(e.to_string()))?;
                 fetch_tools(
                     endpoint,
+                    token.as_deref(),
                     config.tools_attempts,
                     Duration::from_millis(config.tools_backoff_ms),
                 )
@@ -273,8 +302,10 @@ impl PolicyService for PolicyServer {
 pub async fn run(
     listener: TcpListener,
     server: PolicyServer,
+    callers: Option<agentloop_auth::Callers>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentloop_server::ServeError> {
-    let services = agentloop_server::ServiceSet::new().add(agentloop_proto::server::policy(server));
+    let services = agentloop_server::ServiceSet::new()
+        .add_guarded(agentloop_proto::server::policy(server), callers.as_ref());
     agentloop_server::serve(listener, services, shutdown).await
 }

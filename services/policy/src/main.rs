@@ -52,6 +52,13 @@ async fn main() -> anyhow::Result<()> {
         Err(error @ PolicyError::ToolsUnavailable { .. }) => return Err(error.into()),
         Err(error) => SERVICE.exit_bad_config(&error),
     };
-    agentloop_policy::run(listener, server, agentloop_server::shutdown_signal()).await?;
+    let callers = SERVICE.callers(&config.auth);
+    agentloop_policy::run(
+        listener,
+        server,
+        callers,
+        agentloop_server::shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }

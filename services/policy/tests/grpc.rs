@@ -105,6 +105,7 @@ async fn evaluate_and_validate_over_grpc_with_tools_from_the_gateway() {
     tokio::spawn(agentloop_policy::run(
         listener,
         server,
+        None,
         std::future::pending(),
     ));
     let channel = agentloop_proto::client::connect(
@@ -201,7 +202,7 @@ async fn an_unreachable_gateway_fails_after_the_bounded_retry() {
     // A port that was free a moment ago and has no listener now.
     let (listener, endpoint) = listen().await;
     drop(listener);
-    let error = fetch_tools(&endpoint, 3, Duration::from_millis(1))
+    let error = fetch_tools(&endpoint, None, 3, Duration::from_millis(1))
         .await
         .unwrap_err();
     assert!(

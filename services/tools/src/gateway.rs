@@ -116,19 +116,22 @@ impl Gateway {
     /// [`GatewayError::Config`] if the registry or limits are invalid,
     /// [`GatewayError::Connect`] if an endpoint cannot be turned into a channel.
     pub async fn new(tools: ToolsConfig, limits: GatewayLimits) -> Result<Gateway, GatewayError> {
-        Gateway::with_in_process(tools, limits, InProcessExecutors::new()).await
+        Gateway::with_in_process(tools, limits, InProcessExecutors::new(), None).await
     }
 
     /// Like [`Gateway::new`], with the tools of the endpoints in `in_process` routed to
-    /// those executors without a network (see [`InProcessExecutors`]).
+    /// those executors without a network (see [`InProcessExecutors`]), and
+    /// `service_token` sent to the others, for executors that check who calls them.
     ///
     /// # Errors
     ///
-    /// As [`Gateway::new`].
+    /// As [`Gateway::new`]; [`GatewayError::InvalidLimits`] for a token that cannot be
+    /// sent.
     pub async fn with_in_process(
         tools: ToolsConfig,
         limits: GatewayLimits,
         in_process: InProcessExecutors,
+        service_token: Option<&str>,
     ) -> Result<Gateway, GatewayError> {
         tools.validate()?;
         if limits.max_concurrent_calls_per_executor == 0
@@ -148,7 +151,9 @@ impl Gateway {
             .with_connect_timeout(Duration::from_millis(limits.connect_timeout_ms))
             // Each call carries its own deadline (the smaller of the tool's timeout and
             // the request's), so the channel adds none.
-            .with_request_timeout(None);
+            .with_request_timeout(None)
+            .with_bearer(service_token)
+            .map_err(|e| GatewayError::InvalidLimits(format!("service token: {e}")))?;
         let mut executors: HashMap<String, Arc<Executor>> = HashMap::new();
         let mut registry = BTreeMap::new();
         for entry in tools.tools {

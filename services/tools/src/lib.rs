@@ -41,18 +41,29 @@ pub use gateway::{Gateway, GatewayLimits, InProcessExecutors, MAX_ID_BYTES, MAX_
 pub struct ToolsServiceConfig {
     /// Address to serve on.
     pub listen: std::net::SocketAddr,
+    /// The callers it accepts, each by its service token (`[[auth.callers]]`). With
+    /// none, anyone who reaches the port is served, so it must be loopback (or
+    /// `insecure_no_auth`).
+    pub auth: agentloop_auth::CallersConfig,
+    /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
+    pub insecure_no_auth: bool,
     /// The tool registry file (TOML, `[[tools]]`); required to start.
     pub tools: Option<PathBuf>,
     /// Gateway limits.
     pub limits: GatewayLimits,
+    /// This gateway's token for its executors, when they check who calls them.
+    pub service_token_file: Option<std::path::PathBuf>,
 }
 
 impl Default for ToolsServiceConfig {
     fn default() -> Self {
         ToolsServiceConfig {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 50054)),
+            auth: agentloop_auth::CallersConfig::default(),
+            insecure_no_auth: false,
             tools: None,
             limits: GatewayLimits::default(),
+            service_token_file: None,
         }
     }
 }
@@ -61,6 +72,14 @@ impl Default for ToolsServiceConfig {
 impl agentloop_server::ServiceConfig for ToolsServiceConfig {
     fn listen(&self) -> std::net::SocketAddr {
         self.listen
+    }
+
+    fn authenticates_callers(&self) -> bool {
+        self.auth.is_on()
+    }
+
+    fn insecure_no_auth(&self) -> bool {
+        self.insecure_no_auth
     }
 }
 
@@ -73,9 +92,12 @@ impl agentloop_server::ServiceConfig for ToolsServiceConfig {
 pub async fn run(
     listener: tokio::net::TcpListener,
     gateway: Gateway,
+    callers: Option<agentloop_auth::Callers>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentloop_server::ServeError> {
-    let services =
-        agentloop_server::ServiceSet::new().add(agentloop_proto::server::tool_gateway(gateway));
+    let services = agentloop_server::ServiceSet::new().add_guarded(
+        agentloop_proto::server::tool_gateway(gateway),
+        callers.as_ref(),
+    );
     agentloop_server::serve(listener, services, shutdown).await
 }

@@ -48,10 +48,23 @@ async fn main() -> anyhow::Result<()> {
         listener,
     } = SERVICE.start(&flags.common, &flags, registry).await;
     let count = registry.tools.len();
-    let gateway = Gateway::new(registry, config.limits.clone())
-        .await
-        .unwrap_or_else(|error| SERVICE.exit_bad_config(&error));
+    let token = SERVICE.service_token(config.service_token_file.as_deref());
+    let gateway = Gateway::with_in_process(
+        registry,
+        config.limits.clone(),
+        Vec::new(),
+        token.as_deref(),
+    )
+    .await
+    .unwrap_or_else(|error| SERVICE.exit_bad_config(&error));
     tracing::info!(tools = count, "serving");
-    run(listener, gateway, agentloop_server::shutdown_signal()).await?;
+    let callers = SERVICE.callers(&config.auth);
+    run(
+        listener,
+        gateway,
+        callers,
+        agentloop_server::shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }

@@ -34,9 +34,14 @@ async fn serve_executor(executor: DemoExecutor) -> Served {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(agentloop_demo_executor::run(listener, executor, async {
-        let _ = stopped.await;
-    }));
+    tokio::spawn(agentloop_demo_executor::run(
+        listener,
+        executor,
+        None,
+        async {
+            let _ = stopped.await;
+        },
+    ));
     Served { addr, _stop: stop }
 }
 
@@ -44,7 +49,7 @@ async fn serve_gateway(gateway: Gateway) -> (Served, ToolGatewayServiceClient<Tr
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(agentloop_tools::run(listener, gateway, async {
+    tokio::spawn(agentloop_tools::run(listener, gateway, None, async {
         let _ = stopped.await;
     }));
     let channel = client::connect(&format!("http://{addr}"), ClientConfig::default())
@@ -523,6 +528,7 @@ async fn an_in_process_executor_is_called_without_a_network() {
         registry,
         GatewayLimits::default(),
         vec![(endpoint.to_owned(), service)],
+        None,
     )
     .await
     .unwrap();

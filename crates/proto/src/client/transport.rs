@@ -22,8 +22,9 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tonic::body::Body;
+use tonic::codegen::http::header::AUTHORIZATION;
 use tonic::codegen::http::uri::{Authority, Scheme, Uri};
-use tonic::codegen::http::{HeaderMap, Request, Response};
+use tonic::codegen::http::{HeaderMap, HeaderValue, Request, Response};
 use tonic::codegen::{Bytes, Service, StdError};
 use tonic::transport::Channel;
 use tonic::{ConnectError, Status};
@@ -31,7 +32,11 @@ use tonic::{ConnectError, Status};
 /// A connection to one service: cheap to clone, and its clones share one HTTP/2
 /// connection, which multiplexes their calls. Build it with [`super::connect`].
 #[derive(Clone)]
-pub struct Transport(Route);
+pub struct Transport {
+    route: Route,
+    /// `authorization` of every call that does not carry its own.
+    authorization: Option<HeaderValue>,
+}
 
 #[derive(Clone)]
 enum Route {
@@ -41,7 +46,8 @@ enum Route {
 
 impl fmt::Debug for Transport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
+        // The credential is never printed.
+        match &self.route {
             Route::Plain(plain) => f
                 .debug_struct("Transport")
                 .field("authority", &plain.authority)
@@ -54,7 +60,16 @@ impl fmt::Debug for Transport {
 impl Transport {
     /// Over tonic's channel (`https`).
     pub(super) fn tls(channel: Channel) -> Transport {
-        Transport(Route::Tls(channel))
+        Transport {
+            route: Route::Tls(channel),
+            authorization: None,
+        }
+    }
+
+    /// Sends `authorization` with every call that does not set its own.
+    pub(super) fn with_authorization(mut self, authorization: Option<HeaderValue>) -> Transport {
+        self.authorization = authorization;
+        self
     }
 
     /// Over hyper's HTTP/2 client (`http`), connected on first use.
@@ -63,19 +78,22 @@ impl Transport {
         connect_timeout: Duration,
         request_timeout: Option<Duration>,
     ) -> Transport {
-        Transport(Route::Plain(Arc::new(Plain {
-            authority,
-            connect_timeout,
-            request_timeout,
-            sender: Mutex::new(None),
-            attempts: AtomicU64::new(0),
-            connecting: tokio::sync::Mutex::new(None),
-        })))
+        Transport {
+            route: Route::Plain(Arc::new(Plain {
+                authority,
+                connect_timeout,
+                request_timeout,
+                sender: Mutex::new(None),
+                attempts: AtomicU64::new(0),
+                connecting: tokio::sync::Mutex::new(None),
+            })),
+            authorization: None,
+        }
     }
 
     /// Connects now, instead of on the first call.
     pub(super) async fn open(&self) -> Result<(), StdError> {
-        match &self.0 {
+        match &self.route {
             Route::Plain(plain) => plain.sender().await.map(drop).map_err(StdError::from),
             Route::Tls(_) => Ok(()),
         }
@@ -104,7 +122,7 @@ impl Service<Request<Body>> for Transport {
     type Future = ResponseFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StdError>> {
-        match &mut self.0 {
+        match &mut self.route {
             // Calls wait for a connection inside their future, where a deadline bounds
             // the wait.
             Route::Plain(_) => Poll::Ready(Ok(())),
@@ -113,8 +131,14 @@ impl Service<Request<Body>> for Transport {
     }
 
     fn call(&mut self, request: Request<Body>) -> ResponseFuture {
-        let request = request.map(Eager::wrap);
-        match &mut self.0 {
+        let mut request = request.map(Eager::wrap);
+        if let Some(authorization) = &self.authorization {
+            request
+                .headers_mut()
+                .entry(AUTHORIZATION)
+                .or_insert_with(|| authorization.clone());
+        }
+        match &mut self.route {
             Route::Plain(plain) => Box::pin(Arc::clone(plain).call(request)),
             Route::Tls(channel) => {
                 let response = channel.call(request);

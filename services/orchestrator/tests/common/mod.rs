@@ -48,7 +48,7 @@ pub(crate) struct Cluster {
     pub(crate) policy: String,
     pub(crate) tools: String,
     pub(crate) ledger: String,
-    services: Services,
+    pub(crate) services: Services,
     _dir: TempDir,
 }
 
@@ -149,7 +149,7 @@ impl Cluster {
         let shutdown = CancellationToken::new();
         let (o, s) = (orchestrator.clone(), shutdown.clone());
         let server = tokio::spawn(async move {
-            agentloop_orchestrator::run(l, o, s.cancelled_owned())
+            agentloop_orchestrator::run(l, o, None, s.cancelled_owned())
                 .await
                 .unwrap();
         });
@@ -208,6 +208,10 @@ impl Cluster {
             .unwrap()
             .port();
         let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+        // The orchestrator's service token, as a deployment mounts it.
+        let token_file = dir.join(format!("{name}.token"));
+        let tokens = &self.services.endpoints().unwrap().tokens;
+        std::fs::write(&token_file, &tokens.orchestrator).unwrap();
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop-orchestrator"))
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--database-url", self.database.url()])
@@ -220,6 +224,7 @@ impl Cluster {
                 self.redis.url(),
             )
             .env("AGENTLOOP_ORCHESTRATOR_WORKERS__WORKER_ID", name)
+            .env("AGENTLOOP_ORCHESTRATOR_SERVICE_TOKEN_FILE", &token_file)
             .env(
                 "AGENTLOOP_ORCHESTRATOR_WORKERS__LEASE_TTL_MS",
                 ttl_ms.to_string(),

@@ -1,0 +1,236 @@
+//! [`Callers`]: service tokens of internal callers (service to service).
+//!
+//! Each callee lists the callers it accepts, each with a name and a token file. A token is
+//! an opaque random secret, so there is nothing to verify but equality: the presented
+//! token is hashed with SHA-256 and compared with every caller's digest in constant time
+//! (digests have one length, so neither the length nor the content of a token leaks
+//! through timing, and every caller is compared, so neither does which one matched).
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ring::digest::{SHA256, digest};
+use serde::{Deserialize, Serialize};
+use tonic::metadata::MetadataMap;
+use tonic::service::Interceptor;
+use tonic::{Request, Status};
+
+use crate::bearer::bearer_token;
+use crate::identity::is_valid_identity;
+use crate::secret::read_secret_at_least;
+use crate::{AuthConfigError, AuthError};
+
+/// Shortest service token, in bytes: 32 random bytes, or their 43-character base64.
+const MIN_TOKEN_BYTES: usize = 32;
+
+/// The callers a service accepts. Empty (the default) means no check.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CallersConfig {
+    /// One entry per accepted caller.
+    pub callers: Vec<CallerConfig>,
+}
+
+/// One accepted internal caller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallerConfig {
+    /// The caller's name, as requests are attributed to it (e.g. `orchestrator`).
+    pub name: String,
+    /// A file holding the caller's token (at least 32 bytes, whitespace trimmed).
+    pub token_file: PathBuf,
+}
+
+impl CallersConfig {
+    /// Whether callers must present a service token (the list is not empty).
+    pub fn is_on(&self) -> bool {
+        !self.callers.is_empty()
+    }
+
+    /// Checks the rules that need no I/O: every name valid (1 to 128 bytes of
+    /// `[A-Za-z0-9._:@/+=-]`) and listed once, every token file named.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut names = HashSet::new();
+        for (i, caller) in self.callers.iter().enumerate() {
+            if !is_valid_identity(&caller.name) {
+                return Err(format!(
+                    "callers[{i}].name must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / + = -"
+                ));
+            }
+            if !names.insert(caller.name.as_str()) {
+                return Err(format!(
+                    "callers[{i}].name {:?} is listed more than once",
+                    caller.name
+                ));
+            }
+            if caller.token_file.as_os_str().is_empty() {
+                return Err(format!("callers[{i}].token_file must not be empty"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The accepted internal callers, ready to check requests. Cloning is cheap (one `Arc`).
+#[derive(Clone)]
+pub struct Callers {
+    entries: Arc<[Entry]>,
+}
+
+struct Entry {
+    name: String,
+    digest: [u8; 32],
+}
+
+impl std::fmt::Debug for Callers {
+    /// Names only: the digests stay out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Callers")
+            .field(
+                "names",
+                &self.entries.iter().map(|e| &e.name).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Callers {
+    /// `None` when no caller is listed. Otherwise reads every token file (trimmed, at least
+    /// 32 bytes); two callers with the same name or the same token are refused.
+    pub fn from_config(config: &CallersConfig) -> Result<Option<Callers>, AuthConfigError> {
+        config.validate().map_err(AuthConfigError::Invalid)?;
+        if !config.is_on() {
+            return Ok(None);
+        }
+        let mut tokens = Vec::with_capacity(config.callers.len());
+        for (i, caller) in config.callers.iter().enumerate() {
+            let key = format!("callers[{i}].token_file");
+            let token = read_secret_at_least(&key, &caller.token_file, MIN_TOKEN_BYTES)?;
+            tokens.push((caller.name.clone(), token));
+        }
+        Callers::from_tokens(tokens).map(Some)
+    }
+
+    /// Callers from `(name, token)` pairs, for in-process wiring and tests. The same rules
+    /// as [`Callers::from_config`]: at least one caller, valid and distinct names, distinct
+    /// tokens of at least 32 bytes.
+    pub fn from_tokens(
+        callers: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Callers, AuthConfigError> {
+        let mut entries: Vec<Entry> = Vec::new();
+        for (name, token) in callers {
+            if !is_valid_identity(&name) {
+                return Err(AuthConfigError::Callers(format!(
+                    "caller name {name:?} must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / + = -"
+                )));
+            }
+            if token.len() < MIN_TOKEN_BYTES {
+                return Err(AuthConfigError::Callers(format!(
+                    "the token of caller {name:?} is shorter than {MIN_TOKEN_BYTES} bytes"
+                )));
+            }
+            let digest = sha256(&token);
+            for entry in &entries {
+                if entry.name == name {
+                    return Err(AuthConfigError::Callers(format!(
+                        "caller {name:?} is listed more than once"
+                    )));
+                }
+                if entry.digest == digest {
+                    return Err(AuthConfigError::Callers(format!(
+                        "callers {:?} and {name:?} have the same token; give each caller its own",
+                        entry.name
+                    )));
+                }
+            }
+            entries.push(Entry { name, digest });
+        }
+        if entries.is_empty() {
+            return Err(AuthConfigError::Callers("no callers given".to_owned()));
+        }
+        Ok(Callers {
+            entries: entries.into(),
+        })
+    }
+
+    /// The name of the caller whose token `authorization: Bearer <token>` carries.
+    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<String, AuthError> {
+        let presented = sha256(bearer_token(metadata)?);
+        let mut matched = None;
+        for entry in self.entries.iter() {
+            if constant_time_eq(&entry.digest, &presented) {
+                matched = Some(entry);
+            }
+        }
+        matched
+            .map(|entry| entry.name.clone())
+            .ok_or(AuthError::Rejected("unknown service token"))
+    }
+
+    /// A tonic interceptor that refuses requests without a valid service token
+    /// (`UNAUTHENTICATED`) and puts the caller's name in the request extensions as
+    /// [`Caller`].
+    pub fn interceptor(&self) -> CallerInterceptor {
+        CallerInterceptor {
+            callers: self.clone(),
+        }
+    }
+}
+
+/// The internal caller of a request, as [`CallerInterceptor`] found it; read it with
+/// `request.extensions().get::<Caller>()`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller(pub String);
+
+/// See [`Callers::interceptor`].
+#[derive(Debug, Clone)]
+pub struct CallerInterceptor {
+    callers: Callers,
+}
+
+impl Interceptor for CallerInterceptor {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let name = self.callers.authenticate(request.metadata())?;
+        request.extensions_mut().insert(Caller(name));
+        Ok(request)
+    }
+}
+
+fn sha256(token: &str) -> [u8; 32] {
+    let mut out = [0; 32];
+    out.copy_from_slice(digest(&SHA256, token.as_bytes()).as_ref());
+    out
+}
+
+/// Equality of two digests in time independent of where they differ.
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let difference = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(difference) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_comparison() {
+        let a = sha256("a");
+        let mut b = a;
+        assert!(constant_time_eq(&a, &b));
+        b[31] ^= 1;
+        assert!(!constant_time_eq(&a, &b));
+        b = a;
+        b[0] ^= 0x80;
+        assert!(!constant_time_eq(&a, &b));
+    }
+
+    #[test]
+    fn debug_shows_names_only() {
+        let token = "t".repeat(40);
+        let callers = Callers::from_tokens([("orchestrator".to_owned(), token.clone())]).unwrap();
+        let shown = format!("{:?}", callers.interceptor());
+        assert!(shown.contains("orchestrator"), "{shown}");
+        assert!(!shown.contains(&token), "{shown}");
+    }
+}
