@@ -264,21 +264,32 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         } => {
             let mut options = embedded(cli.data_dir, tools.as_deref())?;
             options.listen = listen.to_string();
-            options.orchestrator = agentloop_server::config::load_from(
+            // A configuration `dev` cannot serve is the operator's to fix: exit 78, as the
+            // orchestrator binary does.
+            let configured = agentloop_server::config::load_from(
                 config.as_deref(),
                 agentloop_server::config::process_env(),
                 &DEV_SERVICE.env_prefix(),
-                (),
-            )?;
-            options
-                .orchestrator
-                .validate()
-                .map_err(anyhow::Error::msg)?;
-            agentloop_server::exposure(
-                listen,
-                options.orchestrator.auth.is_on(),
-                insecure_no_auth || options.orchestrator.insecure_no_auth,
-            )?;
+                std::collections::BTreeMap::<String, String>::new(),
+            )
+            .map_err(|e| e.to_string())
+            .and_then(|orchestrator: agentloop_orchestrator::OrchestratorConfig| {
+                orchestrator.validate()?;
+                agentloop_server::exposure(
+                    listen,
+                    orchestrator.auth.is_on(),
+                    insecure_no_auth || orchestrator.insecure_no_auth,
+                )
+                .map_err(|e| e.to_string())?;
+                Ok(orchestrator)
+            });
+            options.orchestrator = match configured {
+                Ok(orchestrator) => orchestrator,
+                Err(error) => {
+                    eprintln!("agentloop: bad configuration: {error}");
+                    return Ok(EXIT_BAD_CONFIG);
+                }
+            };
             let stack = Stack::start(options).await?;
             println!("agentloop dev: the orchestrator on {}", stack.endpoint());
             println!("press Ctrl-C to stop");
@@ -426,6 +437,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         }
     }
 }
+
+/// `dev`'s exit code for a configuration it cannot serve (the services' `EX_CONFIG`).
+const EXIT_BAD_CONFIG: u8 = 78;
 
 /// The configuration `dev --config` reads is the orchestrator's, under its variables.
 const DEV_SERVICE: agentloop_server::Service =
