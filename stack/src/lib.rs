@@ -203,7 +203,7 @@ impl Services {
                     tools.clone(),
                     options.gateway,
                     vec![(IN_PROCESS_EXECUTOR.to_owned(), executor)],
-                    None,
+                    ClientConfig::default(),
                 )
                 .await?;
                 let policy =
@@ -245,13 +245,10 @@ impl Services {
                 let tools = tools_for(&demo_executor)?;
                 let policy =
                     PolicyServer::from_descriptors(&tools.descriptors(), &PolicyConfig::default())?;
-                let gateway = Gateway::with_in_process(
-                    tools,
-                    options.gateway,
-                    Vec::new(),
-                    Some(&tokens.tools),
-                )
-                .await?;
+                let as_gateway = ClientConfig::default().with_bearer(Some(&tokens.tools))?;
+                let gateway =
+                    Gateway::with_in_process(tools, options.gateway, Vec::new(), as_gateway)
+                        .await?;
                 let (listener, tools) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,

@@ -1,10 +1,14 @@
-//! [`Callers`]: service tokens of internal callers (service to service).
+//! [`Callers`]: the internal callers a service accepts (service to service), by service
+//! token or by client certificate.
 //!
-//! Each callee lists the callers it accepts, each with a name and a token file. A token is
-//! an opaque random secret, so there is nothing to verify but equality: the presented
-//! token is hashed with SHA-256 and compared with every caller's digest in constant time
-//! (digests have one length, so neither the length nor the content of a token leaks
-//! through timing, and every caller is compared, so neither does which one matched).
+//! Each callee lists the callers it accepts, each with a name and a token file, a SPIFFE
+//! ID, or both. A token is an opaque random secret, so there is nothing to verify but
+//! equality: the presented token is hashed with SHA-256 and compared with every caller's
+//! digest in constant time (digests have one length, so neither the length nor the
+//! content of a token leaks through timing, and every caller is compared, so neither does
+//! which one matched). A certificate was verified by the TLS handshake against the
+//! service's client CA; what is left is to read who it names: its URI SANs
+//! ([`uri_sans`]), matched against the callers' SPIFFE IDs.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -32,14 +36,20 @@ pub struct CallersConfig {
     pub callers: Vec<CallerConfig>,
 }
 
-/// One accepted internal caller.
+/// One accepted internal caller: by a token, by a client certificate, or either.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CallerConfig {
     /// The caller's name, as requests are attributed to it (e.g. `orchestrator`).
     pub name: String,
     /// A file holding the caller's token (at least 32 bytes, whitespace trimmed).
-    pub token_file: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// The URI SAN of the caller's client certificate, a SPIFFE ID such as
+    /// `spiffe://cluster.local/ns/agentloop/sa/orchestrator`, for a service that serves
+    /// mTLS (`server_tls` with a `client_ca_file`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spiffe_id: Option<String>,
 }
 
 impl CallersConfig {
@@ -49,9 +59,11 @@ impl CallersConfig {
     }
 
     /// Checks the rules that need no I/O: every name valid (1 to 128 bytes of
-    /// `[A-Za-z0-9._:@/+=-]`) and listed once, every token file named.
+    /// `[A-Za-z0-9._:@/+=-]`) and listed once, each caller with a token file or a SPIFFE
+    /// ID (`spiffe://` or another URI), no SPIFFE ID listed twice.
     pub fn validate(&self) -> Result<(), String> {
         let mut names = HashSet::new();
+        let mut ids = HashSet::new();
         for (i, caller) in self.callers.iter().enumerate() {
             if !is_valid_identity(&caller.name) {
                 return Err(format!(
@@ -64,8 +76,24 @@ impl CallersConfig {
                     caller.name
                 ));
             }
-            if caller.token_file.as_os_str().is_empty() {
-                return Err(format!("callers[{i}].token_file must not be empty"));
+            match (&caller.token_file, &caller.spiffe_id) {
+                (None, None) => {
+                    return Err(format!("callers[{i}] needs a token_file or a spiffe_id"));
+                }
+                (Some(file), _) if file.as_os_str().is_empty() => {
+                    return Err(format!("callers[{i}].token_file must not be empty"));
+                }
+                (_, Some(id)) if !is_uri(id) => {
+                    return Err(format!(
+                        "callers[{i}].spiffe_id must be a URI such as spiffe://domain/path"
+                    ));
+                }
+                (_, Some(id)) if !ids.insert(id.as_str()) => {
+                    return Err(format!(
+                        "callers[{i}].spiffe_id {id:?} is listed more than once"
+                    ));
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -80,7 +108,9 @@ pub struct Callers {
 
 struct Entry {
     name: String,
-    digest: [u8; 32],
+    /// The token's digest; `None` for a caller known by its certificate only.
+    digest: Option<[u8; 32]>,
+    spiffe_id: Option<String>,
 }
 
 impl std::fmt::Debug for Callers {
@@ -103,13 +133,18 @@ impl Callers {
         if !config.is_on() {
             return Ok(None);
         }
-        let mut tokens = Vec::with_capacity(config.callers.len());
+        let mut entries = Vec::with_capacity(config.callers.len());
         for (i, caller) in config.callers.iter().enumerate() {
-            let key = format!("callers[{i}].token_file");
-            let token = read_secret_at_least(&key, &caller.token_file, MIN_TOKEN_BYTES)?;
-            tokens.push((caller.name.clone(), token));
+            let token = match &caller.token_file {
+                Some(path) => {
+                    let key = format!("callers[{i}].token_file");
+                    Some(read_secret_at_least(&key, path, MIN_TOKEN_BYTES)?)
+                }
+                None => None,
+            };
+            entries.push((caller.name.clone(), token, caller.spiffe_id.clone()));
         }
-        Callers::from_tokens(tokens).map(Some)
+        Callers::from_entries(entries).map(Some)
     }
 
     /// Callers from `(name, token)` pairs, for in-process wiring and tests. The same rules
@@ -118,33 +153,61 @@ impl Callers {
     pub fn from_tokens(
         callers: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Callers, AuthConfigError> {
+        Callers::from_entries(
+            callers
+                .into_iter()
+                .map(|(name, token)| (name, Some(token), None)),
+        )
+    }
+
+    /// Callers from `(name, token, SPIFFE ID)`, each with at least one of the two.
+    fn from_entries(
+        callers: impl IntoIterator<Item = (String, Option<String>, Option<String>)>,
+    ) -> Result<Callers, AuthConfigError> {
         let mut entries: Vec<Entry> = Vec::new();
-        for (name, token) in callers {
+        for (name, token, spiffe_id) in callers {
             if !is_valid_identity(&name) {
                 return Err(AuthConfigError::Callers(format!(
                     "caller name {name:?} must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / + = -"
                 )));
             }
-            if token.len() < MIN_TOKEN_BYTES {
+            if token.is_none() && spiffe_id.is_none() {
+                return Err(AuthConfigError::Callers(format!(
+                    "caller {name:?} has neither a token nor a SPIFFE ID"
+                )));
+            }
+            if let Some(token) = &token
+                && token.len() < MIN_TOKEN_BYTES
+            {
                 return Err(AuthConfigError::Callers(format!(
                     "the token of caller {name:?} is shorter than {MIN_TOKEN_BYTES} bytes"
                 )));
             }
-            let digest = sha256(&token);
+            let digest = token.as_deref().map(sha256);
             for entry in &entries {
                 if entry.name == name {
                     return Err(AuthConfigError::Callers(format!(
                         "caller {name:?} is listed more than once"
                     )));
                 }
-                if entry.digest == digest {
+                if digest.is_some() && entry.digest == digest {
                     return Err(AuthConfigError::Callers(format!(
                         "callers {:?} and {name:?} have the same token; give each caller its own",
                         entry.name
                     )));
                 }
+                if spiffe_id.is_some() && entry.spiffe_id == spiffe_id {
+                    return Err(AuthConfigError::Callers(format!(
+                        "callers {:?} and {name:?} have the same SPIFFE ID",
+                        entry.name
+                    )));
+                }
             }
-            entries.push(Entry { name, digest });
+            entries.push(Entry {
+                name,
+                digest,
+                spiffe_id,
+            });
         }
         if entries.is_empty() {
             return Err(AuthConfigError::Callers("no callers given".to_owned()));
@@ -159,13 +222,31 @@ impl Callers {
         let presented = sha256(bearer_token(metadata)?);
         let mut matched = None;
         for entry in self.entries.iter() {
-            if constant_time_eq(&entry.digest, &presented) {
+            if let Some(digest) = &entry.digest
+                && constant_time_eq(digest, &presented)
+            {
                 matched = Some(entry);
             }
         }
         matched
             .map(|entry| entry.name.clone())
             .ok_or(AuthError::Rejected("unknown service token"))
+    }
+
+    /// The name of the caller whose SPIFFE ID the verified client certificate `leaf`
+    /// (DER) names among its URI SANs; `None` when it names none of them (or does not
+    /// parse, which a certificate the handshake verified cannot do).
+    pub fn authenticate_certificate(&self, leaf: &[u8]) -> Option<String> {
+        let sans = uri_sans(leaf);
+        self.entries
+            .iter()
+            .find(|entry| {
+                entry
+                    .spiffe_id
+                    .as_ref()
+                    .is_some_and(|id| sans.iter().any(|san| san == id))
+            })
+            .map(|entry| entry.name.clone())
     }
 
     /// A tonic interceptor that refuses requests without a valid service token
@@ -194,6 +275,47 @@ impl Interceptor for CallerInterceptor {
         let name = self.callers.authenticate(request.metadata())?;
         request.extensions_mut().insert(Caller(name));
         Ok(request)
+    }
+}
+
+/// The URI subject alternative names of a DER certificate (SPIFFE IDs among them);
+/// empty when it has none or does not parse.
+pub fn uri_sans(certificate: &[u8]) -> Vec<String> {
+    use x509_cert::der::Decode;
+    use x509_cert::ext::pkix::SubjectAltName;
+    use x509_cert::ext::pkix::name::GeneralName;
+
+    let Ok(certificate) = x509_cert::Certificate::from_der(certificate) else {
+        return Vec::new();
+    };
+    let Ok(Some((_, names))) = certificate.tbs_certificate.get::<SubjectAltName>() else {
+        return Vec::new();
+    };
+    names
+        .0
+        .into_iter()
+        .filter_map(|name| {
+            if let GeneralName::UniformResourceIdentifier(uri) = name {
+                Some(uri.to_string())
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// Whether `text` looks like an absolute URI (`scheme:rest`), as SANs are.
+fn is_uri(text: &str) -> bool {
+    match text.split_once(':') {
+        Some((scheme, rest)) => {
+            !rest.is_empty()
+                && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+                && !text.chars().any(|c| c.is_control() || c == ' ')
+        }
+        None => false,
     }
 }
 

@@ -41,7 +41,7 @@ mod secret;
 pub mod testing;
 
 pub use bearer::MAX_TOKEN_BYTES;
-pub use callers::{Caller, CallerConfig, CallerInterceptor, Callers, CallersConfig};
+pub use callers::{Caller, CallerConfig, CallerInterceptor, Callers, CallersConfig, uri_sans};
 pub use config::{AuthConfig, AuthMode};
 pub use error::{AuthConfigError, AuthError, FileProblem};
 pub use identity::{Identity, is_valid_identity};

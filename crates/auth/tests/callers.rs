@@ -150,11 +150,16 @@ fn from_config_reads_token_files() {
         callers: vec![
             CallerConfig {
                 name: "orchestrator".into(),
-                token_file: file("orchestrator.token", &format!("{ORCHESTRATOR_TOKEN}\n")),
+                token_file: Some(file(
+                    "orchestrator.token",
+                    &format!("{ORCHESTRATOR_TOKEN}\n"),
+                )),
+                spiffe_id: None,
             },
             CallerConfig {
                 name: "tools-gateway".into(),
-                token_file: file("gateway.token", &format!("  {GATEWAY_TOKEN}  \n")),
+                token_file: Some(file("gateway.token", &format!("  {GATEWAY_TOKEN}  \n"))),
+                spiffe_id: None,
             },
         ],
     };
@@ -166,12 +171,12 @@ fn from_config_reads_token_files() {
     );
 
     let mut duplicate = config.clone();
-    duplicate.callers[1].token_file = file("copy.token", ORCHESTRATOR_TOKEN);
+    duplicate.callers[1].token_file = Some(file("copy.token", ORCHESTRATOR_TOKEN));
     let error = Callers::from_config(&duplicate).unwrap_err();
     assert!(error.to_string().contains("same token"), "{error}");
 
     let mut short = config.clone();
-    short.callers[1].token_file = file("short.token", "0123456789");
+    short.callers[1].token_file = Some(file("short.token", "0123456789"));
     let error = Callers::from_config(&short).unwrap_err();
     assert!(
         matches!(
@@ -189,7 +194,7 @@ fn from_config_reads_token_files() {
     assert!(!message.contains("0123456789"), "{message}");
 
     let mut missing = config.clone();
-    missing.callers[0].token_file = dir.path().join("absent.token");
+    missing.callers[0].token_file = Some(dir.path().join("absent.token"));
     let error = Callers::from_config(&missing).unwrap_err();
     assert!(
         error.to_string().starts_with("callers[0].token_file "),
@@ -202,7 +207,13 @@ fn from_config_reads_token_files() {
 fn validate_names_the_entry() {
     let caller = |name: &str, file: &str| CallerConfig {
         name: name.into(),
-        token_file: file.into(),
+        token_file: Some(file.into()),
+        spiffe_id: None,
+    };
+    let by_id = |name: &str, id: &str| CallerConfig {
+        name: name.into(),
+        token_file: None,
+        spiffe_id: Some(id.into()),
     };
     let ok = CallersConfig {
         callers: vec![
@@ -223,6 +234,25 @@ fn validate_names_the_entry() {
         (
             vec![caller("a", "")],
             "callers[0].token_file must not be empty",
+        ),
+        (
+            vec![CallerConfig {
+                name: "a".into(),
+                token_file: None,
+                spiffe_id: None,
+            }],
+            "callers[0] needs a token_file or a spiffe_id",
+        ),
+        (
+            vec![by_id("a", "not a uri")],
+            "callers[0].spiffe_id must be a URI such as spiffe://domain/path",
+        ),
+        (
+            vec![
+                by_id("a", "spiffe://t/orchestrator"),
+                by_id("b", "spiffe://t/orchestrator"),
+            ],
+            "callers[1].spiffe_id \"spiffe://t/orchestrator\" is listed more than once",
         ),
     ];
     for (callers, expected) in cases {

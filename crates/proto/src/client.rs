@@ -19,7 +19,7 @@ mod transport;
 use std::time::Duration;
 
 use tonic::codegen::http::HeaderValue;
-use tonic::transport::{ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 pub use transport::Transport;
 
@@ -52,6 +52,31 @@ pub struct ClientConfig {
     /// `authorization: Bearer <token>` on every call that does not carry its own: a
     /// caller's JWT, or a service's token for the services it calls. Never printed.
     bearer: Option<HeaderValue>,
+    /// The CA and client certificate of `https` endpoints; `None`: the system's roots.
+    tls: Option<ClientTls>,
+}
+
+/// What a client trusts and presents over TLS: the servers' CA and, for mutual TLS, its
+/// own certificate and key (PEM). The key is never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    ca: Vec<u8>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl ClientTls {
+    /// Trust `ca` (PEM); present `identity` (certificate chain and key, PEM) if given.
+    pub fn new(ca: Vec<u8>, identity: Option<(Vec<u8>, Vec<u8>)>) -> ClientTls {
+        ClientTls { ca, identity }
+    }
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("client_certificate", &self.identity.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -61,6 +86,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("request_timeout", &self.request_timeout)
             .field("lazy", &self.lazy)
             .field("bearer", &self.bearer.as_ref().map(|_| "REDACTED"))
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -72,6 +98,7 @@ impl Default for ClientConfig {
             request_timeout: Some(Duration::from_secs(30)),
             lazy: false,
             bearer: None,
+            tls: None,
         }
     }
 }
@@ -95,6 +122,14 @@ impl ClientConfig {
     #[must_use]
     pub fn with_lazy(mut self, lazy: bool) -> Self {
         self.lazy = lazy;
+        self
+    }
+
+    /// Trusts the CA of `tls` (instead of the system's roots) for `https` endpoints, and
+    /// presents its client certificate; `None` keeps the system's roots.
+    #[must_use]
+    pub fn with_tls(mut self, tls: Option<ClientTls>) -> Self {
+        self.tls = tls;
         self
     }
 
@@ -142,6 +177,12 @@ pub enum ConnectError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// TLS settings were given for an `http://` endpoint, which would send in clear.
+    #[error("{endpoint:?} is not https:// although TLS is configured")]
+    PlainWithTls {
+        /// The endpoint as given.
+        endpoint: String,
+    },
     /// The bearer token is not a valid header value.
     #[error("the token is not a valid header value (control characters or non-ASCII)")]
     InvalidToken,
@@ -181,10 +222,21 @@ pub async fn connect(endpoint: &str, config: ClientConfig) -> Result<Transport, 
     };
     let transport = match (builder.uri().scheme_str(), builder.uri().authority()) {
         (Some("https"), _) => {
+            let tls = match &config.tls {
+                None => ClientTlsConfig::new().with_native_roots(),
+                Some(tls) => {
+                    let trusted =
+                        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca));
+                    match &tls.identity {
+                        Some((cert, key)) => trusted.identity(Identity::from_pem(cert, key)),
+                        None => trusted,
+                    }
+                }
+            };
             let mut builder = builder
                 .connect_timeout(config.connect_timeout)
                 .tcp_nodelay(true)
-                .tls_config(ClientTlsConfig::new().with_native_roots())
+                .tls_config(tls)
                 .map_err(|source| ConnectError::Tls {
                     endpoint: endpoint.to_owned(),
                     source,
@@ -200,6 +252,11 @@ pub async fn connect(endpoint: &str, config: ClientConfig) -> Result<Transport, 
                 .await
                 .map_err(|error| connect_failed(error.into()))?;
             Transport::tls(channel)
+        }
+        (_, Some(_)) if config.tls.is_some() => {
+            return Err(ConnectError::PlainWithTls {
+                endpoint: endpoint.to_owned(),
+            });
         }
         (_, Some(authority)) => Transport::plain(
             authority.clone(),

@@ -1,4 +1,5 @@
-//! [`Guarded`]: a service that only its callers reach, by their service tokens.
+//! [`Guarded`]: a service that only its callers reach, by their client certificates or
+//! their service tokens.
 //!
 //! A tower wrapper rather than a tonic interceptor: an intercepted service answers with
 //! another body type than the one [`ServiceSet`](crate::ServiceSet) routes, and the
@@ -13,6 +14,7 @@ use tonic::codegen::Service as TowerService;
 use tonic::codegen::http::{Request, Response};
 use tonic::metadata::MetadataMap;
 use tonic::server::NamedService;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 /// `S`, refusing every call without the service token of one of `callers`
 /// (UNAUTHENTICATED, before `S` sees it); a call that passes carries its caller's name
@@ -49,10 +51,26 @@ where
     }
 
     fn call(&mut self, mut request: Request<Body>) -> Self::Future {
-        // The headers move into the metadata view and back: nothing is copied.
-        let metadata = MetadataMap::from_headers(std::mem::take(request.headers_mut()));
-        let verdict = self.callers.authenticate(&metadata);
-        *request.headers_mut() = metadata.into_headers();
+        // A client certificate the handshake verified names its caller; otherwise the
+        // service token does.
+        let by_certificate = request
+            .extensions()
+            .get::<TlsConnectInfo<TcpConnectInfo>>()
+            .and_then(TlsConnectInfo::peer_certs)
+            .and_then(|chain| {
+                let leaf = chain.first()?;
+                self.callers.authenticate_certificate(leaf)
+            });
+        let verdict = match by_certificate {
+            Some(name) => Ok(name),
+            None => {
+                // The headers move into the metadata view and back: nothing is copied.
+                let metadata = MetadataMap::from_headers(std::mem::take(request.headers_mut()));
+                let verdict = self.callers.authenticate(&metadata);
+                *request.headers_mut() = metadata.into_headers();
+                verdict
+            }
+        };
         match verdict {
             Ok(name) => {
                 request.extensions_mut().insert(Caller(name));

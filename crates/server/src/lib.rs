@@ -26,8 +26,12 @@ pub mod config;
 mod dump;
 mod guard;
 mod start;
+mod tls;
 
-pub use start::{CommonFlags, Prepared, Service, ServiceConfig, StartError, Started, exposure};
+pub use start::{
+    CommonFlags, Prepared, Service, ServiceConfig, StartError, Started, client_config, exposure,
+};
+pub use tls::{Access, ClientTlsFiles, ServerTls};
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -151,6 +155,7 @@ pub enum ServeError {
 pub struct ServiceSet {
     routes: RoutesBuilder,
     names: Vec<&'static str>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 impl ServiceSet {
@@ -203,6 +208,29 @@ impl ServiceSet {
         }
     }
 
+    /// Serves over TLS (`None`: plain text); with a client CA, mutual TLS.
+    #[must_use]
+    pub fn tls(mut self, tls: Option<tonic::transport::ServerTlsConfig>) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Adds `service` as `access` says: behind its callers, and over its TLS.
+    #[must_use]
+    pub fn add_for<S>(self, service: S, access: &Access) -> Self
+    where
+        S: TowerService<Request<Body>, Response = Response<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        self.tls(access.tls.clone())
+            .add_guarded(service, access.callers.as_ref())
+    }
+
     /// The fully-qualified gRPC names of the added services, in the order added.
     pub fn names(&self) -> &[&'static str] {
         &self.names
@@ -242,7 +270,11 @@ pub async fn serve(
     services: ServiceSet,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let ServiceSet { mut routes, names } = services;
+    let ServiceSet {
+        mut routes,
+        names,
+        tls,
+    } = services;
 
     let (reporter, health) = tonic_health::server::health_reporter();
     for name in &names {
@@ -292,8 +324,12 @@ pub async fn serve(
     };
 
     let local_addr = listener.local_addr().ok();
-    tracing::info!(?local_addr, "gRPC server listening");
-    Server::builder()
+    tracing::info!(?local_addr, tls = tls.is_some(), "gRPC server listening");
+    let mut builder = Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    builder
         // One span per request, with gRPC-aware status classification: a non-OK
         // grpc-status is a failure even though HTTP says 200 — except the codes that
         // report the caller's mistake or a normal outcome, which are not the server's

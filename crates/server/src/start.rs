@@ -155,6 +155,27 @@ pub fn exposure(
     Ok(())
 }
 
+/// The client settings a service calls the others with: its service token
+/// (`service_token_file`) and its TLS (`client_tls`), files read; the default timeouts.
+///
+/// # Errors
+///
+/// A message naming the key whose file cannot be read or used.
+pub fn client_config(
+    service_token_file: Option<&std::path::Path>,
+    tls: Option<&crate::ClientTlsFiles>,
+) -> Result<agentloop_proto::client::ClientConfig, String> {
+    let token = service_token_file
+        .map(agentloop_auth::read_secret_file)
+        .transpose()
+        .map_err(|e| format!("service_token_file: {e}"))?;
+    let tls = tls.map(crate::ClientTlsFiles::load).transpose()?;
+    agentloop_proto::client::ClientConfig::default()
+        .with_tls(tls)
+        .with_bearer(token.as_deref())
+        .map_err(|e| format!("service_token_file: {e}"))
+}
+
 /// A service binary, known by its name. Everything else is derived from the name, so
 /// no main can get it out of step: `agentloop-demo-executor` reads
 /// `AGENTLOOP_DEMO_EXECUTOR_*` variables and `AGENTLOOP_DEMO_EXECUTOR_CONFIG`.
@@ -327,23 +348,25 @@ impl Service {
         }))
     }
 
-    /// The callers `config` accepts, their token files read; `None` when it lists none.
-    /// A file that cannot be read exits as a bad configuration.
-    pub fn callers(
+    /// Who may reach this service: the callers `callers` accepts and the listener's
+    /// `tls`, their files read. A file that cannot be read, or a caller known by a SPIFFE
+    /// ID without mutual TLS, exits as a bad configuration.
+    pub fn access(
         &self,
-        config: &agentloop_auth::CallersConfig,
-    ) -> Option<agentloop_auth::Callers> {
-        agentloop_auth::Callers::from_config(config).unwrap_or_else(|e| self.exit_bad_config(&e))
+        callers: &agentloop_auth::CallersConfig,
+        tls: Option<&crate::ServerTls>,
+    ) -> crate::Access {
+        crate::Access::load(callers, tls).unwrap_or_else(|e| self.exit_bad_config(&e))
     }
 
-    /// The service token in `file` (the `service_token_file` key), for the services this
-    /// one calls; `None` without a file. A file that cannot be read exits as a bad
-    /// configuration.
-    pub fn service_token(&self, file: Option<&std::path::Path>) -> Option<String> {
-        file.map(|path| {
-            agentloop_auth::read_secret_file(path)
-                .unwrap_or_else(|e| self.exit_bad_config(&format!("service_token_file: {e}")))
-        })
+    /// How this service calls the others: [`client_config`], exiting as a bad
+    /// configuration when a file cannot be read.
+    pub fn client(
+        &self,
+        service_token_file: Option<&std::path::Path>,
+        tls: Option<&crate::ClientTlsFiles>,
+    ) -> agentloop_proto::client::ClientConfig {
+        client_config(service_token_file, tls).unwrap_or_else(|e| self.exit_bad_config(&e))
     }
 
     /// [`exit_bad_config`](crate::exit_bad_config) under this service's name, for the

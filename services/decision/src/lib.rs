@@ -84,6 +84,9 @@ pub struct DecisionConfig {
     pub auth: agentloop_auth::CallersConfig,
     /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
     pub insecure_no_auth: bool,
+    /// TLS on the listener; with `client_ca_file`, mutual TLS, and `auth.callers` may name
+    /// callers by the SPIFFE ID of their certificates.
+    pub server_tls: Option<agentloop_server::ServerTls>,
     /// A scripted-model file used when a request carries no `scripted_model_json`.
     /// Without it, such requests fail with FAILED_PRECONDITION.
     pub script_file: Option<PathBuf>,
@@ -104,6 +107,7 @@ impl Default for DecisionConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
             auth: agentloop_auth::CallersConfig::default(),
             insecure_no_auth: false,
+            server_tls: None,
             script_file: None,
             model: None,
             profiles: BTreeMap::new(),
@@ -340,10 +344,10 @@ impl DecisionService for DecisionServer {
 pub async fn run(
     listener: TcpListener,
     server: DecisionServer,
-    callers: Option<agentloop_auth::Callers>,
+    access: agentloop_server::Access,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentloop_server::ServeError> {
     let services = agentloop_server::ServiceSet::new()
-        .add_guarded(agentloop_proto::server::decision(server), callers.as_ref());
+        .add_for(agentloop_proto::server::decision(server), &access);
     agentloop_server::serve(listener, services, shutdown).await
 }

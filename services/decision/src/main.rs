@@ -42,11 +42,11 @@ async fn main() -> anyhow::Result<()> {
     } = SERVICE
         .start(&flags.common, &flags, DecisionServer::from_config)
         .await;
-    let callers = SERVICE.callers(&config.auth);
+    let access = SERVICE.access(&config.auth, config.server_tls.as_ref());
     agentloop_decision::run(
         listener,
         server,
-        callers,
+        access,
         agentloop_server::shutdown_signal(),
     )
     .await?;

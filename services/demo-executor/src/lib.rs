@@ -79,6 +79,9 @@ pub struct DemoConfig {
     pub auth: agentloop_auth::CallersConfig,
     /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
     pub insecure_no_auth: bool,
+    /// TLS on the listener; with `client_ca_file`, mutual TLS, and `auth.callers` may name
+    /// callers by the SPIFFE ID of their certificates.
+    pub server_tls: Option<agentloop_server::ServerTls>,
     /// Directory of the transfer record (`transfers.jsonl`); created if missing.
     pub data_dir: PathBuf,
     /// Optional JSON file `{"key": "value", ...}` of extra lookup entries.
@@ -93,6 +96,7 @@ impl Default for DemoConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 50061)),
             auth: agentloop_auth::CallersConfig::default(),
             insecure_no_auth: false,
+            server_tls: None,
             data_dir: PathBuf::from("agentloop-demo-data"),
             data_file: None,
             faults: FaultConfig::default(),
@@ -550,11 +554,19 @@ impl ToolExecutorService for DemoExecutor {
         &self,
         request: Request<ToolExecutorServiceExecuteRequest>,
     ) -> Result<Response<ToolExecutorServiceExecuteResponse>, Status> {
+        // Who calls, as the guard in front of this service established it (`auth.callers`):
+        // a tool owner's executor can refuse or attribute by it. `None` when the port is
+        // open or the call comes in-process.
+        let caller = request
+            .extensions()
+            .get::<agentloop_auth::Caller>()
+            .map(|caller| caller.0.clone());
         let request = request.into_inner();
         let call = request
             .call
             .clone()
             .ok_or_else(|| DemoError::InvalidRequest("call is required".to_owned()))?;
+        tracing::debug!(caller = caller.as_deref().unwrap_or("-"), tool = %call.tool, call = %call.call_id, "execute");
         check_bounds(&request, &call)?;
         let outcome = match call.tool.as_str() {
             LOOKUP => self.lookup(&call),
@@ -624,12 +636,10 @@ impl ToolExecutorService for DemoExecutor {
 pub async fn run(
     listener: tokio::net::TcpListener,
     executor: DemoExecutor,
-    callers: Option<agentloop_auth::Callers>,
+    access: agentloop_server::Access,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentloop_server::ServeError> {
-    let services = agentloop_server::ServiceSet::new().add_guarded(
-        agentloop_proto::server::tool_executor(executor),
-        callers.as_ref(),
-    );
+    let services = agentloop_server::ServiceSet::new()
+        .add_for(agentloop_proto::server::tool_executor(executor), &access);
     agentloop_server::serve(listener, services, shutdown).await
 }

@@ -93,11 +93,11 @@ async fn main() -> anyhow::Result<()> {
         Err(error) => return Err(error.into()),
     };
     tracing::info!(data_dir = %config.data_dir.display(), "serving");
-    let callers = SERVICE.callers(&config.auth);
+    let access = SERVICE.access(&config.auth, config.server_tls.as_ref());
     run(
         listener,
         executor,
-        callers,
+        access,
         agentloop_server::shutdown_signal(),
     )
     .await?;

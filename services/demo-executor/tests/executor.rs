@@ -38,9 +38,14 @@ impl Server {
         let (stop, stopped) = oneshot::channel::<()>();
         let served = executor.clone();
         let task = tokio::spawn(async move {
-            run(listener, served, None, async {
-                let _ = stopped.await;
-            })
+            run(
+                listener,
+                served,
+                agentloop_server::Access::default(),
+                async {
+                    let _ = stopped.await;
+                },
+            )
             .await
             .unwrap();
         });

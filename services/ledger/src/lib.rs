@@ -80,6 +80,9 @@ pub struct LedgerConfig {
     pub auth: agentloop_auth::CallersConfig,
     /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
     pub insecure_no_auth: bool,
+    /// TLS on the listener; with `client_ca_file`, mutual TLS, and `auth.callers` may name
+    /// callers by the SPIFFE ID of their certificates.
+    pub server_tls: Option<agentloop_server::ServerTls>,
     /// A PostgreSQL database, `postgres://user[:password]@host[:port]/database`, shared
     /// by every ledger process of a deployment; the database must exist, its schema is
     /// brought up to date on start. When unset, the ledger is the SQLite file in
@@ -101,6 +104,7 @@ impl Default for LedgerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 50055)),
             auth: agentloop_auth::CallersConfig::default(),
             insecure_no_auth: false,
+            server_tls: None,
             database_url: None,
             data_dir: PathBuf::from("data/ledger"),
             busy_timeout_ms: 5_000,
@@ -194,15 +198,15 @@ pub enum RunError {
 pub async fn run(
     listener: TcpListener,
     config: &LedgerConfig,
-    callers: Option<agentloop_auth::Callers>,
+    access: agentloop_server::Access,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
     let store = config.open_store().await?;
     let durability = store.durability().await?;
     tracing::info!(backend = %config.describe_backend(), %durability, "effect ledger store open");
-    let services = agentloop_server::ServiceSet::new().add_guarded(
+    let services = agentloop_server::ServiceSet::new().add_for(
         agentloop_proto::server::effect_ledger(LedgerService::new(store.clone())),
-        callers.as_ref(),
+        &access,
     );
     let served = agentloop_server::serve(listener, services, shutdown).await;
     store.close().await;

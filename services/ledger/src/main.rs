@@ -44,11 +44,11 @@ async fn main() -> anyhow::Result<()> {
         .start(&flags.common, &flags, LedgerConfig::validate)
         .await;
     tracing::info!(backend = %config.describe_backend(), "effect ledger starting");
-    let callers = SERVICE.callers(&config.auth);
+    let access = SERVICE.access(&config.auth, config.server_tls.as_ref());
     agentloop_ledger::run(
         listener,
         &config,
-        callers,
+        access,
         agentloop_server::shutdown_signal(),
     )
     .await?;

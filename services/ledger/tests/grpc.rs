@@ -45,9 +45,14 @@ async fn start_with(database_url: Option<String>) -> Ledger {
     let addr: SocketAddr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let handle = tokio::spawn(async move {
-        agentloop_ledger::run(listener, &config, None, async {
-            let _ = stopped.await;
-        })
+        agentloop_ledger::run(
+            listener,
+            &config,
+            agentloop_server::Access::default(),
+            async {
+                let _ = stopped.await;
+            },
+        )
         .await
     });
     let channel = Channel::from_shared(format!("http://{addr}"))

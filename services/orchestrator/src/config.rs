@@ -30,6 +30,11 @@ pub struct OrchestratorConfig {
     pub ledger_endpoint: String,
     /// This orchestrator's token for the services above, when they check their callers.
     pub service_token_file: Option<PathBuf>,
+    /// TLS of its calls to the services above (`https://` endpoints): the CA and, for
+    /// mutual TLS, its certificate.
+    pub client_tls: Option<agentloop_server::ClientTlsFiles>,
+    /// TLS on the public listener.
+    pub server_tls: Option<agentloop_server::ServerTls>,
     /// The default profile's budgets.
     pub limits: LimitsConfig,
     /// Bounds on requests.
@@ -57,6 +62,8 @@ impl Default for OrchestratorConfig {
             ledger_endpoint: "http://127.0.0.1:50055".into(),
             database_url: None,
             service_token_file: None,
+            client_tls: None,
+            server_tls: None,
             limits: LimitsConfig::default(),
             bounds: RequestBounds::default(),
             workers: WorkersConfig::default(),

@@ -216,17 +216,20 @@ impl Shared {
     }
 }
 
-/// Serves `orchestrator` on `listener`, its callers authenticated by `auth` (`None`:
-/// nobody is), until `shutdown` resolves, then drains: new invocations are refused,
+/// Serves `orchestrator` on `listener` (over `tls`, if given), its callers authenticated
+/// by `auth` (`None`: nobody is), until `shutdown` resolves, then drains: new invocations are refused,
 /// in-flight turns commit, running invocations park (they are handed off to another
 /// worker, or resume on the next start) and in-flight RPCs finish.
 pub async fn run(
     listener: tokio::net::TcpListener,
     orchestrator: Orchestrator,
     auth: Option<Authenticator>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentloop_server::ServeError> {
-    let services = agentloop_server::ServiceSet::new().add(orchestrator.service(auth));
+    let services = agentloop_server::ServiceSet::new()
+        .tls(tls)
+        .add(orchestrator.service(auth));
     agentloop_server::serve(listener, services, async move {
         shutdown.await;
         orchestrator.shutdown().await;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use agentloop_auth::Authenticator;
 use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Ports, Workers};
-use agentloop_proto::client::{ClientConfig, connect};
+use agentloop_proto::client::connect;
 use agentloop_server::{CommonFlags, Service, Started};
 use agentloop_store::{EventStore, PgOptions, PgStore, SqliteStore};
 use clap::Parser;
@@ -69,12 +69,13 @@ async fn main() -> anyhow::Result<()> {
         .await;
 
     // Lazy channels: the other services may start after this one.
-    let token = SERVICE.service_token(config.service_token_file.as_deref());
-    let lazy = ClientConfig::default()
+    let lazy = SERVICE
+        .client(
+            config.service_token_file.as_deref(),
+            config.client_tls.as_ref(),
+        )
         .with_lazy(true)
-        .with_request_timeout(None)
-        .with_bearer(token.as_deref())
-        .unwrap_or_else(|error| SERVICE.exit_bad_config(&format!("service_token_file: {error}")));
+        .with_request_timeout(None);
     let channel = |endpoint: &str| {
         let lazy = lazy.clone();
         let endpoint = endpoint.to_owned();
@@ -100,10 +101,14 @@ async fn main() -> anyhow::Result<()> {
     let auth = Authenticator::from_config(&config.auth)
         .await
         .unwrap_or_else(|error| SERVICE.exit_bad_config(&error));
+    let tls = config.server_tls.as_ref().map(|tls| {
+        tls.load()
+            .unwrap_or_else(|error| SERVICE.exit_bad_config(&error))
+    });
     let orchestrator = Orchestrator::with_workers(config, store, ports, workers);
     tracing::info!(worker = orchestrator.worker_id(), "worker started");
     orchestrator.resume().await?;
     let shutdown = agentloop_server::shutdown_signal();
-    agentloop_orchestrator::run(listener, orchestrator, auth, shutdown).await?;
+    agentloop_orchestrator::run(listener, orchestrator, auth, tls, shutdown).await?;
     Ok(())
 }

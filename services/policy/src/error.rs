@@ -8,8 +8,8 @@
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PolicyError {
-    /// `service_token_file` cannot be read or used (setup).
-    #[error("service_token_file: {0}")]
+    /// `service_token_file` or `client_tls` cannot be read or used (setup).
+    #[error("{0}")]
     ServiceToken(String),
     /// The request is malformed (missing invocation ID, too many calls, oversized
     /// arguments): INVALID_ARGUMENT.

@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentloop_proto::client::ClientConfig;
 use agentloop_proto::v1::policy_service_server::PolicyService;
 use agentloop_proto::v1::{
     EvaluateRequest, EvaluateResponse, ListToolsRequest, ToolDescriptor, ValidateFinalRequest,
@@ -54,10 +55,16 @@ pub struct PolicyConfig {
     pub auth: agentloop_auth::CallersConfig,
     /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
     pub insecure_no_auth: bool,
+    /// TLS on the listener; with `client_ca_file`, mutual TLS, and `auth.callers` may name
+    /// callers by the SPIFFE ID of their certificates.
+    pub server_tls: Option<agentloop_server::ServerTls>,
     /// The tool gateway (`http://host:port`) whose `ListTools` gives the descriptors.
     pub tools_endpoint: Option<String>,
     /// This service's token for the tool gateway, when the gateway checks its callers.
     pub service_token_file: Option<PathBuf>,
+    /// TLS of its calls (`https://` endpoints): the CA and, for mutual TLS, its
+    /// certificate.
+    pub client_tls: Option<agentloop_server::ClientTlsFiles>,
     /// The tool gateway's registry file (`agentloop_tools::ToolsConfig` TOML), read
     /// instead of asking the gateway; exactly one of this and `tools_endpoint`.
     pub tools_file: Option<PathBuf>,
@@ -77,8 +84,10 @@ impl Default for PolicyConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 50053)),
             auth: agentloop_auth::CallersConfig::default(),
             insecure_no_auth: false,
+            server_tls: None,
             tools_endpoint: None,
             service_token_file: None,
+            client_tls: None,
             tools_file: None,
             tools_attempts: 40,
             tools_backoff_ms: 250,
@@ -131,16 +140,14 @@ pub const MAX_TOOLS_ATTEMPTS: u32 = 1000;
 /// [`PolicyError::ToolsUnavailable`] with the last failure when every attempt failed.
 pub async fn fetch_tools(
     endpoint: &str,
-    token: Option<&str>,
+    client: ClientConfig,
     attempts: u32,
     backoff: Duration,
 ) -> Result<Vec<ToolDescriptor>, PolicyError> {
     let attempts = attempts.clamp(1, MAX_TOOLS_ATTEMPTS);
-    let client_config = agentloop_proto::client::ClientConfig::default()
+    let client_config = client
         .with_connect_timeout(Duration::from_secs(2))
-        .with_request_timeout(Some(Duration::from_secs(10)))
-        .with_bearer(token)
-        .map_err(|e| PolicyError::ServiceToken(e.to_string()))?;
+        .with_request_timeout(Some(Duration::from_secs(10)));
     let mut last = String::new();
     for attempt in 1..=attempts {
         match agentloop_proto::client::connect(endpoint, client_config.clone()).await {
@@ -230,15 +237,14 @@ impl PolicyServer {
                 })?
                 .descriptors(),
             (None, Some(endpoint)) => {
-                let token = config
-                    .service_token_file
-                    .as_deref()
-                    .map(agentloop_auth::read_secret_file)
-                    .transpose()
-                    .map_err(|e| PolicyError::ServiceToken(e.to_string()))?;
+                let client = agentloop_server::client_config(
+                    config.service_token_file.as_deref(),
+                    config.client_tls.as_ref(),
+                )
+                .map_err(PolicyError::ServiceToken)?;
                 fetch_tools(
                     endpoint,
-                    token.as_deref(),
+                    client,
                     config.tools_attempts,
                     Duration::from_millis(config.tools_backoff_ms),
                 )
@@ -302,10 +308,10 @@ impl PolicyService for PolicyServer {
 pub async fn run(
     listener: TcpListener,
     server: PolicyServer,
-    callers: Option<agentloop_auth::Callers>,
+    access: agentloop_server::Access,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentloop_server::ServeError> {
     let services = agentloop_server::ServiceSet::new()
-        .add_guarded(agentloop_proto::server::policy(server), callers.as_ref());
+        .add_for(agentloop_proto::server::policy(server), &access);
     agentloop_server::serve(listener, services, shutdown).await
 }

@@ -52,11 +52,11 @@ async fn main() -> anyhow::Result<()> {
         Err(error @ PolicyError::ToolsUnavailable { .. }) => return Err(error.into()),
         Err(error) => SERVICE.exit_bad_config(&error),
     };
-    let callers = SERVICE.callers(&config.auth);
+    let access = SERVICE.access(&config.auth, config.server_tls.as_ref());
     agentloop_policy::run(
         listener,
         server,
-        callers,
+        access,
         agentloop_server::shutdown_signal(),
     )
     .await?;

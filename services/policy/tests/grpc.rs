@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use agentloop_policy::{PolicyConfig, PolicyError, PolicyServer, fetch_tools};
+use agentloop_proto::client::ClientConfig;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use agentloop_proto::v1::{
     self, EvaluateRequest, ListToolsRequest, ListToolsResponse, ToolCall, ToolDescriptor,
@@ -105,7 +106,7 @@ async fn evaluate_and_validate_over_grpc_with_tools_from_the_gateway() {
     tokio::spawn(agentloop_policy::run(
         listener,
         server,
-        None,
+        agentloop_server::Access::default(),
         std::future::pending(),
     ));
     let channel = agentloop_proto::client::connect(
@@ -202,9 +203,14 @@ async fn an_unreachable_gateway_fails_after_the_bounded_retry() {
     // A port that was free a moment ago and has no listener now.
     let (listener, endpoint) = listen().await;
     drop(listener);
-    let error = fetch_tools(&endpoint, None, 3, Duration::from_millis(1))
-        .await
-        .unwrap_err();
+    let error = fetch_tools(
+        &endpoint,
+        ClientConfig::default(),
+        3,
+        Duration::from_millis(1),
+    )
+    .await
+    .unwrap_err();
     assert!(
         matches!(error, PolicyError::ToolsUnavailable { attempts: 3, .. }),
         "{error}"

@@ -116,22 +116,28 @@ impl Gateway {
     /// [`GatewayError::Config`] if the registry or limits are invalid,
     /// [`GatewayError::Connect`] if an endpoint cannot be turned into a channel.
     pub async fn new(tools: ToolsConfig, limits: GatewayLimits) -> Result<Gateway, GatewayError> {
-        Gateway::with_in_process(tools, limits, InProcessExecutors::new(), None).await
+        Gateway::with_in_process(
+            tools,
+            limits,
+            InProcessExecutors::new(),
+            ClientConfig::default(),
+        )
+        .await
     }
 
     /// Like [`Gateway::new`], with the tools of the endpoints in `in_process` routed to
-    /// those executors without a network (see [`InProcessExecutors`]), and
-    /// `service_token` sent to the others, for executors that check who calls them.
+    /// those executors without a network (see [`InProcessExecutors`]), and the others
+    /// reached as `client` says: its service token and TLS, for executors that check who
+    /// calls them (the gateway sets the timeouts).
     ///
     /// # Errors
     ///
-    /// As [`Gateway::new`]; [`GatewayError::InvalidLimits`] for a token that cannot be
-    /// sent.
+    /// As [`Gateway::new`].
     pub async fn with_in_process(
         tools: ToolsConfig,
         limits: GatewayLimits,
         in_process: InProcessExecutors,
-        service_token: Option<&str>,
+        client: ClientConfig,
     ) -> Result<Gateway, GatewayError> {
         tools.validate()?;
         if limits.max_concurrent_calls_per_executor == 0
@@ -146,14 +152,12 @@ impl Gateway {
                 "connect_timeout_ms must be at least 1".to_owned(),
             ));
         }
-        let client_config = ClientConfig::default()
+        let client_config = client
             .with_lazy(true)
             .with_connect_timeout(Duration::from_millis(limits.connect_timeout_ms))
             // Each call carries its own deadline (the smaller of the tool's timeout and
             // the request's), so the channel adds none.
-            .with_request_timeout(None)
-            .with_bearer(service_token)
-            .map_err(|e| GatewayError::InvalidLimits(format!("service token: {e}")))?;
+            .with_request_timeout(None);
         let mut executors: HashMap<String, Arc<Executor>> = HashMap::new();
         let mut registry = BTreeMap::new();
         for entry in tools.tools {

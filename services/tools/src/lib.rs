@@ -47,12 +47,18 @@ pub struct ToolsServiceConfig {
     pub auth: agentloop_auth::CallersConfig,
     /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
     pub insecure_no_auth: bool,
+    /// TLS on the listener; with `client_ca_file`, mutual TLS, and `auth.callers` may name
+    /// callers by the SPIFFE ID of their certificates.
+    pub server_tls: Option<agentloop_server::ServerTls>,
     /// The tool registry file (TOML, `[[tools]]`); required to start.
     pub tools: Option<PathBuf>,
     /// Gateway limits.
     pub limits: GatewayLimits,
     /// This gateway's token for its executors, when they check who calls them.
     pub service_token_file: Option<std::path::PathBuf>,
+    /// TLS of its calls to executors (`https://` endpoints): the CA and, for mutual TLS,
+    /// its certificate.
+    pub client_tls: Option<agentloop_server::ClientTlsFiles>,
 }
 
 impl Default for ToolsServiceConfig {
@@ -61,9 +67,11 @@ impl Default for ToolsServiceConfig {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 50054)),
             auth: agentloop_auth::CallersConfig::default(),
             insecure_no_auth: false,
+            server_tls: None,
             tools: None,
             limits: GatewayLimits::default(),
             service_token_file: None,
+            client_tls: None,
         }
     }
 }
@@ -92,12 +100,10 @@ impl agentloop_server::ServiceConfig for ToolsServiceConfig {
 pub async fn run(
     listener: tokio::net::TcpListener,
     gateway: Gateway,
-    callers: Option<agentloop_auth::Callers>,
+    access: agentloop_server::Access,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentloop_server::ServeError> {
-    let services = agentloop_server::ServiceSet::new().add_guarded(
-        agentloop_proto::server::tool_gateway(gateway),
-        callers.as_ref(),
-    );
+    let services = agentloop_server::ServiceSet::new()
+        .add_for(agentloop_proto::server::tool_gateway(gateway), &access);
     agentloop_server::serve(listener, services, shutdown).await
 }

@@ -48,21 +48,19 @@ async fn main() -> anyhow::Result<()> {
         listener,
     } = SERVICE.start(&flags.common, &flags, registry).await;
     let count = registry.tools.len();
-    let token = SERVICE.service_token(config.service_token_file.as_deref());
-    let gateway = Gateway::with_in_process(
-        registry,
-        config.limits.clone(),
-        Vec::new(),
-        token.as_deref(),
-    )
-    .await
-    .unwrap_or_else(|error| SERVICE.exit_bad_config(&error));
+    let client = SERVICE.client(
+        config.service_token_file.as_deref(),
+        config.client_tls.as_ref(),
+    );
+    let gateway = Gateway::with_in_process(registry, config.limits.clone(), Vec::new(), client)
+        .await
+        .unwrap_or_else(|error| SERVICE.exit_bad_config(&error));
     tracing::info!(tools = count, "serving");
-    let callers = SERVICE.callers(&config.auth);
+    let access = SERVICE.access(&config.auth, config.server_tls.as_ref());
     run(
         listener,
         gateway,
-        callers,
+        access,
         agentloop_server::shutdown_signal(),
     )
     .await?;

@@ -9,6 +9,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use agentloop_server::Access;
+
 use agentloop_demo_executor::{DemoConfig, DemoExecutor, FaultConfig};
 use agentloop_proto::MAX_STAGE_CALLS;
 use agentloop_proto::client::Transport;
@@ -37,7 +39,7 @@ async fn serve_executor(executor: DemoExecutor) -> Served {
     tokio::spawn(agentloop_demo_executor::run(
         listener,
         executor,
-        None,
+        Access::default(),
         async {
             let _ = stopped.await;
         },
@@ -49,9 +51,14 @@ async fn serve_gateway(gateway: Gateway) -> (Served, ToolGatewayServiceClient<Tr
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(agentloop_tools::run(listener, gateway, None, async {
-        let _ = stopped.await;
-    }));
+    tokio::spawn(agentloop_tools::run(
+        listener,
+        gateway,
+        Access::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
     let channel = client::connect(&format!("http://{addr}"), ClientConfig::default())
         .await
         .unwrap();
@@ -528,7 +535,7 @@ async fn an_in_process_executor_is_called_without_a_network() {
         registry,
         GatewayLimits::default(),
         vec![(endpoint.to_owned(), service)],
-        None,
+        ClientConfig::default(),
     )
     .await
     .unwrap();

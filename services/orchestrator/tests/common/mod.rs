@@ -149,7 +149,7 @@ impl Cluster {
         let shutdown = CancellationToken::new();
         let (o, s) = (orchestrator.clone(), shutdown.clone());
         let server = tokio::spawn(async move {
-            agentloop_orchestrator::run(l, o, None, s.cancelled_owned())
+            agentloop_orchestrator::run(l, o, None, None, s.cancelled_owned())
                 .await
                 .unwrap();
         });
