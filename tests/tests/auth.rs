@@ -39,6 +39,7 @@ both_wirings!(
     every_rpc_answers_every_credential_as_documented,
     the_public_port_serves_the_orchestrator_alone,
     a_tenant_gets_exactly_its_bound_under_concurrent_starts,
+    a_tenant_starts_at_its_rate_and_others_are_not_held_back,
 );
 
 const TENANT: &str = "acme";
@@ -317,6 +318,21 @@ async fn every_rpc_answers_every_credential_as_documented(wiring: Wiring) {
         .unwrap()
         .into_inner();
     assert!(ours.created && theirs.created);
+    // Naming one's own tenant and actor is the same request as leaving them out.
+    let again = owner
+        .start_invocation(pb::StartInvocationRequest {
+            tenant: TENANT.into(),
+            actor: "alice".into(),
+            ..keyed("k-1")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!again.created);
+    assert_eq!(
+        again.invocation.map(|i| i.invocation_id),
+        ours.invocation.as_ref().map(|i| i.invocation_id.clone())
+    );
     let (ours, theirs) = (ours.invocation.unwrap(), theirs.invocation.unwrap());
     assert_ne!(ours.invocation_id, theirs.invocation_id);
     // A different request under another tenant's key conflicts with the caller's own only.
@@ -539,5 +555,52 @@ async fn a_tenant_gets_exactly_its_bound_under_concurrent_starts(wiring: Wiring)
         admitted,
         "an ended invocation gives its tenant's place back"
     );
+    system.stop().await;
+}
+
+async fn a_tenant_starts_at_its_rate_and_others_are_not_held_back(wiring: Wiring) {
+    let issuer = TokenIssuer::new(Alg::Hs256);
+    // A burst of two, then one a second: the four starts take a few milliseconds.
+    let (system, _keys) = authenticated(wiring, &issuer, |config| {
+        config.tenants.starts_per_s = 1;
+        config.tenants.start_burst = 2;
+    })
+    .await;
+    for tenant in [TENANT, "other"] {
+        let mut client = client_with(&system, Some(&issuer.token("alice", tenant, &[]))).await;
+        let mut codes = Vec::new();
+        for _ in 0..4 {
+            match client.start_invocation(start_request(DONE)).await {
+                Ok(_) => codes.push(Code::Ok),
+                Err(status) => {
+                    assert!(
+                        status.message().contains("tenants.starts_per_s"),
+                        "{status:?}"
+                    );
+                    assert!(status.message().contains("retry in"), "{status:?}");
+                    codes.push(status.code());
+                }
+            }
+        }
+        assert_eq!(
+            codes,
+            [
+                Code::Ok,
+                Code::Ok,
+                Code::ResourceExhausted,
+                Code::ResourceExhausted
+            ],
+            "{tenant}"
+        );
+    }
+    // Refused starts stored nothing.
+    let mut client = client_with(&system, Some(&issuer.token("alice", TENANT, &[]))).await;
+    let listed = client
+        .list_invocations(pb::ListInvocationsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .invocations;
+    assert_eq!(listed.len(), 2);
     system.stop().await;
 }

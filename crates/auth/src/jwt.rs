@@ -57,6 +57,8 @@ struct Inner {
     rules: Rules,
     /// The current keys. Readers take a cheap snapshot; a refresh replaces the whole set.
     keys: watch::Sender<Arc<KeySet>>,
+    /// Tokens verified lately.
+    verified: Verified,
     /// Set for a `jwks_url` source.
     remote: Option<Remote>,
     /// Dropped with the last `Authenticator`, which stops the refresh task at once.
@@ -153,6 +155,7 @@ impl Authenticator {
         let inner = Arc::new(Inner {
             rules: Rules::new(config),
             keys: watch::Sender::new(Arc::new(keys)),
+            verified: Verified::default(),
             remote,
             _stop: is_remote.then_some(stop),
         });
@@ -167,9 +170,17 @@ impl Authenticator {
 
     /// Verifies a JWT: size, key (by `kid`), algorithm bound to that key, signature, `exp`
     /// (required) and `nbf` within the leeway, `iss`, `aud`, then the identity claims.
+    ///
+    /// A token verified before answers from memory until its `exp` (without leeway), as
+    /// long as the key set that verified it is the current one.
     pub async fn verify(&self, token: &str) -> Result<Identity, AuthError> {
         if token.len() > MAX_TOKEN_BYTES {
             return Err(AuthError::Rejected("token too large"));
+        }
+        let now = unix_now();
+        let current = self.inner.keys.borrow().clone();
+        if let Some(identity) = self.inner.verified.get(token, now, &current) {
+            return Ok(identity);
         }
         // An unsupported `alg` (including "none") fails here: it is not an `Algorithm`.
         let header = jsonwebtoken::decode_header(token)
@@ -190,7 +201,18 @@ impl Authenticator {
         validation.algorithms = vec![key.alg];
         let data = jsonwebtoken::decode::<Map<String, Value>>(token, &key.decoding, &validation)
             .map_err(rejection)?;
-        self.inner.rules.identity(&data.claims)
+        let identity = self.inner.rules.identity(&data.claims)?;
+        // Remembered with the set that holds its key (a fetch may have replaced the set
+        // this call started with); not at all when a refresh dropped the key meanwhile.
+        let current = self.inner.keys.borrow().clone();
+        if let Some(exp) = data.claims.get("exp").and_then(Value::as_u64)
+            && current.keys.iter().any(|k| Arc::ptr_eq(k, &key))
+        {
+            self.inner
+                .verified
+                .put(token, identity.clone(), exp, &current);
+        }
+        Ok(identity)
     }
 
     /// The role that may approve held tool calls (`auth.approver_role`).
@@ -355,6 +377,63 @@ fn rejection(error: jsonwebtoken::errors::Error) -> AuthError {
         | _ => "token rejected",
     };
     AuthError::Rejected(reason)
+}
+
+/// Most tokens [`Verified`] remembers; when full it starts over.
+const MAX_VERIFIED: usize = 10_000;
+
+/// Tokens verified lately, by their text. A caller sends the same token with every call,
+/// and verifying one (base64, JSON, the signature) cost some 44,000 instructions for
+/// HS256 in `agentloop bench --auth`, more than the rest of an in-process call; a
+/// signature algorithm costs more still. An entry answers until the token's `exp` and
+/// while the key set that verified it is the current one: a refresh that replaces the
+/// keys forgets every token at once.
+#[derive(Default)]
+struct Verified {
+    entries: std::sync::Mutex<std::collections::HashMap<Box<str>, Remembered>>,
+}
+
+struct Remembered {
+    identity: Identity,
+    exp: u64,
+    keys: Weak<KeySet>,
+}
+
+impl Verified {
+    fn get(&self, token: &str, now: u64, current: &Arc<KeySet>) -> Option<Identity> {
+        let entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entry = entries.get(token)?;
+        (now < entry.exp && std::ptr::eq(entry.keys.as_ptr(), Arc::as_ptr(current)))
+            .then(|| entry.identity.clone())
+    }
+
+    fn put(&self, token: &str, identity: Identity, exp: u64, keys: &Arc<KeySet>) {
+        let mut entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if entries.len() >= MAX_VERIFIED {
+            entries.clear();
+        }
+        entries.insert(
+            token.into(),
+            Remembered {
+                identity,
+                exp,
+                keys: Arc::downgrade(keys),
+            },
+        );
+    }
+}
+
+/// Seconds since the Unix epoch, as `exp` counts them.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
 }
 
 impl KeySet {
@@ -593,6 +672,61 @@ mod tests {
             jwks_url: Some(format!("{}/jwks", server.uri())),
             ..issuer.write_key_source(dir.path())
         }
+    }
+
+    #[test]
+    fn a_remembered_token_answers_until_its_exp_and_with_its_key_set_only() {
+        let verified = Verified::default();
+        let keys = Arc::new(KeySet::secret(&[7; 32]));
+        let other = Arc::new(KeySet::secret(&[7; 32]));
+        let alice = Identity {
+            actor: "alice".into(),
+            tenant: "acme".into(),
+            roles: vec!["approver".into()],
+        };
+        verified.put("t", alice.clone(), 100, &keys);
+        assert_eq!(verified.get("t", 99, &keys), Some(alice));
+        assert_eq!(verified.get("t", 100, &keys), None, "expired at exp");
+        assert_eq!(verified.get("t", 99, &other), None, "another key set");
+        assert_eq!(verified.get("u", 99, &keys), None);
+        for n in 0..MAX_VERIFIED {
+            verified.put(&n.to_string(), alice_like(), 100, &keys);
+        }
+        let entries = verified.entries.lock().unwrap().len();
+        assert!(entries <= MAX_VERIFIED, "bounded: {entries}");
+    }
+
+    fn alice_like() -> Identity {
+        Identity {
+            actor: "a".into(),
+            tenant: "t".into(),
+            roles: Vec::new(),
+        }
+    }
+
+    /// A token verified with a key the provider then drops is refused once the new set
+    /// is fetched, although it was remembered.
+    #[tokio::test]
+    async fn a_dropped_key_forgets_the_tokens_it_verified() {
+        let server = MockServer::start().await;
+        let old = TokenIssuer::new(Alg::Es256);
+        let new = TokenIssuer::new(Alg::Es256);
+        serve(&server, &old).await;
+        let config = url_config(&server, &old);
+        let (auth, _task) = Authenticator::start(&config, Duration::from_secs(3600))
+            .await
+            .unwrap()
+            .unwrap();
+        let token = old.token("alice", "acme", &[]);
+        assert!(auth.verify(&token).await.is_ok());
+        assert!(auth.verify(&token).await.is_ok(), "remembered");
+        // The provider rotates; a token of the new key makes the set be fetched again.
+        serve(&server, &new).await;
+        assert!(auth.verify(&new.token("bob", "acme", &[])).await.is_ok());
+        assert!(matches!(
+            auth.verify(&token).await,
+            Err(AuthError::Rejected("unknown signing key"))
+        ));
     }
 
     /// The refresh task fetches on its period (not only on unknown kids), and ends as soon

@@ -267,7 +267,12 @@ fn validate_names_the_entry() {
     )
     .unwrap();
     assert_eq!(parsed.callers[0].name, "orchestrator");
-    assert!(serde_json::from_str::<CallersConfig>(r#"{"callers":[{"name":"a"}]}"#).is_err());
+    // A caller with neither credential parses, and validation names what is missing.
+    let bare: CallersConfig = serde_json::from_str(r#"{"callers":[{"name":"a"}]}"#).unwrap();
+    assert_eq!(
+        bare.validate(),
+        Err("callers[0] needs a token_file or a spiffe_id".to_owned())
+    );
     assert!(
         serde_json::from_str::<CallersConfig>(
             r#"{"callers":[{"name":"a","token_file":"/x","token":"inline"}]}"#

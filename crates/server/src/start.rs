@@ -256,9 +256,9 @@ impl Service {
     ///    (the binary's flags, common ones included);
     /// 4. runs `validate`, the service's checks of what serde cannot check: they must
     ///    not need the network, since `--dump-config` runs them too;
-    /// 5. with `--dump-config`, prints the configuration and exits 0;
-    /// 6. refuses an address beyond loopback when callers are not authenticated, unless
+    /// 5. refuses an address beyond loopback when callers are not authenticated, unless
     ///    `insecure_no_auth` says to go on (with a warning);
+    /// 6. with `--dump-config`, prints the configuration and exits 0;
     /// 7. binds `listen` and logs the bound address.
     ///
     /// Any failure exits with [`EXIT_BAD_CONFIG`](crate::EXIT_BAD_CONFIG) (78) and
@@ -305,7 +305,7 @@ impl Service {
         }
     }
 
-    /// Steps 3 to 6 of [`Service::start`] without exiting and with the environment
+    /// Steps 3 to 7 of [`Service::start`] without exiting and with the environment
     /// passed in, so tests neither end their process nor change its environment.
     pub async fn prepare<C, V, E>(
         &self,
@@ -329,15 +329,15 @@ impl Service {
         let config: C = config::load_from(file.as_deref(), env, &self.env_prefix(), overrides)?;
         let validated =
             validate(&config).map_err(|error| StartError::Invalid(error.to_string()))?;
-        if flags.dump_config {
-            return Ok(Prepared::Dump(dump::to_toml(self.name, &config)?));
-        }
         let address = config.listen();
         exposure(
             address,
             config.authenticates_callers(),
             config.insecure_no_auth(),
         )?;
+        if flags.dump_config {
+            return Ok(Prepared::Dump(dump::to_toml(self.name, &config)?));
+        }
         let listener = TcpListener::bind(address)
             .await
             .map_err(|source| StartError::Listen { address, source })?;

@@ -176,11 +176,10 @@ fn millis(duration: &prost_types::Duration, field: &str) -> Result<u64, Orchestr
 }
 
 impl Orchestrator {
+    /// Starts `request`, whose actor and tenant the API has settled.
     async fn start(
         &self,
         request: pb::StartInvocationRequest,
-        actor: String,
-        tenant: String,
     ) -> Result<pb::StartInvocationResponse, OrchestratorError> {
         let shared = &self.shared;
         if shared.drain.is_cancelled() {
@@ -302,14 +301,14 @@ impl Orchestrator {
         slot.ticket = Some(
             shared
                 .tenants
-                .admit(&tenant)
+                .admit(&request.tenant)
                 .map_err(|refusal| OrchestratorError::ResourceExhausted(refusal.to_string()))?,
         );
         let spec = InvocationSpec {
             goal: request.goal.clone(),
             profile,
-            actor,
-            tenant: tenant.clone(),
+            actor: request.actor.clone(),
+            tenant: request.tenant.clone(),
             limits,
             tools: Arc::new(tools),
             script,
@@ -319,7 +318,7 @@ impl Orchestrator {
         let digest = hex::encode(Sha256::digest(request.encode_to_vec()));
         let new = NewInvocation {
             invocation_id: Uuid::now_v7(),
-            tenant,
+            tenant: request.tenant.clone(),
             idempotency_key: Some(request.idempotency_key.clone()).filter(|key| !key.is_empty()),
             request_digest: digest,
             spec: spec_json,
@@ -414,9 +413,11 @@ impl OrchestratorService for Api {
         request: Request<pb::StartInvocationRequest>,
     ) -> Result<Response<pb::StartInvocationResponse>, Status> {
         let caller = self.caller(&request).await?;
-        let request = request.into_inner();
-        let (actor, tenant) = principal(&caller, &request)?;
-        let started = self.orchestrator.start(request, actor, tenant).await?;
+        let mut request = request.into_inner();
+        // The request as the caller's identity makes it, so that naming one's own tenant
+        // or leaving it out is the same request for its idempotency key.
+        (request.actor, request.tenant) = principal(&caller, &request)?;
+        let started = self.orchestrator.start(request).await?;
         Ok(Response::new(started))
     }
 
