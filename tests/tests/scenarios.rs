@@ -45,6 +45,7 @@ both_wirings!(
     a_transfer_is_recorded_in_the_ledger_and_applied_once,
     an_error_quotes_only_a_bounded_excerpt_of_the_input,
     concurrent_starts_never_pass_max_running,
+    watching_an_ended_invocation_past_its_end_ends_at_once,
 );
 
 const SEED: &str = r#"{"turns": [
@@ -607,5 +608,43 @@ async fn concurrent_starts_never_pass_max_running(wiring: Wiring) {
         }
     }
     assert_eq!(accepted, BOUND);
+    system.stop().await;
+}
+
+/// A watch of an ended invocation from beyond its last event is an empty stream that
+/// ends; from its last event, that event and the end.
+async fn watching_an_ended_invocation_past_its_end_ends_at_once(wiring: Wiring) {
+    let system = System::start(wiring, OrchestratorConfig::default()).await;
+    let mut client = system.client().await;
+    let (invocation, events) = run_to_end(&mut client, start_request(SEED)).await;
+    let last = invocation.last_seq;
+    assert_eq!(events.last().map(|e| e.seq), Some(last));
+    let watch = |from_seq: u64| {
+        let mut client = client.clone();
+        let id = invocation.invocation_id.clone();
+        async move {
+            let stream = client
+                .watch_invocation(pb::WatchInvocationRequest {
+                    invocation_id: id,
+                    from_seq,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            // A bound on the test, not a synchronisation: a stream that does not end
+            // fails here instead of hanging.
+            tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                stream.collect::<Vec<_>>(),
+            )
+            .await
+            .expect("the stream of an ended invocation ends")
+        }
+    };
+    assert!(watch(last + 1).await.is_empty());
+    assert!(watch(last + 1_000).await.is_empty());
+    let tail = watch(last).await;
+    assert_eq!(tail.len(), 1);
+    assert_eq!(tail[0].as_ref().unwrap().event.as_ref().unwrap().seq, last);
     system.stop().await;
 }

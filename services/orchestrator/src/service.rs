@@ -501,16 +501,19 @@ impl OrchestratorService for Api {
         let caller = self.caller(&request).await?;
         let request = request.into_inner();
         let record = self.owned(&caller, &request.invocation_id).await?;
+        let from_seq = request.from_seq.max(1);
+        if record.state == InvocationState::Ended && from_seq > record.version {
+            // Its log is whole and the watcher has seen it all: an empty stream that ends,
+            // rather than one that waits for events that never come.
+            return Ok(Response::new(Box::pin(futures::stream::empty())));
+        }
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         let shared = self.orchestrator.shared.clone();
         // Ends by itself: after the `Ended` event, when the watcher goes away, or when the
         // invocation parks on shutdown. Tracked, so shutdown waits for it.
-        shared.tracker.spawn(watch(
-            shared.clone(),
-            record.invocation_id,
-            request.from_seq.max(1),
-            tx,
-        ));
+        shared
+            .tracker
+            .spawn(watch(shared.clone(), record.invocation_id, from_seq, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
