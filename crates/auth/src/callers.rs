@@ -7,9 +7,11 @@
 //! the lengths alone (which the presenter knows), never on where the bytes differ, and
 //! every caller is compared, so timing does not tell which one matched. (Hashing both
 //! sides first would hide the lengths too, but it was most of a guarded call's cost:
-//! `agentloop bench --mode distributed` spent 2.5% of its instructions in SHA-256.) A certificate was verified by the TLS handshake against the
-//! service's client CA; what is left is to read who it names: its URI SANs
-//! ([`uri_sans`]), matched against the callers' SPIFFE IDs.
+//! `agentloop bench --mode distributed` spent 2.5% of its instructions in SHA-256.)
+//!
+//! A certificate was verified by the TLS handshake against the service's client CA; what
+//! is left is to read who it names: its URI SANs ([`uri_sans`]), matched against the
+//! callers' SPIFFE IDs.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -114,7 +116,7 @@ struct Entry {
 }
 
 impl std::fmt::Debug for Callers {
-    /// Names only: the digests stay out of logs.
+    /// Names only: the tokens stay out of logs.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Callers")
             .field(
