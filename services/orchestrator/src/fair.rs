@@ -184,6 +184,9 @@ impl Tenants {
 
     /// A kept ticket's invocation stopped running here.
     pub(crate) fn release(&self, tenant: &str) {
+        if self.is_off() {
+            return;
+        }
         let mut usage = self.usage.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(entry) = usage.get_mut(tenant) {
             entry.running = entry.running.saturating_sub(1);
@@ -214,9 +217,10 @@ impl Ticket<'_> {
         }
     }
 
-    /// Hands the place to a runner: the tenant to release when it is forgotten.
-    pub(crate) fn keep(mut self) -> Option<Arc<str>> {
-        self.tenant.take()
+    /// Hands the place to a runner, which gives it back with [`Tenants::release`] when
+    /// it is forgotten.
+    pub(crate) fn keep(mut self) {
+        self.tenant = None;
     }
 }
 
@@ -271,13 +275,12 @@ mod tests {
         let other = tenants.admit("b").unwrap();
         // A dropped ticket (a start that stored nothing) gives its place back.
         drop(second);
-        let kept = tenants.admit("a").unwrap().keep();
-        assert_eq!(kept.as_deref(), Some("a"));
+        tenants.admit("a").unwrap().keep();
         assert_eq!(tenants.running("a"), 2);
         // Adoption counts but is never refused.
-        let adopted = tenants.hold("a").keep();
+        tenants.hold("a").keep();
         assert_eq!(tenants.running("a"), 3);
-        drop((first, other, adopted));
+        drop((first, other));
         tenants.release("a");
         tenants.release("a");
         assert_eq!(tenants.running("a"), 0);
@@ -286,15 +289,14 @@ mod tests {
     #[test]
     fn a_refused_start_takes_neither_a_token_nor_a_place() {
         let tenants = Tenants::new(limits(1, 1, 5));
-        let running = tenants.admit("a").unwrap().keep();
+        tenants.admit("a").unwrap().keep();
         for _ in 0..10 {
             assert!(matches!(tenants.admit("a"), Err(Refusal::Running { .. })));
         }
         tenants.release("a");
-        drop(running);
         // The bucket still holds the four tokens the first start left.
         for _ in 0..4 {
-            let _kept = tenants.admit("a").unwrap().keep();
+            tenants.admit("a").unwrap().keep();
             tenants.release("a");
         }
         assert!(matches!(
@@ -307,8 +309,17 @@ mod tests {
     fn off_bounds_count_nothing() {
         let tenants = Tenants::new(TenantLimits::default());
         for _ in 0..100 {
-            assert_eq!(tenants.admit("a").unwrap().keep(), None);
+            tenants.admit("a").unwrap().keep();
+            tenants.release("a");
         }
         assert_eq!(tenants.running("a"), 0);
+        assert!(
+            tenants
+                .usage
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty(),
+            "nothing is kept while the bounds are off"
+        );
     }
 }

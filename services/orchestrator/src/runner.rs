@@ -153,7 +153,7 @@ impl Runner {
                 warn!(invocation = %self.id, why = %why, "lease lost: stopped without committing more");
             }
         }
-        self.shared.forget(self.id);
+        self.shared.forget(self.id, &self.spec.tenant);
     }
 
     async fn drive(&mut self) -> Exit {
