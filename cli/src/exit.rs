@@ -6,6 +6,9 @@ use agentloop_engine::TerminalReason;
 pub const FAILURE: u8 = 1;
 /// Bad command-line usage (clap's own code).
 pub const USAGE: u8 = 2;
+/// `dev` was given a configuration it cannot serve: the services' code for it
+/// (`agentloop_server::EXIT_BAD_CONFIG`, `EX_CONFIG`).
+pub const BAD_CONFIG: u8 = 78;
 
 /// The exit code of an invocation that ended with `reason`.
 pub fn code(reason: TerminalReason) -> u8 {
@@ -39,7 +42,8 @@ mod tests {
             let code = code(reason);
             assert!(seen.insert(code), "{reason} shares exit code {code}");
             assert_eq!(code == 0, reason == TerminalReason::Completed);
-            assert!(code != FAILURE && code != USAGE);
+            assert!(code != FAILURE && code != USAGE && code != BAD_CONFIG);
         }
+        assert_eq!(i32::from(BAD_CONFIG), agentloop_server::EXIT_BAD_CONFIG);
     }
 }

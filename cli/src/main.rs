@@ -287,7 +287,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 Ok(orchestrator) => orchestrator,
                 Err(error) => {
                     eprintln!("agentloop: bad configuration: {error}");
-                    return Ok(EXIT_BAD_CONFIG);
+                    return Ok(exit::BAD_CONFIG);
                 }
             };
             let stack = Stack::start(options).await?;
@@ -437,9 +437,6 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         }
     }
 }
-
-/// `dev`'s exit code for a configuration it cannot serve (the services' `EX_CONFIG`).
-const EXIT_BAD_CONFIG: u8 = 78;
 
 /// The configuration `dev --config` reads is the orchestrator's, under its variables.
 const DEV_SERVICE: agentloop_server::Service =
