@@ -33,7 +33,7 @@ use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::server;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
-use agentloop_server::{ServeError, ServiceSet};
+use agentloop_server::{Access, ServeError, ServiceSet};
 use agentloop_store::{EventStore, SqliteStore, StoreError};
 use agentloop_tools::{Gateway, GatewayLimits, ToolsConfig};
 use anyhow::{Context, bail};
@@ -231,16 +231,18 @@ impl Services {
                     )));
                 };
                 let tokens = ServiceTokens::generate();
-                let accept = |name: &str, token: &str| {
-                    Callers::from_tokens([(name.to_owned(), token.to_owned())])
+                let accept = |name: &str, token: &str| -> anyhow::Result<Access> {
+                    Ok(Access {
+                        callers: Some(Callers::from_tokens([(name.to_owned(), token.to_owned())])?),
+                        tls: None,
+                    })
                 };
                 let orchestrator = accept("orchestrator", &tokens.orchestrator)?;
                 let gateway_caller = accept("tools", &tokens.tools)?;
                 let (listener, demo_executor) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
-                    ServiceSet::new()
-                        .add_guarded(server::tool_executor(demo.clone()), Some(&gateway_caller)),
+                    ServiceSet::new().add_for(server::tool_executor(demo.clone()), &gateway_caller),
                 );
                 let tools = tools_for(&demo_executor)?;
                 let policy =
@@ -252,24 +254,22 @@ impl Services {
                 let (listener, tools) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
-                    ServiceSet::new()
-                        .add_guarded(server::tool_gateway(gateway), Some(&orchestrator)),
+                    ServiceSet::new().add_for(server::tool_gateway(gateway), &orchestrator),
                 );
                 let (listener, policy_endpoint) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
-                    ServiceSet::new().add_guarded(server::policy(policy), Some(&orchestrator)),
+                    ServiceSet::new().add_for(server::policy(policy), &orchestrator),
                 );
                 let (listener, decision_endpoint) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
-                    ServiceSet::new().add_guarded(server::decision(decision), Some(&orchestrator)),
+                    ServiceSet::new().add_for(server::decision(decision), &orchestrator),
                 );
                 let (listener, ledger_endpoint) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
-                    ServiceSet::new()
-                        .add_guarded(server::effect_ledger(ledger), Some(&orchestrator)),
+                    ServiceSet::new().add_for(server::effect_ledger(ledger), &orchestrator),
                 );
                 let as_orchestrator = Some(tokens.orchestrator.as_str());
                 let ports = Ports::grpc(

@@ -146,6 +146,35 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// A generated tonic server (or one wrapped like it) that a [`ServiceSet`] can route to.
+pub trait Routable:
+    TowerService<
+        Request<Body>,
+        Response = Response<Body>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + NamedService
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> Routable for S where
+    S: TowerService<
+            Request<Body>,
+            Response = Response<Body>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// The gRPC services one process serves, collected before [`serve`] adds the shared
 /// health, reflection and tracing on top.
 ///
@@ -171,41 +200,10 @@ impl ServiceSet {
         clippy::should_implement_trait,
         reason = "the builder name every service codes against; `+` on services would be odd"
     )]
-    pub fn add<S>(mut self, service: S) -> Self
-    where
-        S: TowerService<Request<Body>, Response = Response<Body>, Error = Infallible>
-            + NamedService
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Future: Send + 'static,
-    {
+    pub fn add<S: Routable>(mut self, service: S) -> Self {
         self.routes.add_service(service);
         self.names.push(S::NAME);
         self
-    }
-
-    /// Adds `service` behind `callers`: a call without the service token of one of them
-    /// is UNAUTHENTICATED before it reaches the service, and the service finds the
-    /// caller's name in the request's extensions ([`agentloop_auth::Caller`]). `None`
-    /// adds it open, as [`ServiceSet::add`] does. Health and reflection stay open (probes
-    /// carry no tokens, and neither reveals data).
-    #[must_use]
-    pub fn add_guarded<S>(self, service: S, callers: Option<&agentloop_auth::Callers>) -> Self
-    where
-        S: TowerService<Request<Body>, Response = Response<Body>, Error = Infallible>
-            + NamedService
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Future: Send + 'static,
-    {
-        match callers {
-            Some(callers) => self.add(guard::Guarded::new(service, callers.clone())),
-            None => self.add(service),
-        }
     }
 
     /// Serves over TLS (`None`: plain text); with a client CA, mutual TLS.
@@ -215,20 +213,18 @@ impl ServiceSet {
         self
     }
 
-    /// Adds `service` as `access` says: behind its callers, and over its TLS.
+    /// Adds `service` as `access` says: over its TLS, and behind its callers (`None`:
+    /// open, as [`ServiceSet::add`] adds it). A call without the credentials of one of the
+    /// callers is UNAUTHENTICATED before it reaches the service, and the service finds the
+    /// caller's name in the request's extensions ([`agentloop_auth::Caller`]). Health and
+    /// reflection stay open (probes carry no credentials, and neither reveals data).
     #[must_use]
-    pub fn add_for<S>(self, service: S, access: &Access) -> Self
-    where
-        S: TowerService<Request<Body>, Response = Response<Body>, Error = Infallible>
-            + NamedService
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Future: Send + 'static,
-    {
-        self.tls(access.tls.clone())
-            .add_guarded(service, access.callers.as_ref())
+    pub fn add_for<S: Routable>(self, service: S, access: &Access) -> Self {
+        let set = self.tls(access.tls.clone());
+        match &access.callers {
+            Some(callers) => set.add(guard::Guarded::new(service, callers.clone())),
+            None => set.add(service),
+        }
     }
 
     /// The fully-qualified gRPC names of the added services, in the order added.

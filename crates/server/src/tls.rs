@@ -2,7 +2,7 @@
 //! may reach a service and how.
 //!
 //! With a `client_ca_file` a listener serves mutual TLS: the handshake refuses a client
-//! without a certificate that chains to the CA, and the [guard](crate::ServiceSet::add_guarded)
+//! without a certificate that chains to the CA, and the [guard](crate::ServiceSet::add_for)
 //! names the caller by the certificate's URI SAN (a SPIFFE ID its callers list). A service
 //! token is still accepted beside it, so a deployment can move from one to the other.
 
