@@ -23,6 +23,26 @@ use tempfile::TempDir;
 /// The two ways of running agentloop that every scenario is checked against.
 pub use agentloop_stack::Wiring;
 
+/// Runs each named `async fn scenario(wiring: Wiring)` of the calling test file as two
+/// tests, `scenario::distributed` and `scenario::embedded`.
+#[macro_export]
+macro_rules! both_wirings {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn distributed() {
+                    super::$name($crate::Wiring::Distributed).await;
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn embedded() {
+                    super::$name($crate::Wiring::Embedded).await;
+                }
+            }
+        )*
+    };
+}
+
 /// A running deployment, stopped gracefully by [`System::stop`].
 #[derive(Debug)]
 pub struct System {

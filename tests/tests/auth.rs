@@ -18,23 +18,6 @@ use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use serde_json::json;
 use tonic::Code;
 
-macro_rules! both_wirings {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn distributed() {
-                    super::$name(agentloop_e2e::Wiring::Distributed).await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn embedded() {
-                    super::$name(agentloop_e2e::Wiring::Embedded).await;
-                }
-            }
-        )*
-    };
-}
-
 both_wirings!(
     every_rpc_answers_every_credential_as_documented,
     the_public_port_serves_the_orchestrator_alone,

@@ -13,23 +13,6 @@ use agentloop_proto::v1 as pb;
 use futures::StreamExt;
 use tonic::Code;
 
-macro_rules! both_wirings {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn distributed() {
-                    super::$name(agentloop_e2e::Wiring::Distributed).await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn embedded() {
-                    super::$name(agentloop_e2e::Wiring::Embedded).await;
-                }
-            }
-        )*
-    };
-}
-
 both_wirings!(
     seed_two_step_lookup,
     repeated_plan_is_no_progress,
