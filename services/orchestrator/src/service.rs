@@ -104,6 +104,19 @@ impl Api {
         }
         Ok(record)
     }
+
+    /// The ID of an invocation the caller may act on. Only a tenant-scoped caller needs
+    /// the record read; for the others the store answers NOT_FOUND itself, in the write.
+    async fn owned_id(
+        &self,
+        caller: &Caller,
+        invocation_id: &str,
+    ) -> Result<Uuid, OrchestratorError> {
+        match caller {
+            Caller::Anyone => parse_id(invocation_id),
+            Caller::Verified(_) => Ok(self.owned(caller, invocation_id).await?.invocation_id),
+        }
+    }
 }
 
 /// The actor and tenant a start runs for: the verified caller's, or, with `auth` off,
@@ -524,10 +537,7 @@ impl OrchestratorService for Api {
         let caller = self.caller(&request).await?;
         let request = request.into_inner();
         bounded("reason", &request.reason, MAX_REASON_BYTES)?;
-        let id = self
-            .owned(&caller, &request.invocation_id)
-            .await?
-            .invocation_id;
+        let id = self.owned_id(&caller, &request.invocation_id).await?;
         let shared = &self.orchestrator.shared;
         // First durable, then announced: whichever worker runs the invocation next (its
         // current holder after taking the lease again, or any worker after a crash) finds
