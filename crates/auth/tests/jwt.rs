@@ -126,18 +126,12 @@ async fn roles_are_optional_and_identity_strings_may_look_like_paths() {
 #[tokio::test]
 async fn hs256_ignores_kid() {
     let s = setup(Alg::Hs256).await;
-    let dir = tempfile::tempdir().unwrap();
-    let secret_file = s
-        .issuer
-        .write_key_source(dir.path())
-        .hs256_secret_file
-        .unwrap();
-    let secret = std::fs::read_to_string(secret_file).unwrap();
+    let secret = hs256_secret(&s.issuer);
     let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
     let token = jsonwebtoken::encode(
         &header,
         &claims(json!({})),
-        &jsonwebtoken::EncodingKey::from_secret(secret.trim().as_bytes()),
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
     )
     .unwrap();
     assert_eq!(s.auth.verify(&token).await.unwrap().actor, "alice");
@@ -712,13 +706,7 @@ async fn from_config_refuses_unusable_key_sources() {
 #[tokio::test]
 async fn dev_tokens_verify() {
     let s = setup(Alg::Hs256).await;
-    let dir = tempfile::tempdir().unwrap();
-    let secret_file = s
-        .issuer
-        .write_key_source(dir.path())
-        .hs256_secret_file
-        .unwrap();
-    let secret = agentloop_auth::read_secret_file(&secret_file).unwrap();
+    let secret = hs256_secret(&s.issuer);
     let dev = agentloop_auth::DevToken {
         issuer: ISSUER.into(),
         audience: AUDIENCE.into(),
@@ -732,4 +720,14 @@ async fn dev_tokens_verify() {
     assert_eq!(identity.actor, "alice");
     assert_eq!(identity.tenant, "acme");
     assert!(identity.has_role("approver"));
+}
+
+/// The secret an HS256 issuer signs with, as its secret file holds it.
+fn hs256_secret(issuer: &TokenIssuer) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let file = issuer
+        .write_key_source(dir.path())
+        .hs256_secret_file
+        .unwrap();
+    agentloop_auth::read_secret_file(&file).unwrap()
 }
