@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use futures::StreamExt;
 
 use crate::exit;
-use crate::view::{EventView, Summary, reason_of};
+use crate::view::{EventView, Summary, Waiting, reason_of};
 
 /// The seeds' example: two parallel read-only lookups, then an answer built from them.
 pub const DEMO_SCRIPT: &str = r#"{
@@ -54,6 +54,8 @@ pub struct RunOptions {
     pub deadline: Option<Duration>,
     /// Budget overrides: the cost budget.
     pub max_cost: Option<agentloop_engine::MicroUsd>,
+    /// Budget overrides: the longest wait for a human.
+    pub max_wait: Option<Duration>,
 }
 
 /// Reads a script file, refusing oversized ones before reading them.
@@ -133,14 +135,48 @@ pub async fn client(server: Server<'_>) -> anyhow::Result<OrchestratorServiceCli
     Ok(agentloop_proto::client::orchestrator(channel))
 }
 
-fn status(context: &str, status: tonic::Status) -> anyhow::Error {
+pub(crate) fn status(context: &str, status: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{context}: {:?}: {}", status.code(), status.message())
 }
 
+/// What `run` and the replies do when the invocation they follow stops to wait for a
+/// human.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnWait {
+    /// Print how to resume it, and keep following it after the reply.
+    Follow,
+    /// Print how to resume it, and exit with the waiting reason's code.
+    Exit,
+}
+
+impl OnWait {
+    /// Follow on a terminal (someone is there to reply from another one), exit
+    /// otherwise (a script must not hang on a human).
+    pub fn default_for_terminal() -> OnWait {
+        if std::io::stdin().is_terminal() && std::io::stderr().is_terminal() {
+            OnWait::Follow
+        } else {
+            OnWait::Exit
+        }
+    }
+}
+
+/// How to follow an invocation to its end.
+#[derive(Debug, Clone)]
+pub struct Follow {
+    /// JSON summary instead of text.
+    pub json: bool,
+    /// When it waits for a human.
+    pub on_wait: OnWait,
+    /// Appended to the printed commands that resume a waiting invocation, so they reach
+    /// the same orchestrator (`--server URL`) or data directory (`--data-dir DIR`).
+    pub resume_flags: String,
+}
+
 /// Starts an invocation and follows it: live progress on a terminal, then the summary.
-/// Ctrl-C cancels the invocation (a second one leaves without waiting). Returns the exit
-/// code of its terminal reason.
-pub async fn run(server: Server<'_>, options: RunOptions) -> anyhow::Result<u8> {
+/// Ctrl-C cancels the invocation (a second one leaves without waiting); while it waits
+/// for a human, Ctrl-C leaves it waiting. Returns the exit code of its terminal reason.
+pub async fn run(server: Server<'_>, options: RunOptions, follow: Follow) -> anyhow::Result<u8> {
     let started = Instant::now();
     let mut orchestrator = client(server).await?;
     let overrides = pb::BudgetOverrides {
@@ -150,6 +186,7 @@ pub async fn run(server: Server<'_>, options: RunOptions) -> anyhow::Result<u8> 
         max_repeated_plan: options.max_repeated_plan,
         deadline: options.deadline.map(prost_types_duration),
         max_cost_micro_usd: options.max_cost.map(|max| max.0),
+        max_wait: options.max_wait.map(prost_types_duration),
     };
     let response = orchestrator
         .start_invocation(pb::StartInvocationRequest {
@@ -165,14 +202,34 @@ pub async fn run(server: Server<'_>, options: RunOptions) -> anyhow::Result<u8> 
     let invocation = response
         .invocation
         .context("the orchestrator answered without an invocation")?;
-    let id = invocation.invocation_id.clone();
-    let progress = Progress::new(!options.json && std::io::stderr().is_terminal());
+    follow_to_end(
+        &mut orchestrator,
+        &invocation.invocation_id,
+        1,
+        started,
+        &follow,
+    )
+    .await
+}
+
+/// Follows invocation `id` from event `from_seq` until it ends (or waits, when
+/// `on_wait` says so), then prints the summary. Returns the exit code of its reason.
+pub async fn follow_to_end(
+    orchestrator: &mut OrchestratorServiceClient<Transport>,
+    id: &str,
+    from_seq: u64,
+    started: Instant,
+    follow: &Follow,
+) -> anyhow::Result<u8> {
+    let id = id.to_owned();
+    let progress = Progress::new(!follow.json && std::io::stderr().is_terminal());
     progress.note(&format!("invocation {id}"));
 
-    let mut next = 1;
+    let mut next = from_seq;
     let mut turn_events = 0;
     let mut retries = 0;
     let mut cancelled = false;
+    let mut waiting = false;
     let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
     // Live progress between commits: the orchestrator's view of the turn in flight.
     let mut ticker = tokio::time::interval(PROGRESS_EVERY);
@@ -196,6 +253,11 @@ pub async fn run(server: Server<'_>, options: RunOptions) -> anyhow::Result<u8> 
             tokio::select! {
                 signal = &mut ctrl_c => {
                     signal.context("cannot listen for Ctrl-C")?;
+                    if waiting {
+                        // Nothing runs: leave it waiting for its human.
+                        progress.clear();
+                        break 'watch;
+                    }
                     if cancelled {
                         progress.clear();
                         eprintln!("agentloop: left without waiting; invocation {id} is being cancelled");
@@ -209,7 +271,7 @@ pub async fn run(server: Server<'_>, options: RunOptions) -> anyhow::Result<u8> 
                         .map_err(|s| status("cannot cancel", s))?;
                     ctrl_c.set(tokio::signal::ctrl_c());
                 }
-                _ = ticker.tick(), if progress.enabled => {
+                _ = ticker.tick(), if progress.enabled && !waiting => {
                     let live = orchestrator
                         .get_invocation(pb::GetInvocationRequest { invocation_id: id.clone() })
                         .await;
@@ -227,8 +289,21 @@ pub async fn run(server: Server<'_>, options: RunOptions) -> anyhow::Result<u8> 
                             turn_events += 1;
                         }
                         progress.show(&view, started.elapsed());
+                        waiting = view.kind == "waiting";
                         if view.kind == "ended" {
                             break 'watch;
+                        }
+                        if waiting {
+                            progress.clear();
+                            // Exiting, the summary says what it waits for.
+                            if follow.on_wait == OnWait::Exit {
+                                break 'watch;
+                            }
+                            let now = get(orchestrator, &id).await?;
+                            if let Some(notice) = Waiting::of(&now, &follow.resume_flags) {
+                                eprintln!("{}", notice.render());
+                            }
+                            eprintln!("following it: it goes on after the reply (Ctrl-C leaves it waiting)");
                         }
                     }
                     Some(Ok(pb::WatchInvocationResponse { event: None })) => {}
@@ -244,17 +319,27 @@ pub async fn run(server: Server<'_>, options: RunOptions) -> anyhow::Result<u8> 
         }
     }
     progress.clear();
-    let ended = orchestrator
-        .get_invocation(pb::GetInvocationRequest { invocation_id: id })
+    let ended = get(orchestrator, &id).await?;
+    let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let summary = Summary::of(&ended, turn_events, elapsed, &follow.resume_flags);
+    print_summary(&summary, follow.json)?;
+    Ok(reason_of(ended.terminal_reason).map_or(exit::FAILURE, exit::code))
+}
+
+/// The invocation as the orchestrator has it now.
+pub async fn get(
+    orchestrator: &mut OrchestratorServiceClient<Transport>,
+    id: &str,
+) -> anyhow::Result<pb::Invocation> {
+    orchestrator
+        .get_invocation(pb::GetInvocationRequest {
+            invocation_id: id.to_owned(),
+        })
         .await
         .map_err(|s| status("cannot read the invocation", s))?
         .into_inner()
         .invocation
-        .context("the orchestrator answered without an invocation")?;
-    let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let summary = Summary::of(&ended, turn_events, elapsed);
-    print_summary(&summary, options.json)?;
-    Ok(reason_of(ended.terminal_reason).map_or(exit::FAILURE, exit::code))
+        .context("the orchestrator answered without an invocation")
 }
 
 fn prost_types_duration(duration: Duration) -> prost_types::Duration {
@@ -292,15 +377,7 @@ fn print_events(events: &[pb::Event], json: bool) -> anyhow::Result<()> {
 /// `show` against a running orchestrator: the events committed so far.
 pub async fn show_remote(server: Server<'_>, id: &str, json: bool) -> anyhow::Result<u8> {
     let mut orchestrator = client(server).await?;
-    let invocation = orchestrator
-        .get_invocation(pb::GetInvocationRequest {
-            invocation_id: id.to_owned(),
-        })
-        .await
-        .map_err(|s| status("cannot read the invocation", s))?
-        .into_inner()
-        .invocation
-        .context("the orchestrator answered without an invocation")?;
+    let invocation = get(&mut orchestrator, id).await?;
     let mut events = Vec::new();
     if invocation.last_seq > 0 {
         let mut stream = orchestrator
@@ -346,13 +423,17 @@ pub async fn cancel(server: Server<'_>, id: &str, reason: &str) -> anyhow::Resul
         .into_inner()
         .invocation
         .context("the orchestrator answered without an invocation")?;
-    if invocation.state() == pb::InvocationState::Ended {
-        println!(
-            "invocation {id} had already ended: {}",
-            crate::view::reason_name(invocation.terminal_reason)
-        );
-    } else {
-        println!("cancel requested for invocation {id}");
+    let reason = crate::view::reason_name(invocation.terminal_reason);
+    match invocation.state() {
+        // A waiting invocation is cancelled at once.
+        pb::InvocationState::Ended if reason == "cancelled" => {
+            println!("invocation {id} is cancelled");
+        }
+        pb::InvocationState::Ended => println!("invocation {id} had already ended: {reason}"),
+        pb::InvocationState::Running
+        | pb::InvocationState::Pending
+        | pb::InvocationState::Waiting
+        | pb::InvocationState::Unspecified => println!("cancel requested for invocation {id}"),
     }
     Ok(0)
 }

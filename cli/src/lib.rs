@@ -1,6 +1,6 @@
 //! The `agentloop` command line as a library: the commands against an orchestrator
-//! ([`client`]), the effect ledger's listing ([`effects`]), what they print ([`view`]) and
-//! the exit codes ([`exit`]). The binary is a thin `main.rs` over these; the deployment
+//! ([`client`]), the replies of humans ([`humans`]), the effect ledger's listing
+//! ([`effects`]), what they print ([`view`]) and the exit codes ([`exit`]). The binary is a thin `main.rs` over these; the deployment
 //! it starts is `agentloop-stack`'s and its `bench` command is `agentloop-bench`.
 #![warn(missing_docs)]
 #![allow(
@@ -11,4 +11,5 @@
 pub mod client;
 pub mod effects;
 pub mod exit;
+pub mod humans;
 pub mod view;

@@ -13,13 +13,16 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use agentloop::client::{self, RunOptions};
-use agentloop::{effects, exit};
+use agentloop::{effects, exit, humans};
 use agentloop_bench as bench;
 use agentloop_stack::{Stack, StackOptions};
 use agentloop_tools::ToolsConfig;
 use clap::{Args, Parser, Subcommand};
 
 mod model;
+
+/// Where the embedded default keeps its data, unless told otherwise.
+const DEFAULT_DATA_DIR: &str = ".agentloop";
 
 /// Many small, short-lived allocations cross threads in every turn; glibc's allocator
 /// made them a sixth of a turn's CPU (`agentloop bench`).
@@ -38,7 +41,7 @@ struct Cli {
         long,
         global = true,
         env = "AGENTLOOP_DATA_DIR",
-        default_value = ".agentloop"
+        default_value = DEFAULT_DATA_DIR
     )]
     data_dir: PathBuf,
     /// The caller's token (a JWT) for an orchestrator that authenticates its callers;
@@ -81,6 +84,52 @@ enum Command {
         /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// Lists the invocations that wait for a human, with what each waits for and the
+    /// command that resumes it.
+    Pending {
+        /// A running orchestrator; without it, the embedded one over the data directory.
+        #[arg(long)]
+        server: Option<String>,
+        /// JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approves (or denies) the proposal an invocation waits for, after showing its exact
+    /// calls, then follows the invocation.
+    Approve {
+        /// The invocation.
+        id: String,
+        /// Deny: nothing runs, and the model is told (with `--comment`).
+        #[arg(long)]
+        deny: bool,
+        /// Words for the model: why it was denied, what to watch for.
+        #[arg(long, default_value = "")]
+        comment: String,
+        /// Approve only this proposal digest (as `pending` shows it): the calls shown.
+        #[arg(long)]
+        digest: Option<String>,
+        /// Approve without the question a terminal gets.
+        #[arg(long)]
+        yes: bool,
+        /// Who approves, when the orchestrator authenticates nobody (default: $USER);
+        /// with `--token`, the token's actor.
+        #[arg(long)]
+        actor: Option<String>,
+        #[command(flatten)]
+        reply: ReplyArgs,
+    },
+    /// Answers the question an invocation waits for, then follows the invocation.
+    Answer {
+        /// The invocation.
+        id: String,
+        /// The answer.
+        text: String,
+        /// Who answers, when the orchestrator authenticates nobody (default: $USER).
+        #[arg(long)]
+        actor: Option<String>,
+        #[command(flatten)]
+        reply: ReplyArgs,
     },
     /// Cancels an invocation on a running orchestrator.
     Cancel {
@@ -147,6 +196,21 @@ enum Command {
     },
 }
 
+/// What the replies to a waiting invocation share.
+#[derive(Debug, Args)]
+struct ReplyArgs {
+    /// A running orchestrator; without it, the embedded one over the data directory.
+    #[arg(long)]
+    server: Option<String>,
+    /// When the invocation waits for a human again: `follow` it, or `exit` (the
+    /// default off a terminal).
+    #[arg(long, value_enum)]
+    on_wait: Option<client::OnWait>,
+    /// JSON summary instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Debug, Args)]
 struct BenchArgs {
     /// Invocations, all running at once.
@@ -194,6 +258,14 @@ struct RunArgs {
     /// JSON summary instead of text.
     #[arg(long)]
     json: bool,
+    /// When the invocation stops to wait for a human (an approval, an answer): `follow`
+    /// it (the default on a terminal: reply from another one with the printed command),
+    /// or `exit` with the waiting reason's code (the default off a terminal).
+    #[arg(long, value_enum)]
+    on_wait: Option<client::OnWait>,
+    /// Overrides the longest wait for a human: `30m`, `8h`.
+    #[arg(long, value_parser = client::parse_duration)]
+    max_wait: Option<std::time::Duration>,
     /// Makes the start idempotent: the same key and request give the same invocation.
     #[arg(long)]
     idempotency_key: Option<String>,
@@ -330,12 +402,22 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 max_repeated_plan: args.max_repeated_plan,
                 deadline: args.deadline,
                 max_cost: args.max_cost_usd,
+                max_wait: args.max_wait,
             };
+            let on_wait = args
+                .on_wait
+                .unwrap_or_else(client::OnWait::default_for_terminal);
             match args.server {
                 Some(endpoint) => {
-                    client::run(server(&endpoint, cli.token.as_deref()), options).await
+                    let follow = client::Follow {
+                        json: args.json,
+                        on_wait,
+                        resume_flags: format!(" --server {endpoint}"),
+                    };
+                    client::run(server(&endpoint, cli.token.as_deref()), options, follow).await
                 }
                 None => {
+                    let data_dir_flags = data_dir_flag(&cli.data_dir);
                     let mut stack_options = embedded(cli.data_dir, args.tools.as_deref())?;
                     if model.is_some() {
                         // A real model gets one repair turn: an output that breaks the
@@ -344,7 +426,19 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                     }
                     stack_options.services.model = model;
                     let stack = Stack::start(stack_options).await?;
-                    let result = client::run(server(&stack.endpoint(), None), options).await;
+                    // Attached, the reply reaches this process's port; after it exits,
+                    // the embedded orchestrator the reply starts over the data directory.
+                    let resume_flags = match on_wait {
+                        client::OnWait::Follow => format!(" --server {}", stack.endpoint()),
+                        client::OnWait::Exit => data_dir_flags,
+                    };
+                    let follow = client::Follow {
+                        json: args.json,
+                        on_wait,
+                        resume_flags,
+                    };
+                    let result =
+                        client::run(server(&stack.endpoint(), None), options, follow).await;
                     stack.stop().await?;
                     result
                 }
@@ -360,6 +454,51 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             }
             None => client::show_local(&cli.data_dir, &id, json).await,
         },
+        Command::Pending {
+            server: endpoint,
+            json,
+        } => {
+            let target = Target::open(endpoint, cli.token, &cli.data_dir).await?;
+            let result = humans::pending(target.server(), json, &target.resume_flags).await;
+            target.close().await?;
+            result
+        }
+        Command::Approve {
+            id,
+            deny,
+            comment,
+            digest,
+            yes,
+            actor,
+            reply,
+        } => {
+            let target = Target::open(reply.server, cli.token, &cli.data_dir).await?;
+            let request = humans::Approve {
+                id,
+                deny,
+                comment,
+                digest,
+                yes,
+                actor: target.actor(actor),
+            };
+            let follow = target.follow(reply.json, reply.on_wait);
+            let result = humans::approve(target.server(), request, follow).await;
+            target.close().await?;
+            result
+        }
+        Command::Answer {
+            id,
+            text,
+            actor,
+            reply,
+        } => {
+            let target = Target::open(reply.server, cli.token, &cli.data_dir).await?;
+            let follow = target.follow(reply.json, reply.on_wait);
+            let actor = target.actor(actor);
+            let result = humans::answer(target.server(), &id, &text, actor, follow).await;
+            target.close().await?;
+            result
+        }
         Command::Cancel {
             id,
             server: endpoint,
@@ -419,6 +558,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::Demo { json } => {
+            let resume_flags = data_dir_flag(&cli.data_dir);
             let stack = Stack::start(StackOptions::embedded(cli.data_dir)).await?;
             let options = RunOptions {
                 goal: "Load the customer profile and the refund policy".into(),
@@ -430,8 +570,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 max_repeated_plan: None,
                 deadline: None,
                 max_cost: None,
+                max_wait: None,
             };
-            let result = client::run(server(&stack.endpoint(), None), options).await;
+            let follow = client::Follow {
+                json,
+                on_wait: client::OnWait::Exit,
+                resume_flags,
+            };
+            let result = client::run(server(&stack.endpoint(), None), options, follow).await;
             stack.stop().await?;
             result
         }
@@ -444,6 +590,81 @@ const DEV_SERVICE: agentloop_server::Service =
 
 fn server<'a>(endpoint: &'a str, token: Option<&'a str>) -> client::Server<'a> {
     client::Server { endpoint, token }
+}
+
+/// The data directory as the printed commands name it: nothing for the default.
+fn data_dir_flag(data_dir: &Path) -> String {
+    if data_dir == Path::new(DEFAULT_DATA_DIR) {
+        String::new()
+    } else {
+        format!(" --data-dir {}", data_dir.display())
+    }
+}
+
+/// The orchestrator a reply goes to: the one at `--server`, or the embedded one over the
+/// data directory, started for the command (it runs the resumed invocation).
+struct Target {
+    stack: Option<Stack>,
+    endpoint: String,
+    token: Option<String>,
+    resume_flags: String,
+}
+
+impl Target {
+    async fn open(
+        endpoint: Option<String>,
+        token: Option<String>,
+        data_dir: &Path,
+    ) -> anyhow::Result<Target> {
+        Ok(match endpoint {
+            Some(endpoint) => Target {
+                stack: None,
+                resume_flags: format!(" --server {endpoint}"),
+                endpoint,
+                token,
+            },
+            None => {
+                let stack = Stack::start(StackOptions::embedded(data_dir.to_owned())).await?;
+                Target {
+                    endpoint: stack.endpoint(),
+                    stack: Some(stack),
+                    token: None,
+                    resume_flags: data_dir_flag(data_dir),
+                }
+            }
+        })
+    }
+
+    fn server(&self) -> client::Server<'_> {
+        server(&self.endpoint, self.token.as_deref())
+    }
+
+    /// Who replies: as given; with a token, the token's actor (sent empty); else $USER.
+    fn actor(&self, given: Option<String>) -> String {
+        match (given, &self.token) {
+            (Some(actor), _) => actor,
+            (None, Some(_)) => String::new(),
+            (None, None) => std::env::var("USER")
+                .ok()
+                .filter(|user| agentloop_auth::is_valid_identity(user))
+                .unwrap_or_else(|| "operator".to_owned()),
+        }
+    }
+
+    fn follow(&self, json: bool, on_wait: Option<client::OnWait>) -> client::Follow {
+        client::Follow {
+            json,
+            on_wait: on_wait.unwrap_or_else(client::OnWait::default_for_terminal),
+            resume_flags: self.resume_flags.clone(),
+        }
+    }
+
+    async fn close(self) -> anyhow::Result<()> {
+        match self.stack {
+            Some(stack) => stack.stop().await,
+            None => Ok(()),
+        }
+    }
 }
 
 /// The embedded stack over `data_dir`, with the tool registry `tools` if one is named.

@@ -16,7 +16,8 @@ pub struct EventView {
     pub seq: u64,
     /// Commit time, milliseconds since the epoch.
     pub committed_at_ms: i64,
-    /// `turn` or `ended`.
+    /// `turn`, `batch_started`, `waiting` (the run stopped for a human),
+    /// `approval_resolved`, `clarification_answered` or `ended`.
     pub kind: &'static str,
     /// Turn number (turns only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -126,13 +127,32 @@ impl EventView {
                     .collect();
             }
             Some(pb::event::Body::Ended(ended)) => {
-                view.kind = "ended";
+                view.kind = if ended.wait_until.is_some() {
+                    "waiting"
+                } else {
+                    "ended"
+                };
                 view.reason = Some(reason_name(ended.reason));
                 view.detail = Some(ended.detail.clone()).filter(|d| !d.is_empty());
                 view.answer = ended.answer.clone();
             }
-            Some(pb::event::Body::ApprovalResolved(_)) => view.kind = "approval_resolved",
-            Some(pb::event::Body::ClarificationAnswered(_)) => view.kind = "clarification_answered",
+            Some(pb::event::Body::ApprovalResolved(resolved)) => {
+                view.kind = "approval_resolved";
+                let verdict = match resolved.verdict() {
+                    pb::ApprovalVerdict::Approve => "approved",
+                    pb::ApprovalVerdict::Deny => "denied",
+                    pb::ApprovalVerdict::Unspecified => "resolved",
+                };
+                let mut detail = format!("{verdict} by {}", resolved.actor);
+                if !resolved.comment.is_empty() {
+                    let _ = write!(detail, ": {}", resolved.comment);
+                }
+                view.detail = Some(detail);
+            }
+            Some(pb::event::Body::ClarificationAnswered(answered)) => {
+                view.kind = "clarification_answered";
+                view.detail = Some(answered.answer.clone());
+            }
             None => view.kind = "unknown",
         }
         view
@@ -237,6 +257,127 @@ fn one_line(text: &str, max: usize) -> String {
     }
 }
 
+/// What a waiting invocation waits for, and the commands that resume or end it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Waiting {
+    /// The invocation.
+    pub invocation_id: String,
+    /// `approval_required` or `clarification_required`.
+    pub reason: String,
+    /// The proposal's summary, or the question.
+    pub text: String,
+    /// The digest an approval must name (approvals only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proposal_digest: Option<String>,
+    /// The exact calls that run if approved (approvals only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<PendingCall>,
+    /// Since when it waits, milliseconds since the epoch.
+    pub since_ms: i64,
+    /// When its wait bound passes, milliseconds since the epoch.
+    pub until_ms: i64,
+    /// The commands that resume it (or deny it), ready to run.
+    pub commands: Vec<String>,
+}
+
+/// One call of a pending proposal.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingCall {
+    /// The call ID.
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// The canonical arguments, exactly as they would be sent.
+    pub arguments: String,
+}
+
+fn millis(timestamp: Option<&prost_types::Timestamp>) -> i64 {
+    timestamp.map_or(0, |t| {
+        t.seconds.saturating_mul(1000) + i64::from(t.nanos / 1_000_000)
+    })
+}
+
+impl Waiting {
+    /// What `invocation` waits for, if it waits; `flags` are appended to each command
+    /// (`--server URL`, `--data-dir DIR`).
+    pub fn of(invocation: &pb::Invocation, flags: &str) -> Option<Waiting> {
+        if invocation.state() != pb::InvocationState::Waiting {
+            return None;
+        }
+        let id = &invocation.invocation_id;
+        let (text, proposal_digest, calls, commands) =
+            match (&invocation.pending_approval, &invocation.pending_question) {
+                (Some(pending), _) => (
+                    pending.summary.clone(),
+                    Some(pending.proposal_digest.clone()),
+                    pending
+                        .calls
+                        .iter()
+                        .map(|call| PendingCall {
+                            call_id: call.call_id.clone(),
+                            tool: call.tool.clone(),
+                            arguments: call.arguments_json.clone(),
+                        })
+                        .collect(),
+                    vec![
+                        format!(
+                            "agentloop approve {id} --digest {}{flags}",
+                            pending.proposal_digest
+                        ),
+                        format!("agentloop approve {id} --deny --comment \"why\"{flags}"),
+                    ],
+                ),
+                (None, Some(question)) => (
+                    question.clone(),
+                    None,
+                    Vec::new(),
+                    vec![format!("agentloop answer {id} \"your answer\"{flags}")],
+                ),
+                (None, None) => return None,
+            };
+        Some(Waiting {
+            invocation_id: id.clone(),
+            reason: reason_name(invocation.terminal_reason),
+            text,
+            proposal_digest,
+            calls,
+            since_ms: millis(invocation.waiting_since.as_ref()),
+            until_ms: millis(invocation.wait_until.as_ref()),
+            commands,
+        })
+    }
+
+    /// The text form: what it waits for, the calls, the commands.
+    pub fn render(&self) -> String {
+        let mut out = match self.reason.as_str() {
+            "approval_required" => format!(
+                "invocation {} waits for an approval: {}",
+                self.invocation_id, self.text
+            ),
+            _ => format!(
+                "invocation {} waits for an answer: {}",
+                self.invocation_id, self.text
+            ),
+        };
+        if let Some(digest) = &self.proposal_digest {
+            let _ = write!(out, "\n  proposal {digest}, {} call(s):", self.calls.len());
+        }
+        for call in &self.calls {
+            let _ = write!(
+                out,
+                "\n    {}({}) {}",
+                call.tool,
+                call.call_id,
+                one_line(&call.arguments, 200)
+            );
+        }
+        for command in &self.commands {
+            let _ = write!(out, "\n  {command}");
+        }
+        out
+    }
+}
+
 /// How a run ended, for the summary line and `--json`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Summary {
@@ -260,11 +401,15 @@ pub struct Summary {
     pub output_tokens: u64,
     /// Wall-clock time of the run as the CLI saw it.
     pub elapsed_ms: u64,
+    /// What it waits for, when it stopped to wait for a human.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<Waiting>,
 }
 
 impl Summary {
-    /// The summary of an ended invocation, with the number of turn events seen.
-    pub fn of(invocation: &pb::Invocation, events: u32, elapsed_ms: u64) -> Summary {
+    /// The summary of an ended (or waiting) invocation, with the number of turn events
+    /// seen; `flags` go into the commands that resume a waiting one.
+    pub fn of(invocation: &pb::Invocation, events: u32, elapsed_ms: u64, flags: &str) -> Summary {
         let usage = invocation.usage.unwrap_or_default();
         Summary {
             invocation_id: invocation.invocation_id.clone(),
@@ -277,6 +422,7 @@ impl Summary {
             input_tokens: usage.input_tokens,
             output_tokens: usage.output_tokens,
             elapsed_ms,
+            waiting: Waiting::of(invocation, flags),
         }
     }
 
@@ -287,6 +433,8 @@ impl Summary {
             Some(answer) => {
                 let _ = write!(out, "\n{answer}");
             }
+            // Its detail is what `waiting` shows.
+            None if self.waiting.is_some() => {}
             None if !self.detail.is_empty() => {
                 let _ = write!(out, "\n{}", self.detail);
             }
@@ -297,6 +445,9 @@ impl Summary {
             "\nsteps={} tool_calls={} events={}",
             self.steps, self.tool_calls, self.events
         );
+        if let Some(waiting) = &self.waiting {
+            let _ = write!(out, "\n{}", waiting.render());
+        }
         out
     }
 }

@@ -3,53 +3,14 @@
 //! `dev` refusing a public port without authentication.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+mod common;
 
-fn agentloop(dir: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_agentloop"));
-    command
-        .current_dir(dir)
-        .env_remove("AGENTLOOP_TOKEN")
-        .env_remove("AGENTLOOP_ORCHESTRATOR_CONFIG");
-    command
-}
+use std::process::Output;
+
+use common::{agentloop, dev};
 
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// `agentloop dev` until dropped.
-struct Dev(Child);
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `dev` with `args` and waits for the line that names its endpoint.
-fn dev(dir: &Path, args: &[&str]) -> (Dev, String) {
-    let mut child = agentloop(dir)
-        .args(["--data-dir", "data", "dev", "--listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let endpoint = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .filter(|word| word.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no endpoint in {line:?}"))
-        .to_owned();
-    (Dev(child), endpoint)
 }
 
 #[test]

@@ -76,7 +76,7 @@ impl System {
 
     /// A client of the orchestrator.
     pub async fn client(&self) -> OrchestratorServiceClient<Transport> {
-        agentloop_proto::client::orchestrator(channel(&self.stack.endpoint()).await)
+        client_of(&self.stack).await
     }
 
     /// A client of the effect ledger, as the orchestrator reaches it (with its service
@@ -99,6 +99,12 @@ impl System {
     pub async fn stop(self) {
         self.stack.stop().await.unwrap();
     }
+}
+
+/// A client of the orchestrator of `stack` (for a test that starts and stops a [`Stack`]
+/// of its own).
+pub async fn client_of(stack: &Stack) -> OrchestratorServiceClient<Transport> {
+    agentloop_proto::client::orchestrator(channel(&stack.endpoint()).await)
 }
 
 /// A scripted-model start request.

@@ -113,9 +113,10 @@ fn expected(rpc: &str, credential: Credential) -> Code {
             _ => Code::NotFound,
         },
         Credential::SameTenant | Credential::Approver => match rpc {
-            // Only approvers reach the (not yet built) resolution.
+            // Only approvers reach the resolution, which finds nothing waiting: the
+            // invocation completed.
             "resolve" if credential == Credential::SameTenant => Code::PermissionDenied,
-            "resolve" | "answer" => Code::Unimplemented,
+            "resolve" | "answer" => Code::FailedPrecondition,
             _ => Code::Ok,
         },
     }
@@ -210,6 +211,7 @@ async fn every_rpc_answers_every_credential_as_documented(wiring: Wiring) {
                             proposal_digest: "0".repeat(64),
                             verdict: pb::ApprovalVerdict::Approve as i32,
                             actor: String::new(),
+                            comment: String::new(),
                         })
                         .await,
                 )
@@ -222,6 +224,7 @@ async fn every_rpc_answers_every_credential_as_documented(wiring: Wiring) {
                         .answer_clarification(pb::AnswerClarificationRequest {
                             invocation_id: id.clone(),
                             answer: "yes".into(),
+                            actor: String::new(),
                         })
                         .await,
                 )

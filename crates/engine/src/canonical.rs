@@ -90,6 +90,21 @@ impl fmt::Display for Fingerprint {
     }
 }
 
+/// Text that is not a fingerprint (64 hex digits).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a fingerprint is 64 hex digits")]
+pub struct BadFingerprint;
+
+impl std::str::FromStr for Fingerprint {
+    type Err = BadFingerprint;
+
+    fn from_str(text: &str) -> Result<Fingerprint, BadFingerprint> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(text, &mut out).map_err(|_| BadFingerprint)?;
+        Ok(Fingerprint(out))
+    }
+}
+
 impl fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Fingerprint({self})")
@@ -105,10 +120,8 @@ mod hex32 {
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
         let text = String::deserialize(d)?;
-        let mut out = [0u8; 32];
-        hex::decode_to_slice(&text, &mut out)
-            .map_err(|e| D::Error::custom(format!("a fingerprint is 64 hex digits: {e}")))?;
-        Ok(out)
+        let fingerprint: super::Fingerprint = text.parse().map_err(D::Error::custom)?;
+        Ok(fingerprint.0)
     }
 }
 

@@ -7,9 +7,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::canonical::Fingerprint;
-use crate::decision::{ProposedDecision, Usage};
+use crate::catalog::ToolCatalog;
+use crate::decision::{Decision, DecisionBounds, ProposedDecision, Usage, ValidBatch, validate};
 use crate::outcome::CallResult;
 use crate::terminal::TerminalReason;
+use crate::time::UnixMillis;
 
 /// One committed event. `seq` starts at 1 and has no gaps within an invocation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,8 +34,45 @@ pub enum EventBody {
     /// the executor's records, instead of asking the model again. The turn's `Turn`
     /// event follows with the results.
     BatchStarted(TurnRecord),
-    /// The invocation ended. Always the last event.
+    /// The run ended. Always the last event, unless the end waits for a human
+    /// ([`EndRecord::wait`]): then a resolution, or the final end of the wait (cancelled,
+    /// its wait bound passed), follows.
     Ended(EndRecord),
+    /// A human approved or denied the proposal the invocation waited for (it follows the
+    /// waiting `Ended` event). An approval reopens the waiting turn: its approved calls
+    /// run as proposed, without asking the model again, and the turn is committed again
+    /// with their results. A denial runs nothing; the model hears of it in the next turn.
+    ApprovalResolved(Resolution),
+    /// A human answered the question the invocation waited for; the next turn's model
+    /// call sees it.
+    ClarificationAnswered(Answer),
+}
+
+/// A human's verdict on a waiting proposal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resolution {
+    /// The proposal resolved: the waiting end's, always.
+    pub proposal: Fingerprint,
+    /// Approved (run the calls) or denied (run nothing).
+    pub approved: bool,
+    /// Who resolved it.
+    pub actor: String,
+    /// The approver's words, for the model.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub comment: String,
+    /// How long the invocation waited, in milliseconds.
+    pub waited_ms: u64,
+}
+
+/// A human's answer to a waiting question.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    /// The answer, for the model.
+    pub answer: String,
+    /// Who answered.
+    pub actor: String,
+    /// How long the invocation waited, in milliseconds.
+    pub waited_ms: u64,
 }
 
 /// One turn, committed whole.
@@ -54,6 +93,23 @@ pub struct TurnRecord {
     /// Why the decision was not carried out, when it was not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejection: Option<Rejection>,
+}
+
+impl TurnRecord {
+    /// The calls this turn's decision proposes (to run, or to put to a human), validated
+    /// again against `catalog`: exactly the calls that run, with canonical arguments.
+    /// `Err` says why the decision is not a valid batch.
+    pub fn batch(
+        &self,
+        catalog: &ToolCatalog,
+        bounds: &DecisionBounds,
+    ) -> Result<ValidBatch, String> {
+        match validate(&self.decision, catalog, bounds) {
+            Ok(Decision::ToolCalls(batch) | Decision::RequestApproval { batch, .. }) => Ok(batch),
+            Ok(_) => Err("it is not a batch of tool calls".into()),
+            Err(error) => Err(error.to_string()),
+        }
+    }
 }
 
 /// Why a turn's decision was not carried out.
@@ -91,4 +147,24 @@ pub struct EndRecord {
     /// The proposal an approval would cover, for `approval_required`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proposal: Option<Fingerprint>,
+    /// Set when the run stopped to wait for a human (`approval_required`,
+    /// `clarification_required`): the invocation is not over, a reply resumes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<Wait>,
+}
+
+impl EndRecord {
+    /// Whether this end waits for a human rather than ending the invocation.
+    pub fn waits(&self) -> bool {
+        self.wait.is_some()
+    }
+}
+
+/// When a wait for a human began, and when it ends the invocation if nobody replies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wait {
+    /// When the run stopped to wait.
+    pub since: UnixMillis,
+    /// When the wait bound passes: then the invocation ends `deadline_exceeded`.
+    pub until: UnixMillis,
 }

@@ -32,6 +32,7 @@ mod canonical;
 mod catalog;
 mod decision;
 mod event;
+mod human;
 mod limits;
 mod machine;
 mod money;
@@ -40,16 +41,19 @@ mod plan;
 mod terminal;
 mod time;
 
-pub use canonical::{Fingerprint, canonical_json};
+pub use canonical::{BadFingerprint, Fingerprint, canonical_json};
 pub use catalog::{SideEffect, ToolCatalog, ToolSpec};
 pub use decision::{
     CallId, Decision, DecisionBounds, DecisionError, ProposedCall, ProposedDecision, ToolCall,
     Usage, ValidBatch, validate,
 };
-pub use event::{EndRecord, Event, EventBody, Rejection, RejectionKind, TurnRecord};
-pub use limits::Limits;
+pub use event::{
+    Answer, EndRecord, Event, EventBody, Rejection, RejectionKind, Resolution, TurnRecord, Wait,
+};
+pub use human::{Reply, ReplyError, WaitEnd, end_wait, reply};
+pub use limits::{DEFAULT_MAX_WAIT_MS, Limits};
 pub use machine::{
-    Action, Input, Invocation, Protocol, RestoreError, StepError, Verdict, Verification,
+    Action, Humans, Input, Invocation, Protocol, RestoreError, StepError, Verdict, Verification,
 };
 pub use money::{BadUsd, MicroUsd};
 pub use outcome::{CallOutcome, CallResult, ErrorType, NextAction, Outcome, ToolError, Totals};

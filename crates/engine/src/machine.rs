@@ -9,7 +9,9 @@
 //!   authorized;
 //! - every call of an executed batch gets exactly one result, committed in call order;
 //! - a turn is committed before the next `Decide` is emitted — no commit, no next turn;
-//! - the end is committed too, and `Finish` is emitted exactly once.
+//! - the end is committed too, and `Finish` is emitted exactly once per run (a run that
+//!   stops for a human ends; the reply, committed by the shell, starts the next one from
+//!   the log: [`Invocation::restore`]).
 
 use std::sync::Arc;
 
@@ -18,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::canonical::Fingerprint;
 use crate::catalog::ToolCatalog;
 use crate::decision::{CallId, Decision, ProposedDecision, ToolCall, Usage, ValidBatch, validate};
-use crate::event::{EndRecord, Event, EventBody, Rejection, RejectionKind, TurnRecord};
+use crate::event::{EndRecord, Event, EventBody, Rejection, RejectionKind, TurnRecord, Wait};
 use crate::limits::Limits;
 use crate::outcome::{CallOutcome, CallResult, Outcome, Totals};
 use crate::plan::ExecutionPlan;
@@ -76,7 +78,10 @@ pub enum Input {
         message: String,
     },
     /// The caller (or a revoked lease) asks the invocation to stop.
-    Cancel,
+    Cancel {
+        /// Why, as the caller said; the terminal detail (empty: a default one).
+        reason: String,
+    },
     /// Time passed; lets the engine enforce the deadline while it waits.
     Tick,
 }
@@ -127,6 +132,9 @@ pub enum Action {
         turn: u32,
         /// The validated calls.
         calls: Vec<ToolCall>,
+        /// Set when a human approved exactly these calls: policy checks them again at
+        /// dispatch, and its approval gate is satisfied by this digest.
+        approved: Option<Fingerprint>,
     },
     /// Run these calls following `plan`; answer with one `CallFinished` per call.
     Execute {
@@ -220,6 +228,10 @@ pub enum RestoreError {
     /// An executed turn without its plan fingerprint.
     #[error("turn {0} has results but no plan fingerprint")]
     MissingPlan(u32),
+    /// A reply (or a second end) where nothing waits for one, or one that does not fit
+    /// the wait.
+    #[error("event {0} replies to a wait it does not fit: {1}")]
+    BadReply(u64, String),
     /// A started batch that is not a valid batch of tool calls for this catalog.
     #[error("the batch started in turn {0} is not a valid batch: {1}")]
     InvalidStartedBatch(u32, String),
@@ -242,6 +254,48 @@ pub struct Protocol {
     /// The turn whose write batch has started (`BatchStarted`) and whose `Turn` event is
     /// not committed yet.
     pub started: Option<u32>,
+    /// What humans did, once one replied. Boxed: most invocations never wait, and every
+    /// running one keeps a protocol state (two while a batch starts).
+    pub humans: Option<Box<Humans>>,
+}
+
+/// What humans did in an invocation, as its replies committed it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Humans {
+    /// A human approved the last turn's proposal: that turn is committed again, with the
+    /// approved calls' results.
+    pub reopened: bool,
+    /// Time spent waiting for humans, in milliseconds.
+    pub waited_ms: u64,
+    /// Digests of proposals a human denied: none is put to a human again.
+    pub denied: Vec<Fingerprint>,
+}
+
+impl Protocol {
+    /// Whether a human denied `proposal` in this invocation.
+    pub fn was_denied(&self, proposal: &Fingerprint) -> bool {
+        self.humans
+            .as_ref()
+            .is_some_and(|humans| humans.denied.contains(proposal))
+    }
+
+    /// Time spent waiting for humans, in milliseconds.
+    pub fn waited_ms(&self) -> u64 {
+        self.humans.as_ref().map_or(0, |humans| humans.waited_ms)
+    }
+
+    fn reopened(&self) -> bool {
+        self.humans.as_ref().is_some_and(|humans| humans.reopened)
+    }
+
+    /// The turn number a `Turn` or `BatchStarted` event must have next.
+    fn next_turn(&self) -> u32 {
+        if self.reopened() {
+            self.totals.steps
+        } else {
+            self.totals.steps + 1
+        }
+    }
 }
 
 impl Protocol {
@@ -256,7 +310,7 @@ impl Protocol {
         }
         match &event.body {
             EventBody::BatchStarted(record) => {
-                let expected = self.totals.steps + 1;
+                let expected = self.next_turn();
                 if record.turn != expected || self.started.is_some() {
                     return Err(RestoreError::TurnGap {
                         expected,
@@ -269,7 +323,7 @@ impl Protocol {
                 self.started = Some(record.turn);
             }
             EventBody::Turn(record) => {
-                let expected = self.totals.steps + 1;
+                let expected = self.next_turn();
                 if record.turn != expected {
                     return Err(RestoreError::TurnGap {
                         expected,
@@ -277,6 +331,9 @@ impl Protocol {
                     });
                 }
                 self.started = None;
+                if let Some(humans) = &mut self.humans {
+                    humans.reopened = false;
+                }
                 let totals = &mut self.totals;
                 totals.steps = record.turn;
                 totals.turn_events += 1;
@@ -305,6 +362,19 @@ impl Protocol {
                 }
             }
             EventBody::Ended(_) => self.started = None,
+            EventBody::ApprovalResolved(resolution) => {
+                let humans = self.humans.get_or_insert_default();
+                humans.waited_ms = humans.waited_ms.saturating_add(resolution.waited_ms);
+                if resolution.approved {
+                    humans.reopened = true;
+                } else {
+                    humans.denied.push(resolution.proposal);
+                }
+            }
+            EventBody::ClarificationAnswered(answer) => {
+                let humans = self.humans.get_or_insert_default();
+                humans.waited_ms = humans.waited_ms.saturating_add(answer.waited_ms);
+            }
         }
         self.version = event.seq;
         Ok(())
@@ -317,6 +387,8 @@ struct Draft {
     turn: u32,
     decision: ProposedDecision,
     usage: Usage,
+    /// A human approved this decision's calls (the turn is reopened).
+    approved: bool,
 }
 
 impl Draft {
@@ -364,6 +436,12 @@ enum Phase {
         draft: Draft,
         batch: ValidBatch,
     },
+    /// Restored after a human approved the last turn's calls: `Start` has policy check
+    /// them again, then runs them, without asking the model.
+    Approved {
+        draft: Draft,
+        batch: ValidBatch,
+    },
     Executing {
         draft: Draft,
         batch: ValidBatch,
@@ -403,6 +481,7 @@ impl Phase {
             Phase::Authorizing { .. } => "authorizing",
             Phase::Starting { .. } => "starting",
             Phase::Resuming { .. } => "resuming",
+            Phase::Approved { .. } => "approved",
             Phase::Executing { .. } => "executing",
             Phase::Reconciling(_) => "reconciling",
             Phase::Verifying { .. } => "verifying",
@@ -412,24 +491,29 @@ impl Phase {
     }
 }
 
+/// The terminal detail of a cancel that gave no reason.
+pub(crate) const CANCELLED: &str = "cancelled by request";
+
 /// Why a stop was requested.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Stop {
-    Cancelled,
+    /// With the caller's reason (empty: none given).
+    Cancelled(Box<str>),
     Deadline,
 }
 
 impl Stop {
-    fn reason(self) -> TerminalReason {
+    fn reason(&self) -> TerminalReason {
         match self {
-            Stop::Cancelled => TerminalReason::Cancelled,
+            Stop::Cancelled(_) => TerminalReason::Cancelled,
             Stop::Deadline => TerminalReason::DeadlineExceeded,
         }
     }
 
-    fn detail(self) -> &'static str {
+    fn detail(&self) -> &str {
         match self {
-            Stop::Cancelled => "cancelled by request",
+            Stop::Cancelled(reason) if reason.is_empty() => CANCELLED,
+            Stop::Cancelled(reason) => reason,
             Stop::Deadline => "the deadline passed",
         }
     }
@@ -446,7 +530,8 @@ pub struct Invocation {
     phase: Phase,
     /// A stop that arrived while calls or a commit were in flight; honoured as soon as
     /// they settle. Not durable: after a crash the shell asks again (the lease is revoked).
-    stop: Option<Stop>,
+    /// Boxed: it is rare, and its reason would make every running invocation larger.
+    stop: Option<Box<Stop>>,
 }
 
 impl Invocation {
@@ -462,23 +547,61 @@ impl Invocation {
     }
 
     /// Rebuilds an invocation from its committed events, by the same fold the live path
-    /// uses. An ended history gives an ended invocation; otherwise feed it
-    /// [`Input::Start`] and it continues at the first turn not committed.
+    /// uses. An ended history gives an ended invocation, and so does one that waits for
+    /// a human (the outcome of its run); otherwise, after a reply too, feed it
+    /// [`Input::Start`] and it continues where the log stops: the first turn not
+    /// committed, a started batch, or the calls a human approved.
     pub fn restore<'a>(
         limits: Limits,
         catalog: Arc<ToolCatalog>,
         events: impl IntoIterator<Item = &'a Event>,
     ) -> Result<Invocation, RestoreError> {
         let mut invocation = Invocation::new(limits, catalog);
+        // The end the invocation waits after, and the last turn (the one a reply resumes).
+        let mut waiting: Option<&EndRecord> = None;
+        let mut last_turn: Option<&TurnRecord> = None;
         for event in events {
-            if matches!(invocation.phase, Phase::Ended(_)) {
-                return Err(RestoreError::AfterEnd(event.seq));
+            let bad = |why: &str| RestoreError::BadReply(event.seq, why.to_owned());
+            match (&event.body, waiting) {
+                (EventBody::ApprovalResolved(resolution), Some(end)) => {
+                    if end.reason != TerminalReason::ApprovalRequired
+                        || end.proposal != Some(resolution.proposal)
+                    {
+                        return Err(bad("not the pending proposal"));
+                    }
+                }
+                (EventBody::ClarificationAnswered(_), Some(end)) => {
+                    if end.reason != TerminalReason::ClarificationRequired {
+                        return Err(bad("no question is pending"));
+                    }
+                }
+                (EventBody::Ended(end), Some(_)) if !end.waits() => {}
+                (_, Some(_)) => return Err(bad("the invocation waits for a human")),
+                (EventBody::ApprovalResolved(_) | EventBody::ClarificationAnswered(_), None) => {
+                    return Err(bad("nothing waits for a reply"));
+                }
+                (_, None) if matches!(invocation.phase, Phase::Ended(_)) => {
+                    return Err(RestoreError::AfterEnd(event.seq));
+                }
+                (_, None) => {}
             }
             invocation.protocol.apply(event)?;
+            waiting = None;
             invocation.phase = match &event.body {
-                EventBody::Ended(end) => Phase::Ended(invocation.outcome_of(end)),
+                EventBody::Ended(end) => {
+                    waiting = end.waits().then_some(end);
+                    Phase::Ended(invocation.outcome_of(end))
+                }
                 EventBody::BatchStarted(record) => invocation.resuming(record)?,
-                EventBody::Turn(_) => Phase::Idle,
+                EventBody::Turn(record) => {
+                    last_turn = Some(record);
+                    Phase::Idle
+                }
+                EventBody::ApprovalResolved(resolution) if resolution.approved => {
+                    let record = last_turn.ok_or_else(|| bad("no turn was approved"))?;
+                    invocation.approved(record)?
+                }
+                EventBody::ApprovalResolved(_) | EventBody::ClarificationAnswered(_) => Phase::Idle,
             };
         }
         Ok(invocation)
@@ -486,19 +609,44 @@ impl Invocation {
 
     /// The phase of a batch restored from its `BatchStarted` event.
     fn resuming(&self, record: &TurnRecord) -> Result<Phase, RestoreError> {
-        let invalid = |why: String| RestoreError::InvalidStartedBatch(record.turn, why);
-        match validate(&record.decision, &self.catalog, &self.limits.bounds) {
-            Ok(Decision::ToolCalls(batch)) => Ok(Phase::Resuming {
-                draft: Draft {
-                    turn: record.turn,
-                    decision: record.decision.clone(),
-                    usage: record.usage,
-                },
-                batch,
-            }),
-            Ok(_) => Err(invalid("it is not a batch of tool calls".into())),
-            Err(error) => Err(invalid(error.to_string())),
-        }
+        let (draft, batch) = self.restored_batch(record)?;
+        Ok(Phase::Resuming { draft, batch })
+    }
+
+    /// The phase after a human approved the calls `record` proposed.
+    fn approved(&self, record: &TurnRecord) -> Result<Phase, RestoreError> {
+        let (mut draft, batch) = self.restored_batch(record)?;
+        draft.approved = true;
+        // Its tokens were counted when the turn was first committed.
+        draft.usage = Usage::default();
+        Ok(Phase::Approved { draft, batch })
+    }
+
+    /// The committed batch of `record`, validated again for this catalog.
+    fn restored_batch(&self, record: &TurnRecord) -> Result<(Draft, ValidBatch), RestoreError> {
+        let batch = record
+            .batch(&self.catalog, &self.limits.bounds)
+            .map_err(|why| RestoreError::InvalidStartedBatch(record.turn, why))?;
+        let draft = Draft {
+            turn: record.turn,
+            decision: record.decision.clone(),
+            usage: record.usage,
+            approved: false,
+        };
+        Ok((draft, batch))
+    }
+
+    /// When the invocation must stop, if ever: its deadline, moved on by the time it
+    /// waited for humans unless its limits count that time too.
+    pub fn deadline(&self) -> Option<UnixMillis> {
+        let waited = if self.limits.wait_counts_toward_deadline {
+            0
+        } else {
+            self.protocol.waited_ms()
+        };
+        self.limits
+            .deadline
+            .map(|deadline| deadline.saturating_add(waited))
     }
 
     /// Protocol state (version, totals, repairs, repeat tracking).
@@ -520,6 +668,7 @@ impl Invocation {
             | Phase::Authorizing { .. }
             | Phase::Starting { .. }
             | Phase::Resuming { .. }
+            | Phase::Approved { .. }
             | Phase::Executing { .. }
             | Phase::Reconciling(_)
             | Phase::Verifying { .. }
@@ -537,6 +686,7 @@ impl Invocation {
             | Phase::Authorizing { .. }
             | Phase::Starting { .. }
             | Phase::Resuming { .. }
+            | Phase::Approved { .. }
             | Phase::Verifying { .. }
             | Phase::Committing { .. }
             | Phase::Ended(_) => false,
@@ -573,14 +723,17 @@ impl Invocation {
         now: UnixMillis,
     ) -> Result<Vec<Action>, Refused> {
         match (phase, input) {
-            (phase @ Phase::Ended(_), Input::Cancel | Input::Tick) => Ok(self.stay(phase)),
-            (phase, Input::Cancel) => Ok(self.request_stop(phase, Stop::Cancelled)),
+            (phase @ Phase::Ended(_), Input::Cancel { .. } | Input::Tick) => Ok(self.stay(phase)),
+            (phase, Input::Cancel { reason }) => {
+                Ok(self.request_stop(phase, Stop::Cancelled(reason.into())))
+            }
             (phase, Input::Tick) if self.deadline_passed(now) => {
                 Ok(self.request_stop(phase, Stop::Deadline))
             }
             (phase, Input::Tick) => Ok(self.stay(phase)),
             (Phase::Idle, Input::Start) => Ok(self.begin_turn(now)),
             (Phase::Resuming { draft, batch }, Input::Start) => Ok(self.execute(draft, batch)),
+            (Phase::Approved { draft, batch }, Input::Start) => Ok(self.authorize(draft, batch)),
             (
                 Phase::Starting {
                     draft,
@@ -602,6 +755,7 @@ impl Invocation {
                     turn,
                     decision,
                     usage,
+                    approved: false,
                 };
                 Ok(self.decided(draft, now))
             }
@@ -652,6 +806,7 @@ impl Invocation {
                 | Phase::Authorizing { .. }
                 | Phase::Starting { .. }
                 | Phase::Resuming { .. }
+                | Phase::Approved { .. }
                 | Phase::Executing { .. }
                 | Phase::Reconciling(_)
                 | Phase::Verifying { .. }
@@ -683,14 +838,14 @@ impl Invocation {
     }
 
     fn deadline_passed(&self, now: UnixMillis) -> bool {
-        self.limits.deadline.is_some_and(|deadline| now >= deadline)
+        self.deadline().is_some_and(|deadline| now >= deadline)
     }
 
     /// At a turn boundary: stop if anything says so, else ask the model.
     fn begin_turn(&mut self, now: UnixMillis) -> Vec<Action> {
         let totals = self.protocol.totals;
-        if let Some(stop) = self.stop {
-            return self.end_stopped(None, stop);
+        if let Some(stop) = self.stop.take() {
+            return self.end_stopped(None, *stop);
         }
         if self.deadline_passed(now) {
             return self.end_stopped(None, Stop::Deadline);
@@ -771,20 +926,18 @@ impl Invocation {
                 };
                 vec![Action::Verify { turn, answer }]
             }
-            Decision::ToolCalls(batch) => self.propose_batch(draft, batch),
-            Decision::RequestApproval { summary, batch } => self.end(
-                vec![EventBody::Turn(draft.record(None))],
-                TerminalReason::ApprovalRequired,
-                summary,
-                None,
-                Some(batch.fingerprint),
-            ),
-            Decision::Clarification(question) => self.end(
+            // A proposal for a human passes the same budget, progress and policy checks
+            // as calls that would run at once: a human is never asked to approve what
+            // could not run anyway.
+            Decision::ToolCalls(batch) | Decision::RequestApproval { batch, .. } => {
+                self.propose_batch(draft, batch)
+            }
+            Decision::Clarification(question) => self.wait(
                 vec![EventBody::Turn(draft.record(None))],
                 TerminalReason::ClarificationRequired,
                 question,
                 None,
-                None,
+                now,
             ),
             Decision::CannotContinue(reason) => self.end(
                 vec![EventBody::Turn(draft.record(None))],
@@ -815,10 +968,28 @@ impl Invocation {
             let detail = format!("the same plan already ran {streak} time(s) in a row");
             return self.stop(draft, TerminalReason::NoProgress, detail);
         }
+        if self.protocol.was_denied(&batch.fingerprint) {
+            let message = format!(
+                "a human denied exactly these calls (proposal {}) in this invocation; \
+                 they will not be put to a human again: propose something else",
+                batch.fingerprint
+            );
+            return self.reject(draft, message);
+        }
+        self.authorize(draft, batch)
+    }
+
+    /// Asks policy about a batch (again, at dispatch, for one a human approved).
+    fn authorize(&mut self, draft: Draft, batch: ValidBatch) -> Vec<Action> {
         let turn = draft.turn;
         let calls = batch.calls.clone();
+        let approved = draft.approved.then_some(batch.fingerprint);
         self.phase = Phase::Authorizing { draft, batch };
-        vec![Action::Authorize { turn, calls }]
+        vec![Action::Authorize {
+            turn,
+            calls,
+            approved,
+        }]
     }
 
     fn authorized(
@@ -828,9 +999,35 @@ impl Invocation {
         verdict: Verdict,
         now: UnixMillis,
     ) -> Vec<Action> {
+        // The model's summary, when it asked for a human itself (and none answered yet).
+        let summary = match &draft.decision {
+            ProposedDecision::RequestApproval { summary, .. } => {
+                Some(summary.clone()).filter(|_| !draft.approved)
+            }
+            ProposedDecision::Final { .. }
+            | ProposedDecision::ToolCalls { .. }
+            | ProposedDecision::Clarification { .. }
+            | ProposedDecision::CannotContinue { .. }
+            | ProposedDecision::Unparseable { .. } => None,
+        };
         match verdict {
-            Verdict::Allow if self.deadline_passed(now) => {
+            // The approval gate a human already passed for exactly these calls.
+            Verdict::RequireApproval { .. } if draft.approved => {
+                self.authorized(draft, batch, Verdict::Allow, now)
+            }
+            Verdict::Allow | Verdict::RequireApproval { .. } if self.deadline_passed(now) => {
                 self.end_stopped(Some(draft), Stop::Deadline)
+            }
+            Verdict::Allow if let Some(summary) = summary => {
+                let proposal = Some(batch.fingerprint);
+                let turn = EventBody::Turn(draft.record(None));
+                self.wait(
+                    vec![turn],
+                    TerminalReason::ApprovalRequired,
+                    summary,
+                    proposal,
+                    now,
+                )
             }
             Verdict::Allow => {
                 let writes = batch.calls.iter().any(|call| {
@@ -846,13 +1043,19 @@ impl Invocation {
             }
             Verdict::Deny { reason } => self.reject(draft, format!("denied by policy: {reason}")),
             Verdict::RequireApproval { reason } => {
-                let fingerprint = batch.fingerprint;
-                self.end(
-                    vec![draft.stopped(&reason)],
+                let proposal = Some(batch.fingerprint);
+                // What the model said it proposes, if it asked itself, else why policy asks.
+                let detail = match summary {
+                    Some(summary) => format!("{summary} (policy: {reason})"),
+                    None => reason.clone(),
+                };
+                let turn = draft.stopped(&reason);
+                self.wait(
+                    vec![turn],
                     TerminalReason::ApprovalRequired,
-                    reason,
-                    None,
-                    Some(fingerprint),
+                    detail,
+                    proposal,
+                    now,
                 )
             }
         }
@@ -1059,7 +1262,7 @@ impl Invocation {
             })
             .collect();
         let turn = EventBody::Turn(record);
-        match (unresolved, self.stop) {
+        match (unresolved, self.stop.take().map(|stop| *stop)) {
             (Some((call_id, detail)), _) => self.end(
                 vec![turn],
                 TerminalReason::ReconciliationRequired,
@@ -1119,9 +1322,9 @@ impl Invocation {
         }
         match phase {
             Phase::Idle | Phase::Deciding { .. } => self.end_stopped(None, stop),
-            Phase::Authorizing { draft, .. } | Phase::Verifying { draft, .. } => {
-                self.end_stopped(Some(draft), stop)
-            }
+            Phase::Authorizing { draft, .. }
+            | Phase::Approved { draft, .. }
+            | Phase::Verifying { draft, .. } => self.end_stopped(Some(draft), stop),
             // The start commit decides whether anything may run; see `Starting` +
             // `Committed`.
             Phase::Starting {
@@ -1129,7 +1332,7 @@ impl Invocation {
                 batch,
                 after,
             } => {
-                self.stop = Some(stop);
+                self.stop = Some(Box::new(stop));
                 self.stay(Phase::Starting {
                     draft,
                     batch,
@@ -1140,7 +1343,7 @@ impl Invocation {
             // its calls cancelled at once, so each one is settled (unsent ones come back
             // `not_started`, sent writes are reconciled) and its turn committed.
             Phase::Resuming { draft, batch } => {
-                self.stop = Some(stop);
+                self.stop = Some(Box::new(stop));
                 let turn = draft.turn;
                 let mut actions = self.execute(draft, batch);
                 actions.push(Action::CancelCalls { turn });
@@ -1151,7 +1354,7 @@ impl Invocation {
                 batch,
                 results,
             } => {
-                self.stop = Some(stop);
+                self.stop = Some(Box::new(stop));
                 let turn = draft.turn;
                 self.phase = Phase::Executing {
                     draft,
@@ -1163,13 +1366,13 @@ impl Invocation {
             // Reconciling asks the executors' records, starts no side effect and is what
             // tells the truth about the turn: let it finish, then stop.
             phase @ Phase::Reconciling(_) => {
-                self.stop = Some(stop);
+                self.stop = Some(Box::new(stop));
                 self.stay(phase)
             }
             Phase::Committing { after, end } => {
                 // Ending already? Then this stop changes nothing.
                 if end.is_none() {
-                    self.stop = Some(stop);
+                    self.stop = Some(Box::new(stop));
                 }
                 self.stay(Phase::Committing { after, end })
             }
@@ -1235,6 +1438,30 @@ impl Invocation {
             detail,
             answer,
             proposal,
+            wait: None,
+        }));
+        self.commit(bodies)
+    }
+
+    /// Ends the run to wait for a human: its log holds all a resume needs (the turn in
+    /// `bodies`, the proposal), and the wait is bounded by `limits.max_wait_ms`.
+    fn wait(
+        &mut self,
+        mut bodies: Vec<EventBody>,
+        reason: TerminalReason,
+        detail: String,
+        proposal: Option<Fingerprint>,
+        now: UnixMillis,
+    ) -> Vec<Action> {
+        bodies.push(EventBody::Ended(EndRecord {
+            reason,
+            detail,
+            answer: None,
+            proposal,
+            wait: Some(Wait {
+                since: now,
+                until: now.saturating_add(self.limits.max_wait_ms),
+            }),
         }));
         self.commit(bodies)
     }
@@ -1248,7 +1475,10 @@ impl Invocation {
         };
         let end = events.iter().rev().find_map(|event| match &event.body {
             EventBody::Ended(end) => Some(end.clone()),
-            EventBody::Turn(_) | EventBody::BatchStarted(_) => None,
+            EventBody::Turn(_)
+            | EventBody::BatchStarted(_)
+            | EventBody::ApprovalResolved(_)
+            | EventBody::ClarificationAnswered(_) => None,
         });
         let totals = after.totals;
         self.phase = Phase::Committing { after, end };
@@ -1306,7 +1536,7 @@ fn input_name(input: &Input) -> &'static str {
         Input::Verified(_) => "verified",
         Input::Committed => "committed",
         Input::CommitFailed { .. } => "commit_failed",
-        Input::Cancel => "cancel",
+        Input::Cancel { .. } => "cancel",
         Input::Tick => "tick",
     }
 }

@@ -14,13 +14,16 @@ use serde::{Deserialize, Serialize};
 pub enum TerminalReason {
     /// A final answer was committed after the configured validators accepted it.
     Completed,
-    /// A valid action needs a human decision; the exact proposal is committed.
+    /// A valid action needs a human decision; the exact proposal is committed, and the
+    /// invocation waits for the approval (or its denial).
     ApprovalRequired,
-    /// The model needs an answer from the user before it can go on.
+    /// The model needs an answer from the user before it can go on; the invocation waits
+    /// for it.
     ClarificationRequired,
     /// The caller (or a revoked lease) cancelled the invocation.
     Cancelled,
-    /// The invocation's wall-clock deadline passed.
+    /// The invocation's wall-clock deadline passed, or it waited for a human past its
+    /// wait bound.
     DeadlineExceeded,
     /// The turn budget ran out.
     MaxSteps,

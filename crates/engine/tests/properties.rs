@@ -239,6 +239,100 @@ proptest! {
     }
 }
 
+/// Decisions of an approval run: lookups, requests to approve a write, writes a policy
+/// gates, questions for the user and the answer.
+fn arb_human_decision() -> impl Strategy<Value = (ProposedDecision, Usage)> {
+    let write = |k: u8| {
+        vec![call(
+            "w",
+            "transfer",
+            &format!(r#"{{"to":"acct-{k}","amount":10}}"#),
+        )]
+    };
+    let decision = prop_oneof![
+        2 => (0u8..3).prop_map(|k| tools(vec![lookup("c0", &format!("key{k}"))])),
+        3 => (0u8..2).prop_map(move |k| ProposedDecision::RequestApproval {
+            summary: format!("pay acct-{k}"),
+            calls: write(k),
+        }),
+        2 => (0u8..2).prop_map(move |k| tools(write(k))),
+        1 => Just(ProposedDecision::Clarification { question: "which?".into() }),
+        1 => Just(final_answer("done")),
+    ];
+    (decision, 0u64..30).prop_map(|(d, i)| {
+        (
+            d,
+            Usage {
+                input_tokens: i,
+                output_tokens: 1,
+                cost: None,
+            },
+        )
+    })
+}
+
+fn gated_world(script: &[(ProposedDecision, Usage)]) -> World {
+    let mut world = world(script, false);
+    // Writes need a human; an approval of exactly those calls satisfies the gate.
+    world.policy = Box::new(|calls| {
+        if calls.iter().any(|c| c.tool == "transfer") {
+            Verdict::RequireApproval {
+                reason: "writes need a human".into(),
+            }
+        } else {
+            Verdict::Allow
+        }
+    });
+    world
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// An approval run (every wait answered by a human, yes or no) resumed from any
+    /// commit boundary, including right after a reply, ends exactly as the run that was
+    /// never interrupted; and an approved write runs once per approval, never twice.
+    #[test]
+    fn an_approval_run_resumed_from_any_commit_boundary_ends_the_same(
+        limits in arb_limits(),
+        script in proptest::collection::vec(arb_human_decision(), 1..8),
+        humans in proptest::collection::vec(any::<bool>(), 0..6),
+    ) {
+        let whole = drive_with_humans(limits, catalog(), gated_world(&script), Vec::new(), &humans);
+        let restored = Invocation::restore(limits, catalog(), &whole.log).unwrap();
+        prop_assert_eq!(restored.protocol(), whole.invocation.protocol());
+        prop_assert_eq!(restored.outcome(), Some(&whole.outcome));
+
+        let approvals = whole.log.iter().filter(|e| matches!(&e.body, EventBody::ApprovalResolved(r) if r.approved)).count();
+        let writes = whole.executed.iter().filter(|c| c.tool == "transfer").count();
+        prop_assert!(writes <= approvals, "{writes} writes ran with {approvals} approvals");
+
+        // Commit boundaries: where each engine commit began, and around each reply (its
+        // own append), and the end.
+        let mut boundaries: std::collections::BTreeSet<usize> = whole
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Commit { expected_version, .. } => Some(*expected_version as usize),
+                _ => None,
+            })
+            .collect();
+        for event in &whole.log {
+            if matches!(event.body, EventBody::ApprovalResolved(_) | EventBody::ClarificationAnswered(_)) {
+                boundaries.extend([event.seq as usize - 1, event.seq as usize]);
+            }
+        }
+        boundaries.insert(whole.log.len());
+        for boundary in boundaries {
+            let prefix = whole.log[..boundary].to_vec();
+            let replied = prefix.iter().filter(|e| matches!(e.body, EventBody::ApprovalResolved(_) | EventBody::ClarificationAnswered(_))).count();
+            let rest = drive_with_humans(limits, catalog(), gated_world(&script), prefix, &humans[replied.min(humans.len())..]);
+            prop_assert_eq!(&rest.log, &whole.log);
+            prop_assert_eq!(&rest.outcome, &whole.outcome);
+        }
+    }
+}
+
 #[test]
 fn restore_refuses_a_broken_history() {
     let run = drive(

@@ -221,7 +221,12 @@ fn record_histories() {
                 3,
                 finished("a", output(r#"{"key":"profile","value":"active"}"#)),
             ),
-            (4, Input::Cancel),
+            (
+                4,
+                Input::Cancel {
+                    reason: String::new(),
+                },
+            ),
             (5, finished("b", CallOutcome::Cancelled)),
             (6, Input::Committed),
         ],

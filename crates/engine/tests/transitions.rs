@@ -11,6 +11,13 @@ use std::num::NonZeroU32;
 use agentloop_engine::*;
 use agentloop_testkit::*;
 
+/// A cancel without a reason.
+fn cancel() -> Input {
+    Input::Cancel {
+        reason: String::new(),
+    }
+}
+
 fn limits() -> Limits {
     Limits {
         max_repeated_plan: NonZeroU32::new(1),
@@ -28,9 +35,7 @@ fn run(decisions: Vec<ProposedDecision>) -> Run {
 fn ended(run: &Run) -> &EndRecord {
     match &run.log.last().expect("a log").body {
         EventBody::Ended(end) => end,
-        EventBody::Turn(_) | EventBody::BatchStarted(_) => {
-            panic!("the log does not end with Ended")
-        }
+        other => panic!("the log does not end with Ended: {other:?}"),
     }
 }
 
@@ -700,7 +705,7 @@ fn commit_events(actions: &[Action]) -> &[Event] {
 fn end_of(events: &[Event]) -> TerminalReason {
     match &events.last().unwrap().body {
         EventBody::Ended(end) => end.reason,
-        EventBody::Turn(_) | EventBody::BatchStarted(_) => panic!("no end"),
+        other => panic!("no end: {other:?}"),
     }
 }
 
@@ -722,7 +727,7 @@ fn executing(limits: Limits) -> Invocation {
 #[test]
 fn cancel_while_deciding_ends_without_a_turn() {
     let mut invocation = started(limits());
-    let actions = invocation.step(Input::Cancel, UnixMillis(1)).unwrap();
+    let actions = invocation.step(cancel(), UnixMillis(1)).unwrap();
     let events = commit_events(&actions);
     assert_eq!(events.len(), 1);
     assert_eq!(end_of(events), TerminalReason::Cancelled);
@@ -744,7 +749,7 @@ fn cancel_while_deciding_ends_without_a_turn() {
     let finish = invocation.step(Input::Committed, UnixMillis(3)).unwrap();
     assert!(matches!(&finish[..], [Action::Finish(o)] if o.reason == TerminalReason::Cancelled));
     assert_eq!(
-        invocation.step(Input::Cancel, UnixMillis(4)),
+        invocation.step(cancel(), UnixMillis(4)),
         Ok(vec![]),
         "cancel after the end is a no-op"
     );
@@ -763,11 +768,11 @@ fn cancel_while_executing_cancels_calls_and_commits_every_result() {
         )
         .unwrap();
     assert_eq!(
-        invocation.step(Input::Cancel, UnixMillis(2)).unwrap(),
+        invocation.step(cancel(), UnixMillis(2)).unwrap(),
         vec![Action::CancelCalls { turn: 1 }]
     );
     assert_eq!(
-        invocation.step(Input::Cancel, UnixMillis(3)).unwrap(),
+        invocation.step(cancel(), UnixMillis(3)).unwrap(),
         vec![],
         "a second cancel adds nothing"
     );
@@ -820,10 +825,7 @@ fn cancel_while_committing_a_turn_ends_after_the_commit_without_a_new_decision()
         )
         .unwrap();
     assert_eq!(commit_events(&actions).len(), 1);
-    assert_eq!(
-        invocation.step(Input::Cancel, UnixMillis(1)).unwrap(),
-        vec![]
-    );
+    assert_eq!(invocation.step(cancel(), UnixMillis(1)).unwrap(), vec![]);
     let actions = invocation.step(Input::Committed, UnixMillis(2)).unwrap();
     let events = commit_events(&actions);
     assert_eq!(events[0].seq, 2);
@@ -834,7 +836,7 @@ fn cancel_while_committing_a_turn_ends_after_the_commit_without_a_new_decision()
 fn cancel_while_authorizing_or_verifying_records_the_decision_as_stopped() {
     let mut invocation = started(limits());
     decide(&mut invocation, tools(vec![lookup("a", "profile")]), 0);
-    let events = commit_events(&invocation.step(Input::Cancel, UnixMillis(0)).unwrap()).to_vec();
+    let events = commit_events(&invocation.step(cancel(), UnixMillis(0)).unwrap()).to_vec();
     let EventBody::Turn(turn) = &events[0].body else {
         panic!()
     };
@@ -846,7 +848,7 @@ fn cancel_while_authorizing_or_verifying_records_the_decision_as_stopped() {
 
     let mut invocation = started(limits());
     decide(&mut invocation, final_answer("42"), 0);
-    let events = commit_events(&invocation.step(Input::Cancel, UnixMillis(0)).unwrap()).to_vec();
+    let events = commit_events(&invocation.step(cancel(), UnixMillis(0)).unwrap()).to_vec();
     assert_eq!(end_of(&events), TerminalReason::Cancelled);
 }
 
@@ -1043,10 +1045,7 @@ fn a_reconciliation_answer_for_a_call_not_waiting_is_refused() {
         Err(StepError::NotReconciling(CallId::new("t2")))
     );
     // A cancel while reconciling waits for the executor's answer, then stops.
-    assert_eq!(
-        invocation.step(Input::Cancel, UnixMillis(0)).unwrap(),
-        vec![]
-    );
+    assert_eq!(invocation.step(cancel(), UnixMillis(0)).unwrap(), vec![]);
     let actions = invocation
         .step(
             Input::Reconciled {
@@ -1205,7 +1204,7 @@ fn a_restored_started_batch_runs_again_without_asking_the_model() {
 fn cancelling_a_restored_started_batch_settles_its_calls_first() {
     let log = started_log();
     let mut restored = Invocation::restore(limits(), catalog(), &log).unwrap();
-    let actions = restored.step(Input::Cancel, UnixMillis(0)).unwrap();
+    let actions = restored.step(cancel(), UnixMillis(0)).unwrap();
     assert!(
         matches!(
             actions.as_slice(),
@@ -1251,12 +1250,7 @@ fn cancelling_a_restored_started_batch_settles_its_calls_first() {
 fn a_cancel_while_the_start_commits_sends_nothing() {
     let mut invocation = started(limits());
     authorized_transfer(&mut invocation);
-    assert!(
-        invocation
-            .step(Input::Cancel, UnixMillis(0))
-            .unwrap()
-            .is_empty()
-    );
+    assert!(invocation.step(cancel(), UnixMillis(0)).unwrap().is_empty());
     let actions = invocation.step(Input::Committed, UnixMillis(0)).unwrap();
     let events = commit_events(&actions);
     let EventBody::Turn(turn) = &events[0].body else {

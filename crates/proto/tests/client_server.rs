@@ -29,6 +29,7 @@ fn descriptor() -> ToolDescriptor {
         input_schema_json: r#"{"type":"object","required":["order_id"]}"#.to_owned(),
         side_effect: SideEffect::ReadOnly.into(),
         commutative: true,
+        requires_approval: true,
         timeout: Some(prost_types::Duration {
             seconds: 2,
             nanos: 0,

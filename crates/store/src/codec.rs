@@ -38,6 +38,7 @@ pub(crate) struct InvocationColumns {
     pub(crate) totals: String,
     pub(crate) end_record: Option<String>,
     pub(crate) cancel_requested_at: Option<i64>,
+    pub(crate) cancel_reason: Option<String>,
     pub(crate) created_at: i64,
     pub(crate) updated_at: i64,
 }
@@ -79,6 +80,7 @@ impl InvocationColumns {
                 .cancel_requested_at
                 .map(|at| stored_u64(at, "cancel_requested_at", invocation_id).map(UnixMillis))
                 .transpose()?,
+            cancel_reason: self.cancel_reason.unwrap_or_default(),
             created_at: UnixMillis(stored_u64(self.created_at, "created_at", invocation_id)?),
             updated_at: UnixMillis(stored_u64(self.updated_at, "updated_at", invocation_id)?),
         })
@@ -197,6 +199,7 @@ pub(crate) fn fresh_record(new: NewInvocation) -> InvocationRecord {
         totals: Totals::default(),
         end: None,
         cancel_requested_at: None,
+        cancel_reason: String::new(),
         created_at,
         updated_at: created_at,
     }
@@ -248,8 +251,38 @@ pub(crate) fn encode_events(append: &Append<'_>) -> Result<Vec<(i64, String)>, S
     Ok(rows)
 }
 
+/// What an append leaves the invocation row saying.
+pub(crate) struct After {
+    /// Its state.
+    pub(crate) state: InvocationState,
+    /// The end it stores (a waiting or a final one), as JSON.
+    pub(crate) end: Option<String>,
+    /// Until when it waits, for a waiting end.
+    pub(crate) wait_until: Option<i64>,
+}
+
+/// The row's state, end and wait after appending `events`.
+pub(crate) fn after_append(events: &[Event]) -> Result<After, StoreError> {
+    Ok(match ended_record(events)? {
+        None => After {
+            state: InvocationState::Running,
+            end: None,
+            wait_until: None,
+        },
+        Some(end) => After {
+            state: if end.waits() {
+                InvocationState::Waiting
+            } else {
+                InvocationState::Ended
+            },
+            end: Some(to_json(end)?),
+            wait_until: end.wait.map(|wait| time_to_i64(wait.until)),
+        },
+    })
+}
+
 /// The end record among the events, which may only be the last one.
-pub(crate) fn ended_record(events: &[Event]) -> Result<Option<&EndRecord>, StoreError> {
+fn ended_record(events: &[Event]) -> Result<Option<&EndRecord>, StoreError> {
     let mut end = None;
     for (index, event) in events.iter().enumerate() {
         match &event.body {
@@ -260,7 +293,10 @@ pub(crate) fn ended_record(events: &[Event]) -> Result<Option<&EndRecord>, Store
                     event.seq
                 )));
             }
-            EventBody::Turn(_) | EventBody::BatchStarted(_) => {}
+            EventBody::Turn(_)
+            | EventBody::BatchStarted(_)
+            | EventBody::ApprovalResolved(_)
+            | EventBody::ClarificationAnswered(_) => {}
         }
     }
     Ok(end)
@@ -274,6 +310,7 @@ pub(crate) fn parse_id(text: &str) -> Result<Uuid, StoreError> {
 pub(crate) fn parse_state(text: &str, invocation_id: Uuid) -> Result<InvocationState, StoreError> {
     match text {
         "running" => Ok(InvocationState::Running),
+        "waiting" => Ok(InvocationState::Waiting),
         "ended" => Ok(InvocationState::Ended),
         other => Err(StoreError::Corrupt(format!(
             "invocation {invocation_id}: unknown state {other:?}"
@@ -284,6 +321,7 @@ pub(crate) fn parse_state(text: &str, invocation_id: Uuid) -> Result<InvocationS
 pub(crate) const fn state_text(state: InvocationState) -> &'static str {
     match state {
         InvocationState::Running => "running",
+        InvocationState::Waiting => "waiting",
         InvocationState::Ended => "ended",
     }
 }
@@ -319,7 +357,8 @@ pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> Result<String, StoreErr
 
 /// What a claim must do to the stored invocation.
 pub(crate) enum Claim {
-    /// Nothing: it has ended, or the epoch is already the one stored.
+    /// Nothing: it does not run (ended, or waiting), or the epoch is already the one
+    /// stored.
     Unchanged,
     /// Raise the stored epoch to the claimed one.
     Raise,
@@ -330,7 +369,8 @@ pub(crate) fn claim_check(
     record: &InvocationRecord,
     lease_epoch: u64,
 ) -> Result<Claim, StoreError> {
-    if record.state == InvocationState::Ended {
+    // Nothing to run: over, or waiting for a human.
+    if record.state != InvocationState::Running {
         return Ok(Claim::Unchanged);
     }
     match record.lease_epoch.cmp(&lease_epoch) {

@@ -28,9 +28,9 @@
 use std::sync::Arc;
 
 use agentloop_engine::{
-    CallId, CallOutcome, CallResult, EndRecord, ErrorType, Event, EventBody, Fingerprint, MicroUsd,
-    NextAction, ProposedCall, ProposedDecision, Rejection, RejectionKind, TerminalReason,
-    ToolError, Totals, TurnRecord, UnixMillis, Usage,
+    Answer, CallId, CallOutcome, CallResult, EndRecord, ErrorType, Event, EventBody, Fingerprint,
+    MicroUsd, NextAction, ProposedCall, ProposedDecision, Rejection, RejectionKind, Resolution,
+    TerminalReason, ToolError, Totals, TurnRecord, UnixMillis, Usage, Wait,
 };
 use agentloop_testkit::conformance::{Check, run_checks};
 use uuid::Uuid;
@@ -78,6 +78,7 @@ pub const CHECKS: &[Check<Arc<dyn EventStore>>] = &[
     ("cancel_requests_are_durable", |s| {
         Box::pin(cancel_requests_are_durable(s))
     }),
+    ("waits_for_humans", |s| Box::pin(waits_for_humans(s))),
     ("not_found", |s| Box::pin(not_found(s))),
 ];
 
@@ -188,12 +189,13 @@ fn ended(seq: u64, reason: TerminalReason) -> Event {
             detail: format!("ended with {reason}"),
             answer: None,
             proposal: None,
+            wait: None,
         }),
     }
 }
 
-/// Every kind of event body, decision, call outcome and optional field, seq 1 onwards;
-/// the last event is `Ended`.
+/// Every kind of event body, decision, call outcome and optional field, seq 1 onwards:
+/// turns, a waiting `Ended`, two replies, and a final `Ended` last.
 pub fn every_kind_of_event() -> Vec<Event> {
     let error = ToolError {
         error_type: ErrorType::Unavailable,
@@ -316,8 +318,34 @@ pub fn every_kind_of_event() -> Vec<Event> {
             detail: "needs a human".to_owned(),
             answer: Some("42".to_owned()),
             proposal: Some(plan),
+            wait: Some(Wait {
+                since: UnixMillis(5),
+                until: UnixMillis(7),
+            }),
         }),
     });
+    let seq = events.len() as u64 + 1;
+    events.push(Event {
+        seq,
+        body: EventBody::ApprovalResolved(Resolution {
+            proposal: plan,
+            approved: false,
+            actor: "ana".to_owned(),
+            comment: "not this one".to_owned(),
+            waited_ms: 2,
+        }),
+    });
+    let seq = events.len() as u64 + 1;
+    events.push(Event {
+        seq,
+        body: EventBody::ClarificationAnswered(Answer {
+            answer: "the blue one".to_owned(),
+            actor: "ana".to_owned(),
+            waited_ms: 3,
+        }),
+    });
+    let seq = events.len() as u64 + 1;
+    events.push(ended(seq, TerminalReason::Cancelled));
     events
 }
 
@@ -525,7 +553,12 @@ pub async fn append_and_read_every_kind(store: Arc<dyn EventStore>) {
     let record = create_new(&*store, new_invocation(1_000, None, "d")).await;
     let id = record.invocation_id;
     let events = every_kind_of_event();
-    let (last, turns) = events.split_last().expect("events");
+    let (last, rest) = events.split_last().expect("events");
+    let waits = rest
+        .iter()
+        .position(|e| matches!(&e.body, EventBody::Ended(end) if end.waits()))
+        .expect("a waiting end");
+    let (turns, replies) = rest.split_at(waits + 1);
 
     let first = Append {
         expected_version: 0,
@@ -539,13 +572,29 @@ pub async fn append_and_read_every_kind(store: Arc<dyn EventStore>) {
     assert_eq!(after.version, turns.len() as u64);
     assert_eq!(after.lease_epoch, 3);
     assert_eq!(after.totals, totals(7));
-    assert_eq!(after.state, InvocationState::Running);
-    assert_eq!(after.end, None);
     assert_eq!(after.updated_at, UnixMillis(5_000));
     assert_eq!(after.created_at, record.created_at);
+    // The turns end with a waiting end: the invocation waits, with that end.
+    assert_eq!(after.state, InvocationState::Waiting);
+    let EventBody::Ended(waiting) = &turns[waits].body else {
+        panic!("a waiting end")
+    };
+    assert_eq!(after.end.as_ref(), Some(waiting));
+
+    let resumed = Append {
+        expected_version: turns.len() as u64,
+        lease_epoch: 3,
+        events: replies,
+        totals: totals(7),
+        committed_at: UnixMillis(5_500),
+    };
+    store.append(id, resumed).await.expect("append the replies");
+    let after = store.get(id).await.expect("get");
+    assert_eq!(after.state, InvocationState::Running);
+    assert_eq!(after.end, None);
 
     let end = Append {
-        expected_version: turns.len() as u64,
+        expected_version: rest.len() as u64,
         lease_epoch: 3,
         events: std::slice::from_ref(last),
         totals: totals(8),
@@ -567,6 +616,7 @@ pub async fn append_and_read_every_kind(store: Arc<dyn EventStore>) {
     assert_eq!(read, events, "events read back exactly, in order");
     let times: Vec<u64> = stored.iter().map(|s| s.committed_at.0).collect();
     let mut expected_times = vec![5_000; turns.len()];
+    expected_times.extend(vec![5_500; replies.len()]);
     expected_times.push(6_000);
     assert_eq!(times, expected_times);
 }
@@ -1038,14 +1088,23 @@ pub async fn cancel_requests_are_durable(store: Arc<dyn EventStore>) {
         .await
         .invocation_id;
     assert_eq!(store.get(id).await.unwrap().cancel_requested_at, None);
-    let record = store.request_cancel(id, UnixMillis(2_000)).await.unwrap();
+    let record = store
+        .request_cancel(id, UnixMillis(2_000), "wrong customer")
+        .await
+        .unwrap();
     assert_eq!(record.cancel_requested_at, Some(UnixMillis(2_000)));
-    let again = store.request_cancel(id, UnixMillis(3_000)).await.unwrap();
+    assert_eq!(record.cancel_reason, "wrong customer");
+    let again = store
+        .request_cancel(id, UnixMillis(3_000), "another reason")
+        .await
+        .unwrap();
     assert_eq!(
         again.cancel_requested_at,
         Some(UnixMillis(2_000)),
         "first time kept"
     );
+    assert_eq!(again.cancel_reason, "wrong customer", "first reason kept");
+    assert_eq!(store.get(id).await.unwrap().cancel_reason, "wrong customer");
     store
         .append(id, append_of(0, 1, &[lookup_turn(1, 1)]))
         .await
@@ -1075,7 +1134,7 @@ pub async fn cancel_requests_are_durable(store: Arc<dyn EventStore>) {
         .await
         .unwrap();
     let ended_record = store
-        .request_cancel(other, UnixMillis(2_000))
+        .request_cancel(other, UnixMillis(2_000), "")
         .await
         .unwrap();
     assert_eq!(
@@ -1083,8 +1142,134 @@ pub async fn cancel_requests_are_durable(store: Arc<dyn EventStore>) {
         "an ended invocation is left alone"
     );
     assert!(matches!(
-        store.request_cancel(id_at(9_999), UnixMillis(1)).await,
+        store.request_cancel(id_at(9_999), UnixMillis(1), "").await,
         Err(StoreError::NotFound(_))
+    ));
+}
+
+/// A run that stops to wait for a human leaves the invocation `Waiting` with its end
+/// and wait bound: not running, found by `expired_waits` once the bound passes, open to
+/// one reply (which makes it running again, its end cleared) or to a final end.
+pub async fn waits_for_humans(store: Arc<dyn EventStore>) {
+    let waiting_end = |seq: u64, until: u64| Event {
+        seq,
+        body: EventBody::Ended(EndRecord {
+            reason: TerminalReason::ClarificationRequired,
+            detail: "which account?".to_owned(),
+            answer: None,
+            proposal: None,
+            wait: Some(Wait {
+                since: UnixMillis(1_000),
+                until: UnixMillis(until),
+            }),
+        }),
+    };
+    let answer = |seq: u64| Event {
+        seq,
+        body: EventBody::ClarificationAnswered(Answer {
+            answer: "acct-1".to_owned(),
+            actor: "ana".to_owned(),
+            waited_ms: 10,
+        }),
+    };
+    let asks = |seq: u64| {
+        turn(
+            seq,
+            ProposedDecision::Clarification {
+                question: "which account?".to_owned(),
+            },
+        )
+    };
+    let id = create_new(&*store, new_invocation(1_000, None, "d"))
+        .await
+        .invocation_id;
+    let soon = create_new(&*store, new_invocation(1_001, None, "d"))
+        .await
+        .invocation_id;
+    store
+        .append(id, append_of(0, 1, &[asks(1), waiting_end(2, 60_000)]))
+        .await
+        .unwrap();
+    store
+        .append(soon, append_of(0, 1, &[asks(1), waiting_end(2, 5_000)]))
+        .await
+        .unwrap();
+    let record = store.get(id).await.unwrap();
+    assert_eq!(record.state, InvocationState::Waiting);
+    assert!(record.end.as_ref().is_some_and(EndRecord::waits));
+    assert!(store.running(None, 10).await.unwrap().is_empty());
+    let waiting = store
+        .list(ListRequest {
+            limit: 10,
+            before: None,
+            state: Some(InvocationState::Waiting),
+            tenant: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(waiting.len(), 2);
+
+    assert!(
+        store
+            .expired_waits(UnixMillis(4_999), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store.expired_waits(UnixMillis(5_000), 10).await.unwrap(),
+        vec![soon]
+    );
+    assert_eq!(
+        store.expired_waits(UnixMillis(90_000), 10).await.unwrap(),
+        vec![soon, id],
+        "soonest bound first"
+    );
+
+    // Two replies to one wait: the version decides, exactly one is committed.
+    let reply = [answer(3)];
+    let (first, second) = tokio::join!(
+        store.append(id, append_of(2, 1, &reply)),
+        store.append(id, append_of(2, 1, &reply)),
+    );
+    assert!(
+        first.is_ok() != second.is_ok(),
+        "one wins: {first:?} {second:?}"
+    );
+    let record = store.get(id).await.unwrap();
+    assert_eq!(record.state, InvocationState::Running);
+    assert_eq!(record.end, None, "a resumed invocation has no end");
+    assert_eq!(store.running(None, 10).await.unwrap(), vec![id]);
+    assert_eq!(
+        store.expired_waits(UnixMillis(90_000), 10).await.unwrap(),
+        vec![soon],
+        "a resumed invocation no longer waits"
+    );
+
+    // A final end after the wait closes it for good.
+    store
+        .append(
+            soon,
+            append_of(2, 1, &[ended(3, TerminalReason::DeadlineExceeded)]),
+        )
+        .await
+        .unwrap();
+    let record = store.get(soon).await.unwrap();
+    assert_eq!(record.state, InvocationState::Ended);
+    assert_eq!(
+        record.end.map(|end| end.reason),
+        Some(TerminalReason::DeadlineExceeded)
+    );
+    assert!(
+        store
+            .expired_waits(UnixMillis(90_000), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(matches!(
+        store.append(soon, append_of(3, 1, &[answer(4)])).await,
+        Err(StoreError::Ended(_))
     ));
 }
 

@@ -18,7 +18,8 @@
 //!   for that invocation is refused ([`StoreError::StaleEpoch`]) — fencing;
 //! - once `append` returns `Ok`, the events survive a crash (SQLite: WAL with
 //!   `synchronous=FULL`; PostgreSQL: `synchronous_commit=on` for every session);
-//! - nothing is ever appended after an `Ended` event.
+//! - nothing is ever appended after an `Ended` event, except after one that waits for a
+//!   human (`EndRecord::waits`): then the reply, or the final end, follows.
 #![warn(missing_docs)]
 
 mod codec;
@@ -45,7 +46,10 @@ pub use writer::{SqliteStats, WriterHold};
 pub enum InvocationState {
     /// Not ended: a worker runs it or will pick it up.
     Running,
-    /// Its `Ended` event is committed.
+    /// Its run stopped to wait for a human (its last event is an `Ended` event that
+    /// waits): a reply, a cancel or the end of the wait bound is appended next.
+    Waiting,
+    /// Its final `Ended` event is committed.
     Ended,
 }
 
@@ -94,6 +98,8 @@ pub struct InvocationRecord {
     pub end: Option<EndRecord>,
     /// When a caller asked to cancel it, if one did ([`EventStore::request_cancel`]).
     pub cancel_requested_at: Option<UnixMillis>,
+    /// The reason that caller gave (empty for none).
+    pub cancel_reason: String,
     /// When it was accepted.
     pub created_at: UnixMillis,
     /// When it last changed.
@@ -185,7 +191,7 @@ pub enum StoreError {
         /// The newest epoch seen.
         current: u64,
     },
-    /// The invocation has ended; nothing more may be appended.
+    /// The invocation has ended for good; nothing more may be appended.
     #[error("invocation {0} has ended")]
     Ended(Uuid),
     /// The events do not continue the log (seq gap, empty append).
@@ -216,8 +222,8 @@ pub trait EventStore: Send + Sync + 'static {
     async fn list(&self, request: ListRequest) -> Result<Vec<InvocationRecord>, StoreError>;
 
     /// Appends the events of one commit atomically, fenced by version and lease epoch, and
-    /// updates the invocation (version, epoch, totals, state and end if an `Ended` event is
-    /// among them).
+    /// updates the invocation (version, epoch, totals; state and end: running, waiting
+    /// after an `Ended` event that waits, ended after a final one).
     async fn append(&self, invocation_id: Uuid, append: Append<'_>) -> Result<(), StoreError>;
 
     /// Up to `limit` committed events with `seq >= from_seq`, in order.
@@ -246,12 +252,17 @@ pub trait EventStore: Send + Sync + 'static {
         lease_epoch: u64,
     ) -> Result<InvocationRecord, StoreError>;
 
-    /// Records durably that a caller asked to cancel the invocation, so whichever worker
-    /// runs it next ends it `cancelled`. Idempotent: the first request's time is kept. An
-    /// ended invocation is returned unchanged.
+    /// Records durably that a caller asked to cancel the invocation, with `reason`, so
+    /// whichever worker runs it next ends it `cancelled`. Idempotent: the first request's
+    /// time and reason are kept. An ended invocation is returned unchanged.
     async fn request_cancel(
         &self,
         invocation_id: Uuid,
         at: UnixMillis,
+        reason: &str,
     ) -> Result<InvocationRecord, StoreError>;
+
+    /// IDs of waiting invocations whose wait bound passed by `now`, soonest first, up to
+    /// `limit` (capped at [`MAX_PAGE_SIZE`]).
+    async fn expired_waits(&self, now: UnixMillis, limit: u32) -> Result<Vec<Uuid>, StoreError>;
 }

@@ -25,7 +25,7 @@ use uuid::Uuid;
 
 use crate::codec::{
     CREATE_ATTEMPTS, Claim, Dialect, EventColumns, InvocationColumns, ListQuery, MAX_EVENTS_PAGE,
-    claim_check, counter_to_i64, encode_events, ended_record, fresh_record, from_seq_to_i64,
+    after_append, claim_check, counter_to_i64, encode_events, fresh_record, from_seq_to_i64,
     idempotent_answer, parse_id, parse_state, scoped_key, state_text, stored_u64, time_to_i64,
     to_json,
 };
@@ -115,8 +115,8 @@ impl PgStore {
 macro_rules! select_invocation {
     () => {
         "SELECT invocation_id::text AS invocation_id, tenant, idempotency_key, request_digest, spec, \
-         state, version, lease_epoch, totals, end_record, cancel_requested_at, created_at, \
-         updated_at FROM invocations JOIN invocation_specs USING (invocation_id)"
+         state, version, lease_epoch, totals, end_record, cancel_requested_at, cancel_reason, \
+         created_at, updated_at FROM invocations JOIN invocation_specs USING (invocation_id)"
     };
 }
 
@@ -208,10 +208,9 @@ impl EventStore for PgStore {
         // Everything that can be checked without the database is checked before a row is
         // locked.
         let rows = encode_events(&append)?;
-        let end = ended_record(append.events)?;
+        let after = after_append(append.events)?;
         let lease_epoch = counter_to_i64(append.lease_epoch, "lease epoch")?;
         let totals = to_json(&append.totals)?;
-        let end_json = end.map(to_json).transpose()?;
         let committed_at = time_to_i64(append.committed_at);
         let new_version = rows.last().map_or(0, |(seq, _)| *seq);
         let (seqs, bodies): (Vec<i64>, Vec<String>) = rows.into_iter().unzip();
@@ -234,7 +233,7 @@ impl EventStore for PgStore {
         let current_epoch = stored_u64(row.try_get("lease_epoch")?, "lease_epoch", invocation_id)?;
         match state {
             InvocationState::Ended => return Err(StoreError::Ended(invocation_id)),
-            InvocationState::Running => {}
+            InvocationState::Running | InvocationState::Waiting => {}
         }
         if append.lease_epoch < current_epoch {
             return Err(StoreError::StaleEpoch {
@@ -262,20 +261,16 @@ impl EventStore for PgStore {
         .bind(bodies)
         .execute(&mut *tx)
         .await?;
-        let state = if end_json.is_some() {
-            InvocationState::Ended
-        } else {
-            InvocationState::Running
-        };
         sqlx::query(
             "UPDATE invocations SET version = $1, lease_epoch = $2, totals = $3, state = $4, \
-             end_record = $5, updated_at = $6 WHERE invocation_id = $7::uuid",
+             end_record = $5, wait_until = $6, updated_at = $7 WHERE invocation_id = $8::uuid",
         )
         .bind(new_version)
         .bind(lease_epoch)
         .bind(&totals)
-        .bind(state_text(state))
-        .bind(end_json.as_deref())
+        .bind(state_text(after.state))
+        .bind(after.end.as_deref())
+        .bind(after.wait_until)
         .bind(committed_at)
         .bind(&id_text)
         .execute(&mut *tx)
@@ -358,6 +353,7 @@ impl EventStore for PgStore {
         &self,
         invocation_id: Uuid,
         at: UnixMillis,
+        reason: &str,
     ) -> Result<InvocationRecord, StoreError> {
         let mut tx = self.pool.begin().await?;
         let mut record = locked_record(&mut tx, invocation_id).await?;
@@ -365,15 +361,31 @@ impl EventStore for PgStore {
             return Ok(record);
         }
         sqlx::query(
-            "UPDATE invocations SET cancel_requested_at = $1 WHERE invocation_id = $2::uuid",
+            "UPDATE invocations SET cancel_requested_at = $1, cancel_reason = $2 \
+             WHERE invocation_id = $3::uuid",
         )
         .bind(time_to_i64(at))
+        .bind(reason)
         .bind(invocation_id.hyphenated().to_string())
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
         record.cancel_requested_at = Some(at);
+        reason.clone_into(&mut record.cancel_reason);
         Ok(record)
+    }
+
+    async fn expired_waits(&self, now: UnixMillis, limit: u32) -> Result<Vec<Uuid>, StoreError> {
+        let limit = i64::from(limit.min(MAX_PAGE_SIZE));
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT invocation_id::text FROM invocations \
+             WHERE state = 'waiting' AND wait_until <= $1 ORDER BY wait_until LIMIT $2",
+        )
+        .bind(time_to_i64(now))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        ids.iter().map(|text| parse_id(text)).collect()
     }
 }
 

@@ -221,8 +221,8 @@ impl SqliteStore {
 macro_rules! select_invocation {
     () => {
         "SELECT invocation_id, tenant, idempotency_key, request_digest, spec, state, version, \
-         lease_epoch, totals, end_record, cancel_requested_at, created_at, updated_at \
-         FROM invocations JOIN invocation_specs USING (invocation_id)"
+         lease_epoch, totals, end_record, cancel_requested_at, cancel_reason, created_at, \
+         updated_at FROM invocations JOIN invocation_specs USING (invocation_id)"
     };
 }
 
@@ -344,7 +344,9 @@ impl EventStore for SqliteStore {
         &self,
         invocation_id: Uuid,
         at: UnixMillis,
+        reason: &str,
     ) -> Result<InvocationRecord, StoreError> {
+        let reason = reason.to_owned();
         self.writer
             .session(move |conn| {
                 Box::pin(async move {
@@ -355,17 +357,33 @@ impl EventStore for SqliteStore {
                         return Ok(record);
                     }
                     sqlx::query(
-                        "UPDATE invocations SET cancel_requested_at = ? WHERE invocation_id = ?",
+                        "UPDATE invocations SET cancel_requested_at = ?, cancel_reason = ? \
+                         WHERE invocation_id = ?",
                     )
                     .bind(time_to_i64(at))
+                    .bind(&reason)
                     .bind(invocation_id.hyphenated().to_string())
                     .execute(&mut *conn)
                     .await?;
                     record.cancel_requested_at = Some(at);
+                    record.cancel_reason = reason;
                     Ok(record)
                 })
             })
             .await
+    }
+
+    async fn expired_waits(&self, now: UnixMillis, limit: u32) -> Result<Vec<Uuid>, StoreError> {
+        let limit = i64::from(limit.min(MAX_PAGE_SIZE));
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT invocation_id FROM invocations \
+             WHERE state = 'waiting' AND wait_until <= ? ORDER BY wait_until LIMIT ?",
+        )
+        .bind(time_to_i64(now))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        ids.iter().map(|text| parse_id(text)).collect()
     }
 }
 

@@ -61,8 +61,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::codec::{
-    counter_to_i64, encode_events, ended_record, fresh_record, idempotent_answer, parse_state,
-    scoped_key, state_text, stored_u64, time_to_i64, to_json,
+    After, after_append, counter_to_i64, encode_events, fresh_record, idempotent_answer,
+    parse_state, scoped_key, state_text, stored_u64, time_to_i64, to_json,
 };
 use crate::sqlite::{SELECT_INVOCATION, decode_invocation};
 use crate::{Append, Created, InvocationRecord, InvocationState, NewInvocation, StoreError};
@@ -156,7 +156,8 @@ pub(crate) struct AppendJob {
     rows: Vec<(i64, String)>,
     new_version: i64,
     totals: String,
-    end: Option<String>,
+    /// The row's state, end and wait after this append.
+    after: After,
     committed_at: i64,
     reply: oneshot::Sender<Result<(), StoreError>>,
 }
@@ -236,7 +237,7 @@ impl Writer {
         append: &Append<'_>,
     ) -> Result<(), StoreError> {
         let rows = encode_events(append)?;
-        let end = ended_record(append.events)?.map(to_json).transpose()?;
+        let after = after_append(append.events)?;
         let (reply, answer) = oneshot::channel();
         let job = AppendJob {
             invocation_id,
@@ -247,7 +248,7 @@ impl Writer {
             new_version: rows.last().map_or(0, |(seq, _)| *seq),
             rows,
             totals: to_json(&append.totals)?,
-            end,
+            after,
             committed_at: time_to_i64(append.committed_at),
             reply,
         };
@@ -792,7 +793,8 @@ struct Current {
     update: Option<usize>,
 }
 
-/// One row of the `UPDATE`: id, version, lease epoch, totals, state, end record, time.
+/// One row of the `UPDATE`: id, version, lease epoch, totals, state, end record, wait
+/// bound, time; and whether the state or the end change (then they are set).
 type Update<'a> = (
     &'a str,
     i64,
@@ -800,7 +802,9 @@ type Update<'a> = (
     &'a str,
     &'static str,
     Option<&'a str>,
+    Option<i64>,
     i64,
+    bool,
 );
 
 /// An invocation row as read, decoded when an append names it (so a corrupt row fails
@@ -876,10 +880,9 @@ async fn apply(
         }
         query.execute(&mut *conn).await?;
     }
-    // Setting `state` rewrites the entries of the two indexes over it, so only the
-    // appends that end their invocation set it.
-    let ended = state_text(InvocationState::Ended);
-    let (ending, going_on): (Vec<&Update<'_>>, Vec<_>) = updates.iter().partition(|u| u.4 == ended);
+    // Setting `state` rewrites the entries of the indexes over it, so only the appends
+    // that change it (an end, a wait, a resume) set it.
+    let (changing, going_on): (Vec<&Update<'_>>, Vec<_>) = updates.iter().partition(|u| u.8);
     for chunk in chunks(&going_on) {
         let sql = format!(
             "UPDATE invocations SET version = u.column2, lease_epoch = u.column3, \
@@ -888,7 +891,7 @@ async fn apply(
             placeholders(chunk.len(), 5)
         );
         let mut query = sqlx::query(AssertSqlSafe(sql));
-        for (id, version, epoch, totals, _, _, updated_at) in chunk.iter().copied().copied() {
+        for (id, version, epoch, totals, _, _, _, updated_at, _) in chunk.iter().copied().copied() {
             query = query
                 .bind(id)
                 .bind(version)
@@ -898,16 +901,18 @@ async fn apply(
         }
         query.execute(&mut *conn).await?;
     }
-    for chunk in chunks(&ending) {
+    for chunk in chunks(&changing) {
         let sql = format!(
             "UPDATE invocations SET version = u.column2, lease_epoch = u.column3, \
              totals = u.column4, state = u.column5, end_record = u.column6, \
-             updated_at = u.column7 \
+             wait_until = u.column7, updated_at = u.column8 \
              FROM (VALUES {}) AS u WHERE invocations.invocation_id = u.column1",
-            placeholders(chunk.len(), 7)
+            placeholders(chunk.len(), 8)
         );
         let mut query = sqlx::query(AssertSqlSafe(sql));
-        for (id, version, epoch, totals, state, end, updated_at) in chunk.iter().copied().copied() {
+        for (id, version, epoch, totals, state, end, wait_until, updated_at, _) in
+            chunk.iter().copied().copied()
+        {
             query = query
                 .bind(id)
                 .bind(version)
@@ -915,6 +920,7 @@ async fn apply(
                 .bind(totals)
                 .bind(state)
                 .bind(end)
+                .bind(wait_until)
                 .bind(updated_at);
         }
         query.execute(&mut *conn).await?;
@@ -931,9 +937,8 @@ fn accept<'a>(
 ) {
     now.version = append.expected_version + append.rows.len() as u64;
     now.lease_epoch = append.lease_epoch;
-    if append.end.is_some() {
-        now.state = InvocationState::Ended;
-    }
+    let was = now.state;
+    now.state = append.after.state;
     let id = append.id_text.as_str();
     events.extend(
         append
@@ -947,12 +952,19 @@ fn accept<'a>(
         append.epoch_column,
         append.totals.as_str(),
         state_text(now.state),
-        append.end.as_deref(),
+        append.after.end.as_deref(),
+        append.after.wait_until,
         append.committed_at,
+        was != now.state || now.state != InvocationState::Running,
     );
-    // Two appends to one invocation in a group: the row ends as the last one left it.
+    // Two appends to one invocation in a group: the row ends as the last one left it
+    // (and sets the state if either changed it).
     match now.update.and_then(|index| updates.get_mut(index)) {
-        Some(slot) => *slot = update,
+        Some(slot) => {
+            let changes = slot.8 || update.8;
+            *slot = update;
+            slot.8 = changes;
+        }
         None => {
             now.update = Some(updates.len());
             updates.push(update);
@@ -965,7 +977,7 @@ fn check(now: &Current, append: &AppendJob) -> Result<(), StoreError> {
     let invocation_id = append.invocation_id;
     match now.state {
         InvocationState::Ended => return Err(StoreError::Ended(invocation_id)),
-        InvocationState::Running => {}
+        InvocationState::Running | InvocationState::Waiting => {}
     }
     if append.lease_epoch < now.lease_epoch {
         return Err(StoreError::StaleEpoch {

@@ -129,7 +129,7 @@ async fn a_refused_append_does_not_fail_the_rest_of_its_group() {
         .unwrap();
     let end = agentloop_store::conformance::every_kind_of_event()
         .into_iter()
-        .find(|e| matches!(e.body, agentloop_engine::EventBody::Ended(_)))
+        .rfind(|e| matches!(e.body, agentloop_engine::EventBody::Ended(ref end) if !end.waits()))
         .map(|mut e| {
             e.seq = 1;
             e

@@ -192,7 +192,7 @@ async fn an_older_epoch_never_commits_after_a_newer_one() {
             .iter()
             .map(|stored| match &stored.event.body {
                 EventBody::Turn(turn) => turn.turn / 1_000,
-                EventBody::Ended(_) | EventBody::BatchStarted(_) => panic!("no end was written"),
+                other => panic!("only turns were written, not {other:?}"),
             })
             .collect();
         // The log is exactly what the two writers were told they committed.

@@ -189,10 +189,82 @@ pub fn drive(invocation: Invocation, world: World) -> Run {
 }
 
 /// Like [`drive`], for an invocation restored from `log` (its committed events).
-pub fn drive_from(mut invocation: Invocation, mut world: World, mut log: Vec<Event>) -> Run {
-    let now = UnixMillis(0);
-    let mut actions_seen = Vec::new();
+pub fn drive_from(invocation: Invocation, mut world: World, log: Vec<Event>) -> Run {
+    run_on(invocation, &mut world, log, Vec::new(), Vec::new())
+}
+
+/// A fake human's reply to one wait: yes approves the proposal (or answers "yes"), no
+/// denies it (or answers "no").
+pub type Human = bool;
+
+/// Drives an invocation restored from `log` to its end, replying to each wait for a
+/// human with the next of `humans`, as the orchestrator's API does: the reply's event
+/// follows the waiting end, and the invocation runs again, restored from its log. Stops
+/// at a final end, or at a wait when no human is left.
+pub fn drive_with_humans(
+    limits: Limits,
+    catalog: Arc<ToolCatalog>,
+    mut world: World,
+    mut log: Vec<Event>,
+    humans: &[Human],
+) -> Run {
+    let mut humans = humans.iter().copied();
+    let mut actions = Vec::new();
     let mut executed = Vec::new();
+    loop {
+        if let Some(Event {
+            seq,
+            body: EventBody::Ended(end),
+        }) = log.last()
+        {
+            let next = humans.next().filter(|_| end.waits());
+            let Some(yes) = next else {
+                // Over, or waiting with nobody left to reply.
+                let invocation = Invocation::restore(limits, catalog, &log).unwrap();
+                let outcome = invocation.outcome().cloned().unwrap();
+                return Run {
+                    invocation,
+                    outcome,
+                    log,
+                    actions,
+                    executed,
+                };
+            };
+            let reply_of = if end.reason == TerminalReason::ApprovalRequired {
+                Reply::Resolve {
+                    proposal: end.proposal.unwrap(),
+                    approved: yes,
+                    actor: "approver".into(),
+                    comment: String::new(),
+                }
+            } else {
+                Reply::Answer {
+                    answer: if yes { "yes" } else { "no" }.into(),
+                    actor: "user".into(),
+                }
+            };
+            let body = reply(end, reply_of, UnixMillis(0)).unwrap();
+            let seq = seq + 1;
+            log.push(Event { seq, body });
+        }
+        let invocation = Invocation::restore(limits, Arc::clone(&catalog), &log).unwrap();
+        let run = run_on(invocation, &mut world, log, actions, executed);
+        let waits = matches!(run.log.last(), Some(Event { body: EventBody::Ended(end), .. }) if end.waits());
+        if !waits {
+            return run;
+        }
+        (log, actions, executed) = (run.log, run.actions, run.executed);
+    }
+}
+
+fn run_on(
+    mut invocation: Invocation,
+    world: &mut World,
+    mut log: Vec<Event>,
+    mut actions_seen: Vec<Action>,
+    mut executed: Vec<ToolCall>,
+) -> Run {
+    let now = UnixMillis(0);
     let mut inputs: VecDeque<Input> = VecDeque::from([Input::Start]);
     let mut finished = None;
     // Bounded: a run that has not finished after this many inputs is an engine bug.
@@ -275,7 +347,10 @@ pub fn turns(log: &[Event]) -> Vec<&TurnRecord> {
     log.iter()
         .filter_map(|event| match &event.body {
             EventBody::Turn(record) => Some(record),
-            EventBody::BatchStarted(_) | EventBody::Ended(_) => None,
+            EventBody::BatchStarted(_)
+            | EventBody::Ended(_)
+            | EventBody::ApprovalResolved(_)
+            | EventBody::ClarificationAnswered(_) => None,
         })
         .collect()
 }

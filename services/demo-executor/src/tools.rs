@@ -68,6 +68,7 @@ pub fn descriptors() -> Vec<ToolDescriptor> {
             input_schema_json: schema.to_owned(),
             side_effect: side_effect as i32,
             commutative: false,
+            requires_approval: false,
             timeout: Some(duration(timeout)),
         };
     vec![

@@ -123,6 +123,14 @@ pub struct LimitsConfig {
     pub max_repeated_plan: u32,
     /// Wall-clock budget in milliseconds; unset for none.
     pub deadline_ms: Option<u64>,
+    /// Longest wait for a human (an approval, an answer), in milliseconds; past it the
+    /// invocation ends `deadline_exceeded`.
+    pub max_wait_ms: u64,
+    /// Whether time spent waiting for a human uses up `deadline_ms` too (by default the
+    /// deadline moves on by the time waited).
+    pub wait_counts_toward_deadline: bool,
+    /// How often this orchestrator looks for waits past their bound, in milliseconds.
+    pub wait_sweep_ms: u64,
     /// Invalid decisions fed back to the model before `invalid_decision`.
     pub decision_repairs: u32,
     /// Rejected answers fed back to the model before `verification_failed`.
@@ -144,6 +152,9 @@ impl Default for LimitsConfig {
             max_cost_micro_usd: engine.max_cost.map(|max| max.0),
             max_repeated_plan: engine.max_repeated_plan.map_or(0, NonZeroU32::get),
             deadline_ms: None,
+            max_wait_ms: engine.max_wait_ms,
+            wait_counts_toward_deadline: engine.wait_counts_toward_deadline,
+            wait_sweep_ms: 1_000,
             decision_repairs: engine.decision_repairs,
             verification_repairs: engine.verification_repairs,
             tool_timeout_ms: 30_000,
@@ -162,6 +173,8 @@ impl LimitsConfig {
             max_cost: self.max_cost_micro_usd.map(MicroUsd),
             max_repeated_plan: NonZeroU32::new(self.max_repeated_plan),
             deadline: self.deadline_ms.map(|ms| started.saturating_add(ms)),
+            max_wait_ms: self.max_wait_ms,
+            wait_counts_toward_deadline: self.wait_counts_toward_deadline,
             decision_repairs: self.decision_repairs,
             verification_repairs: self.verification_repairs,
             bounds: DecisionBounds::default(),
@@ -223,6 +236,10 @@ pub struct RequestBounds {
     pub max_tool_calls_cap: u32,
     /// Longest deadline a caller may ask for, in milliseconds.
     pub max_deadline_ms: u64,
+    /// Longest wait for a human a caller may ask for (`max_wait`), in milliseconds.
+    pub max_wait_cap_ms: u64,
+    /// Largest answer to a clarification, or comment on an approval, in bytes.
+    pub max_reply_bytes: usize,
 }
 
 impl Default for RequestBounds {
@@ -235,6 +252,8 @@ impl Default for RequestBounds {
             max_steps_cap: 10_000,
             max_tool_calls_cap: 100_000,
             max_deadline_ms: 7 * 24 * 3600 * 1000,
+            max_wait_cap_ms: 30 * 24 * 3600 * 1000,
+            max_reply_bytes: 16 * 1024,
         }
     }
 }
@@ -247,6 +266,12 @@ impl OrchestratorConfig {
         }
         if self.limits.max_steps > self.bounds.max_steps_cap {
             return Err("limits.max_steps is above bounds.max_steps_cap".into());
+        }
+        if self.limits.max_wait_ms == 0 || self.limits.max_wait_ms > self.bounds.max_wait_cap_ms {
+            return Err("limits.max_wait_ms must be within 1..=bounds.max_wait_cap_ms".into());
+        }
+        if self.limits.wait_sweep_ms == 0 {
+            return Err("limits.wait_sweep_ms must be at least 1".into());
         }
         if self.limits.tool_timeout_ms == 0 {
             return Err("limits.tool_timeout_ms must be at least 1".into());

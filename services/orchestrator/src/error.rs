@@ -26,9 +26,13 @@ pub enum OrchestratorError {
     /// A service the orchestrator needs is unreachable, or it is shutting down.
     #[error("{0}")]
     Unavailable(String),
-    /// The operation exists in the contract but not in this version.
+    /// A position past what exists (a watch from beyond the next event).
     #[error("{0}")]
-    Unimplemented(String),
+    OutOfRange(String),
+    /// The invocation is not in the state the request needs (a reply to an invocation
+    /// that does not wait for it, a digest other than the pending one); nothing changed.
+    #[error("{0}")]
+    FailedPrecondition(String),
     /// The event store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -46,7 +50,8 @@ impl From<OrchestratorError> for Status {
             OrchestratorError::PermissionDenied(_) => Code::PermissionDenied,
             OrchestratorError::ResourceExhausted(_) => Code::ResourceExhausted,
             OrchestratorError::Unavailable(_) => Code::Unavailable,
-            OrchestratorError::Unimplemented(_) => Code::Unimplemented,
+            OrchestratorError::FailedPrecondition(_) => Code::FailedPrecondition,
+            OrchestratorError::OutOfRange(_) => Code::OutOfRange,
             OrchestratorError::Store(store) => match store {
                 StoreError::NotFound(_) => Code::NotFound,
                 StoreError::IdempotencyConflict { .. } => Code::AlreadyExists,
@@ -104,8 +109,12 @@ mod tests {
                 Code::Unavailable,
             ),
             (
-                OrchestratorError::Unimplemented("later".into()),
-                Code::Unimplemented,
+                OrchestratorError::FailedPrecondition("not waiting".into()),
+                Code::FailedPrecondition,
+            ),
+            (
+                OrchestratorError::OutOfRange("too far".into()),
+                Code::OutOfRange,
             ),
             (
                 OrchestratorError::Store(StoreError::NotFound(id)),

@@ -21,6 +21,7 @@ pub mod ports;
 mod runner;
 mod service;
 mod spec;
+mod waits;
 pub mod wire;
 mod workers;
 
@@ -77,7 +78,7 @@ pub(crate) struct Shared {
     workers: Workers,
     /// Signalled when a runner ends, so a full worker's hand-off loop takes work again.
     freed: Notify,
-    /// Set once the sweep and hand-off loops run.
+    /// Set once the sweep, wait and hand-off loops run.
     started: AtomicBool,
     /// Fired on shutdown: runners stop at the next safe point (after an in-flight turn
     /// commits) and leave the invocation to be resumed.
@@ -347,9 +348,9 @@ impl Orchestrator {
         &self.shared.workers.id
     }
 
-    /// Takes up every running invocation nobody holds (one sweep of the store), then,
-    /// when other processes share the leases, starts the periodic orphan sweep and the
-    /// hand-off loop, which run until shutdown.
+    /// Takes up every running invocation nobody holds (one sweep of the store), then
+    /// starts the sweep of waits past their bound and, when other processes share the
+    /// leases, the periodic orphan sweep and the hand-off loop, which run until shutdown.
     /// Returns how many invocations the first sweep took up.
     ///
     /// A lease backend that is down does not fail it (the periodic sweep takes the
@@ -366,9 +367,12 @@ impl Orchestrator {
         if resumed > 0 {
             info!(resumed, "resumed running invocations");
         }
-        if self.shared.workers.shared && !self.shared.started.swap(true, Ordering::SeqCst) {
-            self.shared.tracker.spawn(self.clone().sweep_loop());
-            self.shared.tracker.spawn(self.clone().handoff_loop());
+        if !self.shared.started.swap(true, Ordering::SeqCst) {
+            self.shared.tracker.spawn(self.clone().waits_loop());
+            if self.shared.workers.shared {
+                self.shared.tracker.spawn(self.clone().sweep_loop());
+                self.shared.tracker.spawn(self.clone().handoff_loop());
+            }
         }
         Ok(resumed)
     }
@@ -501,13 +505,25 @@ impl Orchestrator {
     /// lease's epoch in the store (from then on the previous holder cannot commit), and
     /// run it from its last committed event.
     pub(crate) async fn adopt(&self, id: Uuid) -> Result<Adopted, OrchestratorError> {
+        if self.shared.runs(id) {
+            return Ok(Adopted::Here);
+        }
+        let Some(slot) = self.shared.slot() else {
+            return Ok(Adopted::Full);
+        };
+        self.adopt_in(id, slot).await
+    }
+
+    /// [`Orchestrator::adopt`], in a slot the caller took.
+    pub(crate) async fn adopt_in(
+        &self,
+        id: Uuid,
+        slot: Slot<'_>,
+    ) -> Result<Adopted, OrchestratorError> {
         let shared = &self.shared;
         if shared.runs(id) {
             return Ok(Adopted::Here);
         }
-        let Some(slot) = shared.slot() else {
-            return Ok(Adopted::Full);
-        };
         if shared.drain.is_cancelled() {
             return Ok(Adopted::Elsewhere);
         }

@@ -22,13 +22,13 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use agentloop_engine::{
-    Action, Event, EventBody, Input, Invocation, Outcome, SideEffect, ToolCall, Totals, UnixMillis,
-    Verdict, Verification,
+    Action, Event, EventBody, Fingerprint, Input, Invocation, Outcome, SideEffect, TerminalReason,
+    ToolCall, Totals, UnixMillis, Verdict, Verification, WaitEnd,
 };
 use agentloop_lease::{Keeper, KeeperExit};
 use agentloop_proto::MAX_STAGE_CALLS;
 use agentloop_proto::v1 as pb;
-use agentloop_store::{Append, StoreError};
+use agentloop_store::{Append, InvocationState, StoreError};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio_util::sync::CancellationToken;
@@ -119,7 +119,7 @@ impl Runner {
                     reason = %outcome.reason,
                     steps = outcome.totals.steps,
                     tool_calls = outcome.totals.tool_calls,
-                    "invocation ended"
+                    "run ended"
                 );
                 if let Some(keeper) = keeper {
                     let _ = keeper.release().await;
@@ -154,12 +154,24 @@ impl Runner {
             }
         }
         self.shared.forget(self.id, &self.spec.tenant);
+        if let Exit::Ended(outcome) = &exit
+            && matches!(
+                outcome.reason,
+                TerminalReason::ApprovalRequired | TerminalReason::ClarificationRequired
+            )
+        {
+            // Boxed: what a future awaits is part of it, and every parked invocation keeps
+            // this one whole.
+            Box::pin(self.cancel_wait_if_requested()).await;
+        }
     }
 
     async fn drive(&mut self) -> Exit {
         let mut ops: FuturesUnordered<Op> = FuturesUnordered::new();
         let first = if self.cancel_requested {
-            Input::Cancel
+            Input::Cancel {
+                reason: Box::pin(self.cancel_reason()).await,
+            }
         } else {
             Input::Start
         };
@@ -168,8 +180,7 @@ impl Runner {
         let mut lost = self.lost.clone();
         let deadline = self
             .engine
-            .limits()
-            .deadline
+            .deadline()
             .map(|at| instant_of(at, self.shared.clock.now()));
         let mut tick_armed = deadline.is_some();
         // While tool calls run (`engine.is_executing()`), a drain waits for them and the
@@ -193,9 +204,9 @@ impl Runner {
                         // awaits is part of it, and a parked invocation keeps the
                         // runner's future whole while it waits in neither.
                         match Box::pin(self.regain()).await {
-                            Ok(token) => {
+                            Ok((token, reason)) => {
                                 lost = token;
-                                Input::Cancel
+                                Input::Cancel { reason }
                             }
                             Err(why) => return Exit::Lost(why),
                         }
@@ -269,8 +280,12 @@ impl Runner {
                         self.progress.turn.store(turn, Relaxed);
                         ops.push(self.decide(turn));
                     }
-                    Action::Authorize { turn, calls } => {
-                        ops.push(self.authorize(turn, &calls));
+                    Action::Authorize {
+                        turn,
+                        calls,
+                        approved,
+                    } => {
+                        ops.push(self.authorize(turn, &calls, approved));
                     }
                     Action::Execute { turn, calls, plan } => {
                         let count = u32::try_from(calls.len()).unwrap_or(u32::MAX);
@@ -364,7 +379,9 @@ impl Runner {
         })
     }
 
-    fn authorize(&self, turn: u32, calls: &[ToolCall]) -> Op {
+    /// Asks policy about `calls`; `approved` is the digest a human approved them under,
+    /// which satisfies policy's approval gate for exactly these calls.
+    fn authorize(&self, turn: u32, calls: &[ToolCall], approved: Option<Fingerprint>) -> Op {
         let request = pb::EvaluateRequest {
             invocation_id: self.id.to_string(),
             turn,
@@ -372,7 +389,7 @@ impl Runner {
             calls: calls.iter().map(wire::tool_call).collect(),
             actor: self.spec.actor.clone(),
             tenant: self.spec.tenant.clone(),
-            approved_proposal_digest: String::new(),
+            approved_proposal_digest: approved.map(|p| p.to_string()).unwrap_or_default(),
         };
         let port = self.shared.ports.policy.clone();
         Box::pin(async move {
@@ -474,15 +491,53 @@ impl Runner {
         })
     }
 
+    /// After the run committed a wait: a cancel recorded while that commit was under way
+    /// found the invocation running, so it only revoked the lease, and nobody would end
+    /// the wait it did not see. End it now, `cancelled`, as that cancel would have. (A
+    /// cancel recorded after the commit finds the invocation waiting and ends it itself;
+    /// whichever end comes second finds the wait over and writes nothing.)
+    async fn cancel_wait_if_requested(&self) {
+        let record = match self.shared.store.get(self.id).await {
+            Ok(record) => record,
+            Err(error) => {
+                warn!(invocation = %self.id, %error, "cannot check for a cancel after the wait");
+                return;
+            }
+        };
+        if record.state != InvocationState::Waiting || record.cancel_requested_at.is_none() {
+            return;
+        }
+        let orchestrator = crate::Orchestrator {
+            shared: self.shared.clone(),
+        };
+        let why = WaitEnd::Cancelled(record.cancel_reason.clone());
+        match orchestrator.end_wait(&record, why).await {
+            Ok(ended) => debug!(invocation = %self.id, ended, "cancelled as it began to wait"),
+            Err(error) => warn!(invocation = %self.id, %error, "cannot end a cancelled wait"),
+        }
+    }
+
+    /// The reason of the cancel on record, read when the runner starts with one (rare:
+    /// so no runner keeps it). The store unreachable, the cancel goes on without it.
+    async fn cancel_reason(&self) -> String {
+        match self.shared.store.get(self.id).await {
+            Ok(record) => record.cancel_reason,
+            Err(error) => {
+                warn!(invocation = %self.id, %error, "cancel reason unread");
+                String::new()
+            }
+        }
+    }
+
     /// After the keeper fired: if a cancel was requested, take the lease again and return
-    /// the new keeper's token, so the runner can end the invocation `cancelled` under a
-    /// fresh epoch. Any other loss, or another worker winning the lease first, is `Err`
+    /// the new keeper's token with the cancel's reason, so the runner can end the
+    /// invocation `cancelled` under a fresh epoch. Any other loss, or another worker winning the lease first, is `Err`
     /// with why: this runner must stop.
     ///
     /// A revoked lease may also reach the keeper as `Lost`: revoking deletes the lease,
     /// then publishes, and a renewal can land in between. So both are taken at their word
     /// only after the store is asked whether a cancel was recorded.
-    async fn regain(&mut self) -> Result<CancellationToken, String> {
+    async fn regain(&mut self) -> Result<(CancellationToken, String), String> {
         let Some(keeper) = self.keeper.take() else {
             return Err("no lease".into());
         };
@@ -490,8 +545,10 @@ impl Runner {
         if !matches!(exit, KeeperExit::Revoked | KeeperExit::Lost) {
             return Err(format!("{exit:?}"));
         }
-        let lease = match self.shared.take(self.id).await {
-            Ok(Taken::Held(lease, record)) if record.cancel_requested_at.is_some() => lease,
+        let (lease, reason) = match self.shared.take(self.id).await {
+            Ok(Taken::Held(lease, record)) if record.cancel_requested_at.is_some() => {
+                (lease, record.cancel_reason)
+            }
             Ok(Taken::Held(lease, _record)) => {
                 self.shared.let_go(&lease).await;
                 return Err(format!("{exit:?}, and no cancel was requested"));
@@ -514,7 +571,7 @@ impl Runner {
             .await
             .map_err(|error| format!("cancelled, and the lease could not be kept: {error}"))?;
         self.keeper = Some(keepers.keep(lease, token.clone()));
-        Ok(token)
+        Ok((token, reason))
     }
 
     /// Appends a commit under the current lease epoch. `Err` when the store says another

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use agentloop_auth::{Authenticator, Identity};
-use agentloop_engine::{MicroUsd, TerminalReason, ToolCatalog, ToolSpec};
+use agentloop_engine::{
+    EventBody, Fingerprint, MicroUsd, Reply, TerminalReason, ToolCatalog, ToolSpec, WaitEnd,
+};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
 use agentloop_store::{
@@ -35,8 +37,12 @@ const DEFAULT_PAGE: u32 = 50;
 const WATCH_PAGE: u32 = 256;
 /// Responses buffered per watcher before the stream applies backpressure.
 const WATCH_BUFFER: usize = 64;
-/// How often a watcher reads the store while another worker runs the invocation.
+/// How often a watcher reads the store while another worker runs the invocation, at
+/// first; the pause doubles while nothing new is committed, up to [`WATCH_POLL_MAX`]
+/// (an invocation that waits for a human may wait for days).
 const WATCH_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+/// The longest pause between two reads of a watcher that polls.
+const WATCH_POLL_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 /// Largest cancellation reason, in bytes.
 const MAX_REASON_BYTES: usize = 1024;
 /// Most unresolved effects one `ListUnresolvedEffects` page returns.
@@ -149,6 +155,27 @@ fn principal(
             }
             Ok((request.actor.clone(), request.tenant.clone()))
         }
+    }
+}
+
+/// Who replies to a waiting invocation: the verified caller (a request naming another
+/// actor is PERMISSION_DENIED), or, with `auth` off, the request's actor, which must be
+/// given when `required`.
+fn replier(caller: &Caller, actor: &str, required: bool) -> Result<String, OrchestratorError> {
+    match caller {
+        Caller::Verified(identity) if actor.is_empty() || actor == identity.actor => {
+            Ok(identity.actor.clone())
+        }
+        Caller::Verified(_) => Err(OrchestratorError::PermissionDenied(
+            "actor names another actor than the caller".into(),
+        )),
+        Caller::Anyone if actor.is_empty() && required => Err(invalid("actor is required")),
+        Caller::Anyone if actor.is_empty() || agentloop_auth::is_valid_identity(actor) => {
+            Ok(actor.to_owned())
+        }
+        Caller::Anyone => Err(invalid(
+            "actor must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / + = -",
+        )),
     }
 }
 
@@ -273,6 +300,16 @@ impl Orchestrator {
                 }
                 limits.deadline = Some(now.saturating_add(ms));
             }
+            if let Some(max_wait) = &overrides.max_wait {
+                let ms = millis(max_wait, "max_wait")?;
+                if ms == 0 || ms > bounds.max_wait_cap_ms {
+                    return Err(invalid(format!(
+                        "max_wait must be within 1 ms..={} ms",
+                        bounds.max_wait_cap_ms
+                    )));
+                }
+                limits.max_wait_ms = ms;
+            }
         }
 
         let descriptors = shared.descriptors().await?;
@@ -350,7 +387,7 @@ impl Orchestrator {
             Created::Existing(record) => (record, false),
         };
         Ok(pb::StartInvocationResponse {
-            invocation: Some(self.invocation(&record)?),
+            invocation: Some(self.invocation(&record).await?),
             created,
         })
     }
@@ -362,27 +399,73 @@ impl Orchestrator {
 }
 
 impl Orchestrator {
-    /// The wire form of a stored invocation, with live progress if it runs here.
-    fn invocation(&self, record: &InvocationRecord) -> Result<pb::Invocation, OrchestratorError> {
-        let mut wire = invocation(record)?;
+    /// The wire form of a stored invocation, with live progress if it runs here, and,
+    /// while it waits for an approval, the exact calls that would run (read from the
+    /// turn committed with its waiting end).
+    async fn invocation(
+        &self,
+        record: &InvocationRecord,
+    ) -> Result<pb::Invocation, OrchestratorError> {
+        let id = record.invocation_id;
+        let spec: InvocationSpec = serde_json::from_str(&record.spec)
+            .map_err(|e| StoreError::Corrupt(format!("invocation {id}: spec: {e}")))?;
+        let mut wire = invocation(record, &spec);
         if record.state == InvocationState::Running
-            && let Some(progress) = self.shared.progress(record.invocation_id)
+            && let Some(progress) = self.shared.progress(id)
         {
             wire.current_turn = progress.turn.load(Relaxed);
             wire.calls_in_flight = progress.in_flight.load(Relaxed);
         }
+        if let Some(pending) = &mut wire.pending_approval {
+            pending.calls = self.pending_calls(record, &spec).await?;
+        }
         Ok(wire)
+    }
+
+    /// The calls of the turn an invocation waits after, with canonical arguments: the
+    /// form the proposal's digest binds.
+    async fn pending_calls(
+        &self,
+        record: &InvocationRecord,
+        spec: &InvocationSpec,
+    ) -> Result<Vec<pb::ToolCall>, OrchestratorError> {
+        let id = record.invocation_id;
+        let from = record.version.saturating_sub(1);
+        let stored = self.shared.store.events(id, from, 1).await?;
+        let Some(EventBody::Turn(turn)) = stored.first().map(|stored| &stored.event.body) else {
+            return Err(StoreError::Corrupt(format!(
+                "invocation {id}: no turn before its waiting end"
+            ))
+            .into());
+        };
+        let batch = turn
+            .batch(&spec.tools, &spec.limits.bounds)
+            .map_err(|why| StoreError::Corrupt(format!("invocation {id}: pending calls: {why}")))?;
+        batch
+            .calls
+            .iter()
+            .map(|call| {
+                // Valid JSON: the batch was validated.
+                let arguments: serde_json::Value = serde_json::from_str(&call.arguments_json)
+                    .map_err(|e| StoreError::Corrupt(format!("invocation {id}: arguments: {e}")))?;
+                Ok(pb::ToolCall {
+                    arguments_json: agentloop_engine::canonical_json(&arguments),
+                    ..wire::tool_call(call)
+                })
+            })
+            .collect()
     }
 }
 
-/// A stored invocation -> its wire form (durable state only).
-fn invocation(record: &InvocationRecord) -> Result<pb::Invocation, OrchestratorError> {
+/// A stored invocation -> its wire form (durable state only, and no pending calls).
+fn invocation(record: &InvocationRecord, spec: &InvocationSpec) -> pb::Invocation {
     let id = record.invocation_id;
-    let spec: InvocationSpec = serde_json::from_str(&record.spec)
-        .map_err(|e| agentloop_store::StoreError::Corrupt(format!("invocation {id}: spec: {e}")))?;
     let end = record.end.as_ref();
     let reason = end.map(|end| end.reason);
-    Ok(pb::Invocation {
+    // What it waits for, while it waits.
+    let waiting = end.filter(|_| record.state == InvocationState::Waiting);
+    let wait = waiting.and_then(|end| end.wait);
+    pb::Invocation {
         invocation_id: id.to_string(),
         idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
         goal: spec.goal.clone(),
@@ -391,6 +474,7 @@ fn invocation(record: &InvocationRecord) -> Result<pb::Invocation, OrchestratorE
         tenant: spec.tenant.clone(),
         state: match record.state {
             InvocationState::Running => pb::InvocationState::Running,
+            InvocationState::Waiting => pb::InvocationState::Waiting,
             InvocationState::Ended => pb::InvocationState::Ended,
         }
         .into(),
@@ -401,14 +485,14 @@ fn invocation(record: &InvocationRecord) -> Result<pb::Invocation, OrchestratorE
         answer: end.and_then(|end| end.answer.clone()),
         budget: Some(wire::budget(&spec.limits, record.created_at)),
         usage: Some(wire::budget_usage(&record.totals)),
-        pending_approval: end
+        pending_approval: waiting
             .filter(|end| end.reason == TerminalReason::ApprovalRequired)
             .map(|end| pb::PendingApproval {
                 proposal_digest: end.proposal.map(|p| p.to_string()).unwrap_or_default(),
                 summary: end.detail.clone(),
                 calls: Vec::new(),
             }),
-        pending_question: end
+        pending_question: waiting
             .filter(|end| end.reason == TerminalReason::ClarificationRequired)
             .map(|end| end.detail.clone()),
         created_at: Some(wire::timestamp(record.created_at)),
@@ -416,7 +500,9 @@ fn invocation(record: &InvocationRecord) -> Result<pb::Invocation, OrchestratorE
         last_seq: record.version,
         current_turn: 0,
         calls_in_flight: 0,
-    })
+        waiting_since: wait.map(|wait| wire::timestamp(wait.since)),
+        wait_until: wait.map(|wait| wire::timestamp(wait.until)),
+    }
 }
 
 #[tonic::async_trait]
@@ -443,7 +529,7 @@ impl OrchestratorService for Api {
             .owned(&caller, &request.into_inner().invocation_id)
             .await?;
         Ok(Response::new(pb::GetInvocationResponse {
-            invocation: Some(self.orchestrator.invocation(&record)?),
+            invocation: Some(self.orchestrator.invocation(&record).await?),
         }))
     }
 
@@ -469,6 +555,7 @@ impl OrchestratorService for Api {
             Ok(pb::InvocationState::Unspecified) => None,
             Ok(pb::InvocationState::Running) => Some(InvocationState::Running),
             Ok(pb::InvocationState::Ended) => Some(InvocationState::Ended),
+            Ok(pb::InvocationState::Waiting) => Some(InvocationState::Waiting),
             // Invocations start running as they are accepted: none is ever pending here.
             Ok(pb::InvocationState::Pending) => {
                 return Ok(Response::new(pb::ListInvocationsResponse::default()));
@@ -495,10 +582,10 @@ impl OrchestratorService for Api {
             Some(last) if records.len() == limit as usize => last.invocation_id.to_string(),
             Some(_) | None => String::new(),
         };
-        let invocations = records
-            .iter()
-            .map(|record| self.orchestrator.invocation(record))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut invocations = Vec::with_capacity(records.len());
+        for record in &records {
+            invocations.push(self.orchestrator.invocation(record).await?);
+        }
         Ok(Response::new(pb::ListInvocationsResponse {
             invocations,
             next_page_token,
@@ -519,6 +606,15 @@ impl OrchestratorService for Api {
             // Its log is whole and the watcher has seen it all: an empty stream that ends,
             // rather than one that waits for events that never come.
             return Ok(Response::new(Box::pin(futures::stream::empty())));
+        }
+        if from_seq > record.version + 1 {
+            // Nobody saw that event (only committed ones are shown), and a stream that
+            // waited for it would not notice an end before it.
+            return Err(OrchestratorError::OutOfRange(format!(
+                "from_seq {from_seq} is beyond the next event, {}",
+                record.version + 1
+            ))
+            .into());
         }
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         let shared = self.orchestrator.shared.clone();
@@ -544,11 +640,22 @@ impl OrchestratorService for Api {
         // the request and ends it `cancelled`. Cancelling an ended invocation changes
         // nothing and is not an error.
         let now = shared.clock.now();
-        let record = shared
+        let mut record = shared
             .store
-            .request_cancel(id, now)
+            .request_cancel(id, now, &request.reason)
             .await
             .map_err(OrchestratorError::from)?;
+        // Waiting, nothing runs: the wait ends now. Should a reply come first, the
+        // invocation runs again, and it is cancelled as a running one is.
+        if record.state == InvocationState::Waiting {
+            let reason = WaitEnd::Cancelled(record.cancel_reason.clone());
+            self.orchestrator.end_wait(&record, reason).await?;
+            record = shared
+                .store
+                .get(id)
+                .await
+                .map_err(OrchestratorError::from)?;
+        }
         if record.state == InvocationState::Running {
             tracing::info!(invocation = %id, reason = %request.reason, "cancel requested");
             if let Err(error) = shared.workers.leases.revoke(&id.to_string()).await {
@@ -558,7 +665,7 @@ impl OrchestratorService for Api {
             }
         }
         Ok(Response::new(pb::CancelInvocationResponse {
-            invocation: Some(self.orchestrator.invocation(&record)?),
+            invocation: Some(self.orchestrator.invocation(&record).await?),
         }))
     }
 
@@ -567,8 +674,8 @@ impl OrchestratorService for Api {
         request: Request<pb::ResolveApprovalRequest>,
     ) -> Result<Response<pb::ResolveApprovalResponse>, Status> {
         let caller = self.caller(&request).await?;
-        self.owned(&caller, &request.get_ref().invocation_id)
-            .await?;
+        let request = request.into_inner();
+        let record = self.owned(&caller, &request.invocation_id).await?;
         if let (Caller::Verified(identity), Some(auth)) = (&caller, &self.auth)
             && !identity.has_role(auth.approver_role())
         {
@@ -578,10 +685,32 @@ impl OrchestratorService for Api {
             ))
             .into());
         }
-        Err(
-            OrchestratorError::Unimplemented("resolving approvals is not implemented yet".into())
-                .into(),
-        )
+        let approved = match request.verdict() {
+            pb::ApprovalVerdict::Approve => true,
+            pb::ApprovalVerdict::Deny => false,
+            pb::ApprovalVerdict::Unspecified => {
+                return Err(invalid("verdict must be APPROVE or DENY").into());
+            }
+        };
+        let actor = replier(&caller, &request.actor, true)?;
+        let bounds = self.orchestrator.shared.config.bounds;
+        bounded("comment", &request.comment, bounds.max_reply_bytes)?;
+        let proposal = match request.proposal_digest.as_str() {
+            "" => return Err(invalid("proposal_digest is required").into()),
+            digest => digest
+                .parse::<Fingerprint>()
+                .map_err(|_| invalid("proposal_digest is not a proposal digest (64 hex digits)"))?,
+        };
+        let reply = Reply::Resolve {
+            proposal,
+            approved,
+            actor,
+            comment: request.comment,
+        };
+        let record = self.orchestrator.reply(&record, reply).await?;
+        Ok(Response::new(pb::ResolveApprovalResponse {
+            invocation: Some(self.orchestrator.invocation(&record).await?),
+        }))
     }
 
     async fn answer_clarification(
@@ -589,12 +718,22 @@ impl OrchestratorService for Api {
         request: Request<pb::AnswerClarificationRequest>,
     ) -> Result<Response<pb::AnswerClarificationResponse>, Status> {
         let caller = self.caller(&request).await?;
-        self.owned(&caller, &request.get_ref().invocation_id)
-            .await?;
-        Err(OrchestratorError::Unimplemented(
-            "answering clarifications is not implemented yet".into(),
-        )
-        .into())
+        let request = request.into_inner();
+        let record = self.owned(&caller, &request.invocation_id).await?;
+        if request.answer.trim().is_empty() {
+            return Err(invalid("answer is required").into());
+        }
+        let bounds = self.orchestrator.shared.config.bounds;
+        bounded("answer", &request.answer, bounds.max_reply_bytes)?;
+        let actor = replier(&caller, &request.actor, false)?;
+        let reply = Reply::Answer {
+            answer: request.answer,
+            actor,
+        };
+        let record = self.orchestrator.reply(&record, reply).await?;
+        Ok(Response::new(pb::AnswerClarificationResponse {
+            invocation: Some(self.orchestrator.invocation(&record).await?),
+        }))
     }
 
     async fn list_unresolved_effects(
@@ -636,29 +775,41 @@ type WatchSender = mpsc::Sender<Result<pb::WatchInvocationResponse, Status>>;
 enum Caught {
     /// Everything committed so far was sent.
     Up,
-    /// The `Ended` event was sent (or the watcher left): the stream is over.
+    /// The final `Ended` event was sent (or the watcher left): the stream is over.
     Over,
 }
 
-/// Streams committed events from `next` on until the `Ended` event, the watcher leaving
-/// or a drain. While this process runs the invocation: subscribe first (so nothing
-/// committed meanwhile is missed), replay the store, then follow live events. While
-/// another worker runs it (or none does yet): read the store every [`WATCH_POLL`].
+/// Streams committed events from `next` on until the final `Ended` event, the watcher
+/// leaving or a drain. While this process runs the invocation: subscribe first (so
+/// nothing committed meanwhile is missed), replay the store, then follow live events.
+/// While another worker runs it, none does yet, or it waits for a human: read the store
+/// every [`WATCH_POLL`], less often while nothing comes.
 async fn watch(shared: Arc<Shared>, id: Uuid, mut next: u64, tx: WatchSender) {
+    let mut pause = WATCH_POLL;
     loop {
         let live = shared.hub.subscribe(id);
         // Only the store has what was committed before the subscription (for a watcher of
         // an invocation that just started here: nothing, so no read).
         let stored = live.as_ref().is_none_or(|live| next <= live.published);
+        let before = next;
         if stored && let Caught::Over = catch_up(&shared, id, &mut next, &tx).await {
             return;
         }
+        if next != before {
+            pause = WATCH_POLL;
+        }
         let caught = match live {
-            Some(live) => follow(&shared, id, &mut next, &tx, live.events).await,
+            Some(live) => {
+                pause = WATCH_POLL;
+                follow(&shared, id, &mut next, &tx, live.events).await
+            }
             None => tokio::select! {
                 () = shared.drain.cancelled() => Caught::Over,
                 () = tx.closed() => Caught::Over,
-                () = tokio::time::sleep(WATCH_POLL) => Caught::Up,
+                () = tokio::time::sleep(pause) => {
+                    pause = (pause * 2).min(WATCH_POLL_MAX);
+                    Caught::Up
+                }
             },
         };
         if let Caught::Over = caught {
@@ -681,7 +832,10 @@ async fn follow(
             Ok(event) if event.seq < *next => Caught::Up,
             Ok(event) if event.seq == *next => {
                 *next += 1;
-                let over = matches!(event.body, Some(pb::event::Body::Ended(_)));
+                let over = matches!(
+                    &event.body,
+                    Some(pb::event::Body::Ended(end)) if end.wait_until.is_none()
+                );
                 let response = pb::WatchInvocationResponse {
                     event: Some(event.as_ref().clone()),
                 };
@@ -718,7 +872,7 @@ async fn catch_up(shared: &Shared, id: Uuid, next: &mut u64, tx: &WatchSender) -
         let full = page.len() == WATCH_PAGE as usize;
         for stored in page {
             *next = stored.event.seq + 1;
-            let over = matches!(stored.event.body, agentloop_engine::EventBody::Ended(_));
+            let over = matches!(&stored.event.body, EventBody::Ended(end) if !end.waits());
             let event = wire::event(&id_text, stored.committed_at, &stored.event);
             let response = pb::WatchInvocationResponse { event: Some(event) };
             if tx.send(Ok(response)).await.is_err() || over {

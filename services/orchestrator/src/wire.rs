@@ -345,6 +345,15 @@ pub fn ended(end: &EndRecord) -> pb::InvocationEnded {
         detail: end.detail.clone(),
         answer: end.answer.clone(),
         proposal_digest: end.proposal.map(|p| p.to_string()).unwrap_or_default(),
+        wait_until: end.wait.map(|wait| timestamp(wait.until)),
+    }
+}
+
+/// Milliseconds -> a protobuf duration.
+pub fn duration(millis: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(millis / 1000).unwrap_or(i64::MAX),
+        nanos: i32::try_from((millis % 1000) * 1_000_000).unwrap_or(0),
     }
 }
 
@@ -355,6 +364,25 @@ pub fn event(invocation_id: &str, committed_at: UnixMillis, event: &Event) -> pb
         EventBody::Turn(record) => Body::Turn(turn(record)),
         EventBody::BatchStarted(record) => Body::BatchStarted(turn(record)),
         EventBody::Ended(end) => Body::Ended(ended(end)),
+        EventBody::ApprovalResolved(resolution) => Body::ApprovalResolved(pb::ApprovalResolved {
+            proposal_digest: resolution.proposal.to_string(),
+            verdict: if resolution.approved {
+                pb::ApprovalVerdict::Approve
+            } else {
+                pb::ApprovalVerdict::Deny
+            }
+            .into(),
+            actor: resolution.actor.clone(),
+            comment: resolution.comment.clone(),
+            waited: Some(duration(resolution.waited_ms)),
+        }),
+        EventBody::ClarificationAnswered(answer) => {
+            Body::ClarificationAnswered(pb::ClarificationAnswered {
+                answer: answer.answer.clone(),
+                actor: answer.actor.clone(),
+                waited: Some(duration(answer.waited_ms)),
+            })
+        }
     };
     pb::Event {
         invocation_id: invocation_id.to_owned(),
@@ -391,13 +419,10 @@ pub fn budget(limits: &Limits, started: UnixMillis) -> pb::Budget {
         max_tokens: limits.max_tokens,
         max_cost_micro_usd: limits.max_cost.map(|max| max.0),
         max_repeated_plan: limits.max_repeated_plan.map_or(0, |n| n.get()),
-        deadline: limits.deadline.map(|deadline| {
-            let millis = deadline.0.saturating_sub(started.0);
-            prost_types::Duration {
-                seconds: i64::try_from(millis / 1000).unwrap_or(i64::MAX),
-                nanos: i32::try_from((millis % 1000) * 1_000_000).unwrap_or(0),
-            }
-        }),
+        deadline: limits
+            .deadline
+            .map(|deadline| duration(deadline.0.saturating_sub(started.0))),
+        max_wait: Some(duration(limits.max_wait_ms)),
     }
 }
 

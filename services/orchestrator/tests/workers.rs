@@ -17,15 +17,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentloop_lease::{Lease, LeaseBackend, LeaseError, Revocations};
-use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
-use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
-use agentloop_store::{
-    Append, Created, EventStore, InvocationRecord, ListRequest, NewInvocation, StoreError,
-    StoredEvent,
-};
+use agentloop_store::{Append, EventStore, StoreError};
 use async_trait::async_trait;
-use common::{Cluster, check_log, events_until_end, percentile, start};
+use common::{
+    Cluster, LeaseFaults, StoreFaults, cancel, check_log, events_until_end, get, percentile, start,
+    watch,
+};
 use tokio::sync::{Notify, broadcast, watch};
 use uuid::Uuid;
 
@@ -34,17 +32,6 @@ const LONG: u64 = 3_600_000;
 const SLEEP_THEN_FINAL: &str = r#"{"turns": [
   {"tool_calls": [{"id": "s", "name": "sleep", "arguments": {"ms": 60000}}]},
   {"final": "never"}]}"#;
-
-/// Asks to cancel invocation `id` through `client`.
-async fn cancel(client: &mut OrchestratorServiceClient<Transport>, id: &str) {
-    client
-        .cancel_invocation(pb::CancelInvocationRequest {
-            invocation_id: id.to_owned(),
-            reason: "test".into(),
-        })
-        .await
-        .unwrap();
-}
 
 /// A caller cancels through worker B an invocation worker A runs: A's lease is revoked,
 /// the running tool call is dropped at the executor, and the invocation ends `cancelled`
@@ -73,7 +60,7 @@ async fn cancel_through_another_worker_revokes_and_cancels_the_tool() {
     stats.wait_for(|s| s.sleeps_started == 1).await.unwrap();
 
     let mut via_b = b.client().await;
-    cancel(&mut via_b, &id).await;
+    cancel(&mut via_b, &id, "test").await;
     stats.wait_for(|s| s.sleeps_cancelled == 1).await.unwrap();
     let events = events_until_end(&mut via_b, &id).await;
     assert_eq!(check_log(&events), pb::TerminalReason::Cancelled);
@@ -138,7 +125,7 @@ async fn revocation_to_tool_cancellation_latency() {
         let id = start(&mut via_a, SLEEP_THEN_FINAL, &format!("latency-{trial}")).await;
         stats.wait_for(|s| s.sleeps_started == trial).await.unwrap();
         let sent = tokio::time::Instant::now();
-        cancel(&mut via_b, &id).await;
+        cancel(&mut via_b, &id, "test").await;
         tokio::time::timeout(EACH_WITHIN, stats.wait_for(|s| s.sleeps_cancelled == trial))
             .await
             .unwrap_or_else(|_| {
@@ -175,10 +162,9 @@ async fn a_cancel_seen_as_a_lost_renewal_still_cancels() {
     let Some(cluster) = Cluster::start_or_skip("cancel_seen_as_lost").await else {
         return;
     };
-    let deaf = Arc::new(FaultyLeases {
-        inner: cluster.leases(),
-        freeze: Arc::default(),
+    let deaf = cluster.leases_with(FrozenOrDeaf {
         deaf: Some(broadcast::channel(1).0),
+        ..FrozenOrDeaf::default()
     });
     let a = cluster
         .worker(
@@ -192,7 +178,7 @@ async fn a_cancel_seen_as_a_lost_renewal_still_cancels() {
     let id = start(&mut via_a, SLEEP_THEN_FINAL, "cancel-lost-1").await;
     stats.wait_for(|s| s.sleeps_started == 1).await.unwrap();
 
-    cancel(&mut via_a, &id).await;
+    cancel(&mut via_a, &id, "test").await;
     stats.wait_for(|s| s.sleeps_cancelled == 1).await.unwrap();
     let events = events_until_end(&mut via_a, &id).await;
     assert_eq!(check_log(&events), pb::TerminalReason::Cancelled);
@@ -234,15 +220,7 @@ async fn a_drained_invocation_is_handed_off_and_continues_elsewhere() {
     let mut via_b = b.client().await;
     let events = events_until_end(&mut via_b, &id).await;
     assert_eq!(check_log(&events), pb::TerminalReason::Completed);
-    let invocation = via_b
-        .get_invocation(pb::GetInvocationRequest {
-            invocation_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .invocation
-        .unwrap();
+    let invocation = get(&mut via_b, &id).await;
     assert_eq!(invocation.answer.as_deref(), Some("continued"));
     b.stop().await;
     cluster.stop().await;
@@ -321,59 +299,32 @@ impl Freeze {
     }
 }
 
-struct FrozenStore {
-    inner: Arc<dyn EventStore>,
-    freeze: Arc<Freeze>,
-}
+/// An event store whose appends hang while `0` holds, recording what the store said to
+/// the appends that were held.
+struct FrozenStore(Arc<Freeze>);
 
 #[async_trait]
-impl EventStore for FrozenStore {
-    async fn create(&self, new: NewInvocation) -> Result<Created, StoreError> {
-        self.inner.create(new).await
-    }
-    async fn get(&self, id: Uuid) -> Result<InvocationRecord, StoreError> {
-        self.inner.get(id).await
-    }
-    async fn list(&self, request: ListRequest) -> Result<Vec<InvocationRecord>, StoreError> {
-        self.inner.list(request).await
-    }
-    async fn append(&self, id: Uuid, append: Append<'_>) -> Result<(), StoreError> {
-        let held = self.freeze.hold().await;
-        let result = self.inner.append(id, append).await;
+impl StoreFaults for FrozenStore {
+    async fn append(
+        &self,
+        store: &dyn EventStore,
+        id: Uuid,
+        append: Append<'_>,
+    ) -> Result<(), StoreError> {
+        let held = self.0.hold().await;
+        let result = store.append(id, append).await;
         if held {
             let outcome = result.as_ref().map(|_| ()).map_err(ToString::to_string);
-            self.freeze.outcomes.lock().unwrap().push(outcome);
+            self.0.outcomes.lock().unwrap().push(outcome);
         }
         result
     }
-    async fn events(
-        &self,
-        id: Uuid,
-        from: u64,
-        limit: u32,
-    ) -> Result<Vec<StoredEvent>, StoreError> {
-        self.inner.events(id, from, limit).await
-    }
-    async fn running(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Uuid>, StoreError> {
-        self.inner.running(after, limit).await
-    }
-    async fn claim(&self, id: Uuid, epoch: u64) -> Result<InvocationRecord, StoreError> {
-        self.inner.claim(id, epoch).await
-    }
-    async fn request_cancel(
-        &self,
-        id: Uuid,
-        at: agentloop_engine::UnixMillis,
-    ) -> Result<InvocationRecord, StoreError> {
-        self.inner.request_cancel(id, at).await
-    }
 }
 
-/// Leases with the faults a test turns on: renewals hang while `freeze` holds, and a
-/// `deaf` holder never hears a revocation, so it learns of one only from its renewals.
-#[derive(Debug)]
-struct FaultyLeases {
-    inner: Arc<dyn LeaseBackend>,
+/// The lease faults a test turns on: renewals hang while `freeze` holds, and a `deaf`
+/// holder never hears a revocation, so it learns of one only from its renewals.
+#[derive(Debug, Default)]
+struct FrozenOrDeaf {
     freeze: Arc<Freeze>,
     /// When set, subscriptions come from here, where nothing is ever sent: open and
     /// silent, as a message delayed for good would be.
@@ -381,29 +332,23 @@ struct FaultyLeases {
 }
 
 #[async_trait]
-impl LeaseBackend for FaultyLeases {
-    async fn acquire(
+impl LeaseFaults for FrozenOrDeaf {
+    async fn renew(
         &self,
-        key: &str,
-        owner: &str,
+        leases: &dyn LeaseBackend,
+        lease: &Lease,
         ttl: Duration,
-    ) -> Result<Option<Lease>, LeaseError> {
-        self.inner.acquire(key, owner, ttl).await
-    }
-    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, LeaseError> {
+    ) -> Result<bool, LeaseError> {
         self.freeze.hold().await;
-        self.inner.renew(lease, ttl).await
+        leases.renew(lease, ttl).await
     }
-    async fn release(&self, lease: &Lease) -> Result<bool, LeaseError> {
-        self.inner.release(lease).await
-    }
-    async fn revoke(&self, key: &str) -> Result<bool, LeaseError> {
-        self.inner.revoke(key).await
-    }
-    async fn subscribe_revocations(&self) -> Result<Revocations, LeaseError> {
+    async fn subscribe_revocations(
+        &self,
+        leases: &dyn LeaseBackend,
+    ) -> Result<Revocations, LeaseError> {
         match &self.deaf {
             Some(never) => Ok(never.subscribe()),
-            None => self.inner.subscribe_revocations().await,
+            None => leases.subscribe_revocations().await,
         }
     }
 }
@@ -418,12 +363,8 @@ async fn a_worker_frozen_past_its_lease_cannot_commit() {
     };
     let freeze = Arc::new(Freeze::default());
     freeze.frozen.store(true, Ordering::SeqCst);
-    let frozen_store = Arc::new(FrozenStore {
-        inner: cluster.store().await,
-        freeze: freeze.clone(),
-    });
-    let frozen_leases = Arc::new(FaultyLeases {
-        inner: cluster.leases(),
+    let frozen_store = cluster.store_with(FrozenStore(freeze.clone())).await;
+    let frozen_leases = cluster.leases_with(FrozenOrDeaf {
         freeze: freeze.clone(),
         deaf: None,
     });
@@ -446,14 +387,7 @@ async fn a_worker_frozen_past_its_lease_cannot_commit() {
         )
         .await;
     let mut via_b = b.client().await;
-    let mut stream = via_b
-        .watch_invocation(pb::WatchInvocationRequest {
-            invocation_id: id.clone(),
-            from_seq: 1,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = watch(&mut via_b, &id).await;
     let first = stream.message().await.unwrap().unwrap().event.unwrap();
     assert!(matches!(first.body, Some(pb::event::Body::Turn(ref t)) if t.turn == 1));
     drop(stream);
@@ -472,7 +406,7 @@ async fn a_worker_frozen_past_its_lease_cannot_commit() {
             .is_err_and(|e| e.contains("older than")),
         "the frozen worker's commit is refused for its stale epoch: {outcomes:?}"
     );
-    cancel(&mut via_b, &id).await;
+    cancel(&mut via_b, &id, "test").await;
     let events = events_until_end(&mut via_b, &id).await;
     assert_eq!(check_log(&events), pb::TerminalReason::Cancelled);
     assert_eq!(
@@ -531,16 +465,11 @@ async fn workers_recover_from_a_redis_restart() {
 /// it never sends it again and never asks the model to decide turn 1 again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_write_in_flight_at_takeover_is_settled_not_sent_again() {
-    let faults = agentloop_demo_executor::FaultConfig {
-        reply_delay_ms: 60_000,
-        ..Default::default()
-    };
-    let Some(cluster) = Cluster::start_with("write_in_flight_takeover", faults, None).await else {
+    let Some(cluster) = Cluster::start_holding_replies("write_in_flight_takeover").await else {
         return;
     };
     let freeze = Arc::new(Freeze::default());
-    let frozen_leases = Arc::new(FaultyLeases {
-        inner: cluster.leases(),
+    let frozen_leases = cluster.leases_with(FrozenOrDeaf {
         freeze: freeze.clone(),
         deaf: None,
     });

@@ -55,8 +55,8 @@ fn json_kind(value: &Value) -> &'static str {
 }
 
 impl ToolPolicy {
-    /// Compiles the descriptors' input schemas. An empty `input_schema_json` means "any
-    /// JSON object".
+    /// Compiles the descriptors' input schemas (an empty `input_schema_json` means "any
+    /// JSON object") and gates the tools whose descriptor says `requires_approval`.
     ///
     /// # Errors
     ///
@@ -88,9 +88,15 @@ impl ToolPolicy {
                 })?;
             tools.insert(descriptor.name.clone(), CompiledTool { validator });
         }
+        // The registry's own gates; the configuration can add more.
+        let require_approval_for = descriptors
+            .iter()
+            .filter(|d| d.requires_approval)
+            .map(|d| d.name.clone())
+            .collect();
         Ok(ToolPolicy {
             tools,
-            require_approval_for: BTreeSet::new(),
+            require_approval_for,
         })
     }
 
@@ -177,9 +183,19 @@ impl ToolPolicy {
             )
             .to_string();
             if request.approved_proposal_digest != digest {
+                // Why, per gated call: what the approver and the model are told.
+                let violations = request
+                    .calls
+                    .iter()
+                    .filter(|call| self.require_approval_for.contains(&call.tool))
+                    .map(|call| Violation {
+                        call_id: call.call_id.clone(),
+                        message: format!("calls to {} need a human approval", call.tool),
+                    })
+                    .collect();
                 return Ok(EvaluateResponse {
                     verdict: Verdict::RequireApproval.into(),
-                    violations: Vec::new(),
+                    violations,
                     proposal_digest: digest,
                 });
             }

@@ -39,6 +39,7 @@ fn tool(
         input_schema_json: schema.into(),
         side_effect: side_effect.into(),
         commutative,
+        requires_approval: false,
         timeout: None,
     }
 }
@@ -247,6 +248,20 @@ fn batches_of_every_side_effect_are_allowed_alike() {
 }
 
 #[test]
+fn a_tool_whose_descriptor_requires_approval_is_gated_without_configuration() {
+    let mut tools = descriptors();
+    tools[0].requires_approval = true;
+    let name = tools[0].name.clone();
+    let gated = ToolPolicy::new(&tools).unwrap();
+    let response = gated.evaluate(&request(vec![call("c", &name, r#"{"key":"k"}"#)]));
+    assert_eq!(response.unwrap().verdict(), Verdict::RequireApproval);
+    // Without the flag, the same call runs.
+    let open = ToolPolicy::new(&descriptors()).unwrap();
+    let response = open.evaluate(&request(vec![call("c", &name, r#"{"key":"k"}"#)]));
+    assert_eq!(response.unwrap().verdict(), Verdict::Allow);
+}
+
+#[test]
 fn approval_gates_bind_the_engines_digest() {
     let first = vec![
         call("p1", "pay", r#"{"amount": 5, "to": {"b": 1, "a": 2}}"#),
@@ -265,6 +280,14 @@ fn approval_gates_bind_the_engines_digest() {
     .to_string();
     assert_eq!(response.proposal_digest, expected);
     assert_eq!(response.proposal_digest.len(), 64);
+    // The gated call is named, for the approver and the model; the other is not.
+    assert_eq!(response.violations.len(), 1);
+    assert_eq!(response.violations[0].call_id, "p1");
+    assert!(
+        response.violations[0]
+            .message
+            .contains("pay need a human approval")
+    );
     assert!(
         response
             .proposal_digest

@@ -85,6 +85,9 @@ pub struct ToolEntry {
     /// Whether its writes may run in any order relative to each other.
     #[serde(default)]
     pub commutative: bool,
+    /// Whether its calls need a human approval before they run (policy's gate).
+    #[serde(default)]
+    pub requires_approval: bool,
     /// Longest one call may take, in milliseconds (1..=600000).
     pub timeout_ms: u64,
     /// JSON Schema of the arguments, as JSON text.
@@ -106,6 +109,7 @@ impl ToolEntry {
             input_schema_json: self.input_schema.clone(),
             side_effect: side_effect_to_proto(self.side_effect) as i32,
             commutative: self.commutative,
+            requires_approval: self.requires_approval,
             timeout: Some(prost_types::Duration {
                 seconds: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
                 nanos: i32::try_from(timeout.subsec_nanos()).unwrap_or(0),
@@ -263,6 +267,7 @@ impl ToolsConfig {
                     endpoint: endpoint.to_owned(),
                     side_effect: side_effect_from_proto(d.side_effect),
                     commutative: d.commutative,
+                    requires_approval: d.requires_approval,
                     timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
                     input_schema: d.input_schema_json,
                     description: d.description,

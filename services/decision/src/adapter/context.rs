@@ -126,8 +126,13 @@ pub(crate) fn build(request: &DecideRequest, config: &ContextConfig) -> Prompt {
             }
             Body::Ended(ended) => {
                 flush_elided(&mut items, &mut elided, limit);
+                let what = if ended.wait_until.is_some() {
+                    "stopped to wait for a human"
+                } else {
+                    "stopped"
+                };
                 items.push(Item::User(format!(
-                    "[The invocation stopped ({}{}{}) and was resumed.]",
+                    "[The invocation {what} ({}{}{}) and was resumed.]",
                     ended.reason().as_str_name(),
                     if ended.detail.is_empty() { "" } else { ": " },
                     truncate(&ended.detail, 512)
@@ -139,11 +144,22 @@ pub(crate) fn build(request: &DecideRequest, config: &ContextConfig) -> Prompt {
             Body::ApprovalResolved(resolved) => {
                 flush_elided(&mut items, &mut elided, limit);
                 let verdict = match resolved.verdict() {
-                    ApprovalVerdict::Approve => "approved",
-                    ApprovalVerdict::Deny => "denied; do not run those calls",
-                    ApprovalVerdict::Unspecified => "resolved",
+                    ApprovalVerdict::Approve => "approved the proposal; its calls ran as proposed",
+                    ApprovalVerdict::Deny => {
+                        "denied the proposal; its calls did not run and will not be put to a \
+                         human again"
+                    }
+                    ApprovalVerdict::Unspecified => "resolved the proposal",
                 };
-                items.push(Item::User(format!("[A human {verdict} the proposal.]")));
+                let comment = if resolved.comment.is_empty() {
+                    String::new()
+                } else {
+                    format!(" Their comment: {}", truncate(&resolved.comment, limit))
+                };
+                items.push(Item::User(format!(
+                    "[A human ({}) {verdict}.{comment}]",
+                    truncate(&resolved.actor, 128)
+                )));
             }
             Body::ClarificationAnswered(answer) => {
                 flush_elided(&mut items, &mut elided, limit);
@@ -246,20 +262,23 @@ fn observation(result: Option<&ToolResult>, call_id: &str, limit: usize) -> Obse
 }
 
 fn render_turn(items: &mut Vec<Item>, turn: &TurnCommitted, limit: usize) {
+    let executed = |calls: &[ToolCall]| Item::Calls {
+        calls: calls.to_vec(),
+        observations: calls
+            .iter()
+            .map(|call| {
+                let result = turn.results.iter().find(|r| r.call_id == call.call_id);
+                observation(result, &call.call_id, limit)
+            })
+            .collect(),
+    };
     match turn.decision.as_ref().and_then(|d| d.kind.as_ref()) {
         Some(Kind::ToolCalls(calls)) if !calls.calls.is_empty() => {
-            let observations = calls
-                .calls
-                .iter()
-                .map(|call| {
-                    let result = turn.results.iter().find(|r| r.call_id == call.call_id);
-                    observation(result, &call.call_id, limit)
-                })
-                .collect();
-            items.push(Item::Calls {
-                calls: calls.calls.clone(),
-                observations,
-            });
+            items.push(executed(&calls.calls));
+        }
+        // The approved turn, committed again with the results of its calls.
+        Some(Kind::RequestApproval(a)) if !turn.results.is_empty() => {
+            items.push(executed(&a.calls));
         }
         Some(Kind::ToolCalls(_)) => {
             items.push(Item::Assistant("(an empty batch of tool calls)".into()))
@@ -384,6 +403,89 @@ mod tests {
             [
                 "a", "call-3-1", "call-3-2", "call-3-3", "call-3-4", "call-3-5", "b"
             ]
+        );
+    }
+
+    #[test]
+    fn an_approved_proposal_shows_its_results_and_who_approved() {
+        use agentloop_proto::v1::{
+            ApprovalResolved, Decision, InvocationEnded, ToolOutput, ToolResult, TurnCommitted,
+            decision, event, tool_result,
+        };
+        let call = ToolCall {
+            call_id: "t1".into(),
+            tool: "transfer".into(),
+            arguments_json: r#"{"amount":1}"#.into(),
+        };
+        let turn = |results: Vec<ToolResult>| TurnCommitted {
+            turn: 1,
+            decision: Some(Decision {
+                kind: Some(decision::Kind::RequestApproval(decision::RequestApproval {
+                    summary: "pay 1".into(),
+                    calls: vec![call.clone()],
+                })),
+            }),
+            results,
+            ..Default::default()
+        };
+        let event = |seq, body| agentloop_proto::v1::Event {
+            seq,
+            body: Some(body),
+            ..Default::default()
+        };
+        let output = ToolResult {
+            call_id: "t1".into(),
+            outcome: Some(tool_result::Outcome::Output(ToolOutput {
+                output_json: r#"{"receipt":"r-1"}"#.into(),
+                receipt: "r-1".into(),
+            })),
+        };
+        let request = DecideRequest {
+            goal: "pay".into(),
+            turn: 2,
+            history: vec![
+                event(1, event::Body::Turn(turn(Vec::new()))),
+                event(
+                    2,
+                    event::Body::Ended(InvocationEnded {
+                        reason: 2,
+                        wait_until: Some(Default::default()),
+                        ..Default::default()
+                    }),
+                ),
+                event(
+                    3,
+                    event::Body::ApprovalResolved(ApprovalResolved {
+                        verdict: ApprovalVerdict::Approve.into(),
+                        actor: "ana".into(),
+                        comment: "ok for today".into(),
+                        ..Default::default()
+                    }),
+                ),
+                event(4, event::Body::Turn(turn(vec![output]))),
+            ],
+            ..Default::default()
+        };
+        let config = ContextConfig {
+            keep_last_turns: 8,
+            max_observation_bytes: 4096,
+            system_prompt: None,
+        };
+        let prompt = build(&request, &config);
+        let text = format!("{:?}", prompt.items);
+        assert!(
+            text.contains("I asked for approval to call transfer"),
+            "{text}"
+        );
+        assert!(text.contains("wait for a human"), "{text}");
+        assert!(text.contains("A human (ana) approved"), "{text}");
+        assert!(text.contains("ok for today"), "{text}");
+        assert!(
+            prompt.items.iter().any(|item| matches!(
+                item,
+                Item::Calls { observations, .. } if observations[0].content.contains("r-1")
+            )),
+            "the approved call's result reaches the model: {text}"
         );
     }
 

@@ -13,20 +13,32 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop_demo_executor::{DemoExecutor, FaultConfig};
+use agentloop_engine::UnixMillis;
 use agentloop_lease::testing::RedisServer;
-use agentloop_lease::{LeaseBackend, RedisHandoff, RedisLeaseConfig, RedisLeases};
+use agentloop_lease::{
+    Lease, LeaseBackend, LeaseError, RedisHandoff, RedisLeaseConfig, RedisLeases, Revocations,
+};
 use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Workers};
 use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use agentloop_stack::{Services, ServicesOptions, Wiring};
 use agentloop_store::testing::{PostgresServer, TestDatabase};
-use agentloop_store::{EventStore, PgOptions, PgStore};
+use agentloop_store::{
+    Append, Created, EventStore, InvocationRecord, ListRequest, NewInvocation, PgOptions, PgStore,
+    StoreError, StoredEvent,
+};
+use async_trait::async_trait;
 use futures::StreamExt;
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tonic::Streaming;
+use uuid::Uuid;
+
+/// A client of an orchestrator worker.
+pub(crate) type Client = OrchestratorServiceClient<Transport>;
 
 pub(crate) async fn listener() -> (TcpListener, String) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -55,6 +67,17 @@ pub(crate) struct Cluster {
 impl Cluster {
     pub(crate) async fn start_or_skip(test: &str) -> Option<Cluster> {
         Cluster::start_with(test, FaultConfig::default(), None).await
+    }
+
+    /// Like [`Cluster::start_or_skip`], with an executor that applies each write at once
+    /// but holds its reply for a minute, so a test can kill or freeze the worker that
+    /// sent it while the write is in flight.
+    pub(crate) async fn start_holding_replies(test: &str) -> Option<Cluster> {
+        let faults = FaultConfig {
+            reply_delay_ms: 60_000,
+            ..FaultConfig::default()
+        };
+        Cluster::start_with(test, faults, None).await
     }
 
     /// Like [`Cluster::start_or_skip`], with the executor injecting `faults` and
@@ -99,8 +122,24 @@ impl Cluster {
         )
     }
 
+    /// The cluster's event store with a test's `faults` in it.
+    pub(crate) async fn store_with(&self, faults: impl StoreFaults) -> Arc<dyn EventStore> {
+        Arc::new(FaultyStore {
+            inner: self.store().await,
+            faults,
+        })
+    }
+
     pub(crate) fn leases(&self) -> Arc<RedisLeases> {
         Arc::new(RedisLeases::new(RedisLeaseConfig::new(self.redis.url())).unwrap())
+    }
+
+    /// The cluster's leases with a test's `faults` in them.
+    pub(crate) fn leases_with(&self, faults: impl LeaseFaults) -> Arc<dyn LeaseBackend> {
+        Arc::new(FaultyLeases {
+            inner: self.leases(),
+            faults,
+        })
     }
 
     pub(crate) fn handoff(&self) -> Arc<RedisHandoff> {
@@ -189,6 +228,12 @@ impl Process {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("{} never answered", self.endpoint);
+    }
+
+    /// SIGKILL, and the process is gone once this returns.
+    pub(crate) fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
     }
 }
 
@@ -289,19 +334,52 @@ pub(crate) async fn start(
         .invocation_id
 }
 
-/// Every committed event of `id`, once it has ended (the watch follows it wherever it runs).
-pub(crate) async fn events_until_end(
-    client: &mut OrchestratorServiceClient<Transport>,
-    id: &str,
-) -> Vec<pb::Event> {
-    let mut stream = client
+/// The invocation as the orchestrator reports it now.
+pub(crate) async fn get(client: &mut Client, id: &str) -> pb::Invocation {
+    client
+        .get_invocation(pb::GetInvocationRequest {
+            invocation_id: id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .invocation
+        .unwrap()
+}
+
+/// Asks to cancel invocation `id` through `client`, for `reason`; returns the invocation
+/// as the cancel left it.
+pub(crate) async fn cancel(client: &mut Client, id: &str, reason: &str) -> pb::Invocation {
+    client
+        .cancel_invocation(pb::CancelInvocationRequest {
+            invocation_id: id.to_owned(),
+            reason: reason.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .invocation
+        .unwrap()
+}
+
+/// A watch of `id` from its first event.
+pub(crate) async fn watch(client: &mut Client, id: &str) -> Streaming<pb::WatchInvocationResponse> {
+    client
         .watch_invocation(pb::WatchInvocationRequest {
             invocation_id: id.into(),
             from_seq: 1,
         })
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+}
+
+/// Every committed event of `id`, once it has ended (the watch follows it wherever it runs).
+pub(crate) async fn events_until_end(
+    client: &mut OrchestratorServiceClient<Transport>,
+    id: &str,
+) -> Vec<pb::Event> {
+    let mut stream = watch(client, id).await;
     let mut events = Vec::new();
     // Bounded, so a lost invocation fails the test instead of hanging it.
     let all = async {
@@ -352,4 +430,134 @@ pub(crate) fn check_log(events: &[pb::Event]) -> pb::TerminalReason {
 pub(crate) fn percentile(sorted: &[Duration], q: f64) -> Duration {
     let index = ((sorted.len() as f64 * q).ceil() as usize).saturating_sub(1);
     sorted[index.min(sorted.len() - 1)]
+}
+
+/// The faults a test puts into a worker's event store: each method stands in for the
+/// store's own and is given the real `store`; a method left out passes straight through.
+#[async_trait]
+pub(crate) trait StoreFaults: Send + Sync + 'static {
+    async fn append(
+        &self,
+        store: &dyn EventStore,
+        id: Uuid,
+        append: Append<'_>,
+    ) -> Result<(), StoreError> {
+        store.append(id, append).await
+    }
+
+    async fn request_cancel(
+        &self,
+        store: &dyn EventStore,
+        id: Uuid,
+        at: UnixMillis,
+        reason: &str,
+    ) -> Result<InvocationRecord, StoreError> {
+        store.request_cancel(id, at, reason).await
+    }
+}
+
+/// An event store with a test's [`StoreFaults`] over a real one ([`Cluster::store_with`]).
+struct FaultyStore<F> {
+    inner: Arc<dyn EventStore>,
+    faults: F,
+}
+
+#[async_trait]
+impl<F: StoreFaults> EventStore for FaultyStore<F> {
+    async fn create(&self, new: NewInvocation) -> Result<Created, StoreError> {
+        self.inner.create(new).await
+    }
+    async fn get(&self, id: Uuid) -> Result<InvocationRecord, StoreError> {
+        self.inner.get(id).await
+    }
+    async fn list(&self, request: ListRequest) -> Result<Vec<InvocationRecord>, StoreError> {
+        self.inner.list(request).await
+    }
+    async fn append(&self, id: Uuid, append: Append<'_>) -> Result<(), StoreError> {
+        self.faults.append(&*self.inner, id, append).await
+    }
+    async fn events(
+        &self,
+        id: Uuid,
+        from: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        self.inner.events(id, from, limit).await
+    }
+    async fn running(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Uuid>, StoreError> {
+        self.inner.running(after, limit).await
+    }
+    async fn claim(&self, id: Uuid, epoch: u64) -> Result<InvocationRecord, StoreError> {
+        self.inner.claim(id, epoch).await
+    }
+    async fn request_cancel(
+        &self,
+        id: Uuid,
+        at: UnixMillis,
+        reason: &str,
+    ) -> Result<InvocationRecord, StoreError> {
+        self.faults
+            .request_cancel(&*self.inner, id, at, reason)
+            .await
+    }
+    async fn expired_waits(&self, now: UnixMillis, limit: u32) -> Result<Vec<Uuid>, StoreError> {
+        self.inner.expired_waits(now, limit).await
+    }
+}
+
+/// The faults a test puts into a worker's leases: each method stands in for the
+/// backend's own and is given the real `leases`; a method left out passes straight
+/// through. (Renewing many at once renews them one by one, each through `renew`.)
+#[async_trait]
+pub(crate) trait LeaseFaults: Send + Sync + std::fmt::Debug + 'static {
+    async fn renew(
+        &self,
+        leases: &dyn LeaseBackend,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<bool, LeaseError> {
+        leases.renew(lease, ttl).await
+    }
+
+    async fn release(&self, leases: &dyn LeaseBackend, lease: &Lease) -> Result<bool, LeaseError> {
+        leases.release(lease).await
+    }
+
+    async fn subscribe_revocations(
+        &self,
+        leases: &dyn LeaseBackend,
+    ) -> Result<Revocations, LeaseError> {
+        leases.subscribe_revocations().await
+    }
+}
+
+/// Leases with a test's [`LeaseFaults`] over real ones ([`Cluster::leases_with`]).
+#[derive(Debug)]
+struct FaultyLeases<F> {
+    inner: Arc<dyn LeaseBackend>,
+    faults: F,
+}
+
+#[async_trait]
+impl<F: LeaseFaults> LeaseBackend for FaultyLeases<F> {
+    async fn acquire(
+        &self,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LeaseError> {
+        self.inner.acquire(key, owner, ttl).await
+    }
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, LeaseError> {
+        self.faults.renew(&*self.inner, lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LeaseError> {
+        self.faults.release(&*self.inner, lease).await
+    }
+    async fn revoke(&self, key: &str) -> Result<bool, LeaseError> {
+        self.inner.revoke(key).await
+    }
+    async fn subscribe_revocations(&self) -> Result<Revocations, LeaseError> {
+        self.faults.subscribe_revocations(&*self.inner).await
+    }
 }

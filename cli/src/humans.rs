@@ -1,0 +1,221 @@
+//! The commands of the humans an invocation waits for: `pending` lists what waits,
+//! `approve` resolves a proposal (after showing its exact calls), `answer` answers a
+//! question. The replies then follow the invocation, as `run` does.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::Instant;
+
+use agentloop_proto::v1 as pb;
+use anyhow::{Context, bail};
+
+use crate::client::{self, Follow, Server, get, status};
+use crate::exit;
+use crate::view::Waiting;
+
+/// Most waiting invocations `pending` lists.
+const MAX_PENDING: usize = 1_000;
+
+/// `pending`: every invocation that waits for a human, oldest wait first.
+pub async fn pending(server: Server<'_>, json: bool, resume_flags: &str) -> anyhow::Result<u8> {
+    let mut orchestrator = client::client(server).await?;
+    let mut waiting = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = orchestrator
+            .list_invocations(pb::ListInvocationsRequest {
+                page_size: 200,
+                page_token,
+                state: pb::InvocationState::Waiting.into(),
+            })
+            .await
+            .map_err(|s| status("cannot list the invocations", s))?
+            .into_inner();
+        waiting.extend(
+            page.invocations
+                .iter()
+                .filter_map(|invocation| Waiting::of(invocation, resume_flags)),
+        );
+        if page.next_page_token.is_empty() || waiting.len() >= MAX_PENDING {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    waiting.sort_by_key(|w| w.since_ms);
+    let mut stdout = std::io::stdout().lock();
+    if !json && waiting.is_empty() {
+        writeln!(stdout, "nothing waits for a human")?;
+    }
+    for entry in &waiting {
+        if json {
+            serde_json::to_writer(&mut stdout, entry)?;
+            writeln!(stdout)?;
+        } else {
+            writeln!(stdout, "{}\n", entry.render())?;
+        }
+    }
+    Ok(0)
+}
+
+/// What `approve` was asked to do.
+#[derive(Debug, Clone)]
+pub struct Approve {
+    /// The invocation.
+    pub id: String,
+    /// Deny instead of approving.
+    pub deny: bool,
+    /// Words for the model.
+    pub comment: String,
+    /// The digest to approve; without it, the pending one, after a question on a
+    /// terminal.
+    pub digest: Option<String>,
+    /// Approve without asking.
+    pub yes: bool,
+    /// Who approves (with authentication off; with it, the token says).
+    pub actor: String,
+}
+
+/// `approve`: shows the pending proposal, asks on a terminal, resolves it, then follows
+/// the invocation. Refuses, writing nothing, when it does not wait for an approval.
+pub async fn approve(server: Server<'_>, request: Approve, follow: Follow) -> anyhow::Result<u8> {
+    let started = Instant::now();
+    let mut orchestrator = client::client(server).await?;
+    let invocation = get(&mut orchestrator, &request.id).await?;
+    let Some(pending) = &invocation.pending_approval else {
+        bail!(
+            "invocation {} does not wait for an approval (it is {})",
+            request.id,
+            state_name(&invocation)
+        );
+    };
+    if let Some(notice) = Waiting::of(&invocation, &follow.resume_flags) {
+        eprintln!("{}", notice.render());
+    }
+    let digest = match &request.digest {
+        Some(digest) if *digest != pending.proposal_digest => bail!(
+            "the pending proposal is {}, not {digest}: nothing was resolved",
+            pending.proposal_digest
+        ),
+        Some(digest) => digest.clone(),
+        None => pending.proposal_digest.clone(),
+    };
+    if !request.deny && !request.yes {
+        let terminal = std::io::stdin().is_terminal();
+        match (terminal, &request.digest) {
+            (true, _) => {
+                if !confirm(&format!("approve these {} call(s)?", pending.calls.len()))? {
+                    eprintln!("not approved; invocation {} still waits", request.id);
+                    return Ok(exit::code(
+                        agentloop_engine::TerminalReason::ApprovalRequired,
+                    ));
+                }
+            }
+            // Pinned by its digest: the calls approved are the ones named.
+            (false, Some(_)) => {}
+            (false, None) => bail!(
+                "not a terminal, so nobody can be asked: give --digest {} (the calls shown) \
+                 or --yes",
+                pending.proposal_digest
+            ),
+        }
+    }
+    let verdict = if request.deny {
+        pb::ApprovalVerdict::Deny
+    } else {
+        pb::ApprovalVerdict::Approve
+    };
+    let resolved = orchestrator
+        .resolve_approval(pb::ResolveApprovalRequest {
+            invocation_id: request.id.clone(),
+            proposal_digest: digest,
+            verdict: verdict.into(),
+            actor: request.actor,
+            comment: request.comment,
+        })
+        .await
+        .map_err(|s| status("the approval was refused", s))?
+        .into_inner()
+        .invocation
+        .context("the orchestrator answered without an invocation")?;
+    eprintln!(
+        "{}; invocation {} is {}",
+        if request.deny { "denied" } else { "approved" },
+        request.id,
+        state_name(&resolved)
+    );
+    client::follow_to_end(
+        &mut orchestrator,
+        &request.id,
+        invocation.last_seq + 1,
+        started,
+        &follow,
+    )
+    .await
+}
+
+/// `answer`: answers the pending question, then follows the invocation.
+pub async fn answer(
+    server: Server<'_>,
+    id: &str,
+    text: &str,
+    actor: String,
+    follow: Follow,
+) -> anyhow::Result<u8> {
+    let started = Instant::now();
+    let mut orchestrator = client::client(server).await?;
+    let invocation = get(&mut orchestrator, id).await?;
+    if invocation.pending_question.is_none() {
+        bail!(
+            "invocation {id} does not wait for an answer (it is {})",
+            state_name(&invocation)
+        );
+    }
+    orchestrator
+        .answer_clarification(pb::AnswerClarificationRequest {
+            invocation_id: id.to_owned(),
+            answer: text.to_owned(),
+            actor,
+        })
+        .await
+        .map_err(|s| status("the answer was refused", s))?;
+    eprintln!("answered; following invocation {id}");
+    client::follow_to_end(
+        &mut orchestrator,
+        id,
+        invocation.last_seq + 1,
+        started,
+        &follow,
+    )
+    .await
+}
+
+/// Asks `question` on the terminal; yes only for `y` or `yes`.
+fn confirm(question: &str) -> anyhow::Result<bool> {
+    let mut stderr = std::io::stderr().lock();
+    write!(stderr, "{question} [y/N] ")?;
+    stderr.flush()?;
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .context("cannot read the answer")?;
+    Ok(matches!(
+        line.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
+}
+
+fn state_name(invocation: &pb::Invocation) -> String {
+    match invocation.state() {
+        pb::InvocationState::Running | pb::InvocationState::Pending => "running".into(),
+        pb::InvocationState::Waiting => {
+            format!(
+                "waiting: {}",
+                crate::view::reason_name(invocation.terminal_reason)
+            )
+        }
+        pb::InvocationState::Ended | pb::InvocationState::Unspecified => format!(
+            "ended: {}",
+            crate::view::reason_name(invocation.terminal_reason)
+        ),
+    }
+}

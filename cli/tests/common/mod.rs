@@ -1,0 +1,59 @@
+//! What the binary's tests share: the `agentloop` command in a directory, and
+//! `agentloop dev` running beside a test.
+#![allow(dead_code, reason = "each test binary uses a part")]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+
+/// `agentloop` in `dir`, with nothing from the environment that would change its
+/// caller or its configuration.
+pub(crate) fn agentloop(dir: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_agentloop"));
+    command
+        .current_dir(dir)
+        .env_remove("AGENTLOOP_TOKEN")
+        .env_remove("AGENTLOOP_ORCHESTRATOR_CONFIG");
+    command
+}
+
+/// `agentloop dev` until dropped. Its stdout stays open while it runs: a closed pipe
+/// would end it at its next line.
+pub(crate) struct Dev {
+    child: Child,
+    _stdout: BufReader<ChildStdout>,
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `dev` over the data directory `data` of `dir` with `args`, and waits for the
+/// line that names its endpoint.
+pub(crate) fn dev(dir: &Path, args: &[&str]) -> (Dev, String) {
+    let mut child = agentloop(dir)
+        .args(["--data-dir", "data", "dev", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let endpoint = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .filter(|word| word.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no endpoint in {line:?}"))
+        .to_owned();
+    let dev = Dev {
+        child,
+        _stdout: stdout,
+    };
+    (dev, endpoint)
+}
