@@ -271,6 +271,13 @@ fn arb_human_decision() -> impl Strategy<Value = (ProposedDecision, Usage)> {
     })
 }
 
+fn is_reply(event: &Event) -> bool {
+    matches!(
+        event.body,
+        EventBody::ApprovalResolved(_) | EventBody::ClarificationAnswered(_)
+    )
+}
+
 fn gated_world(script: &[(ProposedDecision, Usage)]) -> World {
     let mut world = world(script, false);
     // Writes need a human; an approval of exactly those calls satisfies the gate.
@@ -303,7 +310,11 @@ proptest! {
         prop_assert_eq!(restored.protocol(), whole.invocation.protocol());
         prop_assert_eq!(restored.outcome(), Some(&whole.outcome));
 
-        let approvals = whole.log.iter().filter(|e| matches!(&e.body, EventBody::ApprovalResolved(r) if r.approved)).count();
+        let approvals = whole
+            .log
+            .iter()
+            .filter(|e| matches!(&e.body, EventBody::ApprovalResolved(r) if r.approved))
+            .count();
         let writes = whole.executed.iter().filter(|c| c.tool == "transfer").count();
         prop_assert!(writes <= approvals, "{writes} writes ran with {approvals} approvals");
 
@@ -318,15 +329,16 @@ proptest! {
             })
             .collect();
         for event in &whole.log {
-            if matches!(event.body, EventBody::ApprovalResolved(_) | EventBody::ClarificationAnswered(_)) {
+            if is_reply(event) {
                 boundaries.extend([event.seq as usize - 1, event.seq as usize]);
             }
         }
         boundaries.insert(whole.log.len());
         for boundary in boundaries {
             let prefix = whole.log[..boundary].to_vec();
-            let replied = prefix.iter().filter(|e| matches!(e.body, EventBody::ApprovalResolved(_) | EventBody::ClarificationAnswered(_))).count();
-            let rest = drive_with_humans(limits, catalog(), gated_world(&script), prefix, &humans[replied.min(humans.len())..]);
+            let replied = prefix.iter().filter(|e| is_reply(e)).count();
+            let left = &humans[replied.min(humans.len())..];
+            let rest = drive_with_humans(limits, catalog(), gated_world(&script), prefix, left);
             prop_assert_eq!(&rest.log, &whole.log);
             prop_assert_eq!(&rest.outcome, &whole.outcome);
         }

@@ -249,7 +249,10 @@ pub fn drive_with_humans(
         }
         let invocation = Invocation::restore(limits, Arc::clone(&catalog), &log).unwrap();
         let run = run_on(invocation, &mut world, log, actions, executed);
-        let waits = matches!(run.log.last(), Some(Event { body: EventBody::Ended(end), .. }) if end.waits());
+        let waits = matches!(
+            run.log.last(),
+            Some(Event { body: EventBody::Ended(end), .. }) if end.waits()
+        );
         if !waits {
             return run;
         }
