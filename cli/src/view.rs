@@ -80,9 +80,7 @@ pub fn reason_of(reason: i32) -> Option<TerminalReason> {
 impl EventView {
     /// The view of a wire event.
     pub fn of(event: &pb::Event) -> EventView {
-        let committed_at_ms = event.committed_at.as_ref().map_or(0, |t| {
-            t.seconds.saturating_mul(1000) + i64::from(t.nanos / 1_000_000)
-        });
+        let committed_at_ms = millis(event.committed_at.as_ref());
         let mut view = EventView {
             seq: event.seq,
             committed_at_ms,
@@ -291,6 +289,7 @@ pub struct PendingCall {
     pub arguments: String,
 }
 
+/// A protobuf timestamp in milliseconds since the epoch; 0 when absent.
 fn millis(timestamp: Option<&prost_types::Timestamp>) -> i64 {
     timestamp.map_or(0, |t| {
         t.seconds.saturating_mul(1000) + i64::from(t.nanos / 1_000_000)

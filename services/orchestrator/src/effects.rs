@@ -111,10 +111,7 @@ impl Call<'_> {
             call: Some(wire::tool_call(self.call)),
             effect_key: effect_key.to_owned(),
             attempt,
-            timeout: Some(prost_types::Duration {
-                seconds: i64::try_from(timeout_ms / 1000).unwrap_or(i64::MAX),
-                nanos: i32::try_from((timeout_ms % 1000) * 1_000_000).unwrap_or(0),
-            }),
+            timeout: Some(wire::duration(timeout_ms)),
         }
     }
 

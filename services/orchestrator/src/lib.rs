@@ -155,6 +155,15 @@ impl Shared {
         })
     }
 
+    /// The refusal of work when this process runs all it may (`bounds.max_running`).
+    fn full(&self) -> OrchestratorError {
+        OrchestratorError::ResourceExhausted(format!(
+            "{} invocations are running, the most this orchestrator runs at once \
+             (bounds.max_running); retry when one ends",
+            self.config.bounds.max_running
+        ))
+    }
+
     fn running_count(&self) -> usize {
         self.running
             .lock()

@@ -131,51 +131,64 @@ fn principal(
     caller: &Caller,
     request: &pb::StartInvocationRequest,
 ) -> Result<(String, String), OrchestratorError> {
+    let tenant = match caller {
+        Caller::Verified(identity) => Some(identity.tenant.as_str()),
+        Caller::Anyone => None,
+    };
+    let tenant = named(
+        "tenant",
+        &request.tenant,
+        tenant,
+        "tenant names another tenant than the caller's",
+    );
+    let actor = acting_actor(caller, &request.actor);
+    // Which refusal a request wrong in both says: another tenant for a verified caller,
+    // a malformed actor otherwise.
     match caller {
-        Caller::Verified(identity) => {
-            if !request.tenant.is_empty() && request.tenant != identity.tenant {
-                return Err(OrchestratorError::PermissionDenied(
-                    "tenant names another tenant than the caller's".into(),
-                ));
-            }
-            if !request.actor.is_empty() && request.actor != identity.actor {
-                return Err(OrchestratorError::PermissionDenied(
-                    "actor names another actor than the caller".into(),
-                ));
-            }
-            Ok((identity.actor.clone(), identity.tenant.clone()))
+        Caller::Verified(_) => {
+            let tenant = tenant?;
+            Ok((actor?, tenant))
         }
         Caller::Anyone => {
-            for (field, value) in [("actor", &request.actor), ("tenant", &request.tenant)] {
-                if !value.is_empty() && !agentloop_auth::is_valid_identity(value) {
-                    return Err(invalid(format!(
-                        "{field} must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / + = -"
-                    )));
-                }
-            }
-            Ok((request.actor.clone(), request.tenant.clone()))
+            let actor = actor?;
+            Ok((actor, tenant?))
         }
     }
 }
 
-/// Who replies to a waiting invocation: the verified caller (a request naming another
-/// actor is PERMISSION_DENIED), or, with `auth` off, the request's actor, which must be
-/// given when `required`.
-fn replier(caller: &Caller, actor: &str, required: bool) -> Result<String, OrchestratorError> {
-    match caller {
-        Caller::Verified(identity) if actor.is_empty() || actor == identity.actor => {
-            Ok(identity.actor.clone())
+/// The actor a request acts as: the verified caller's (a body naming another actor is
+/// PERMISSION_DENIED), or, with `auth` off, the one it names (empty for none).
+fn acting_actor(caller: &Caller, actor: &str) -> Result<String, OrchestratorError> {
+    let verified = match caller {
+        Caller::Verified(identity) => Some(identity.actor.as_str()),
+        Caller::Anyone => None,
+    };
+    named(
+        "actor",
+        actor,
+        verified,
+        "actor names another actor than the caller",
+    )
+}
+
+/// The identity a request's `field` names: `verified`, which the body may repeat but
+/// not change (`other` says so), or, without one, the named value, checked by the rule
+/// a token's identity follows.
+fn named(
+    field: &str,
+    value: &str,
+    verified: Option<&str>,
+    other: &str,
+) -> Result<String, OrchestratorError> {
+    match verified {
+        Some(verified) if value.is_empty() || value == verified => Ok(verified.to_owned()),
+        Some(_) => Err(OrchestratorError::PermissionDenied(other.to_owned())),
+        None if value.is_empty() || agentloop_auth::is_valid_identity(value) => {
+            Ok(value.to_owned())
         }
-        Caller::Verified(_) => Err(OrchestratorError::PermissionDenied(
-            "actor names another actor than the caller".into(),
-        )),
-        Caller::Anyone if actor.is_empty() && required => Err(invalid("actor is required")),
-        Caller::Anyone if actor.is_empty() || agentloop_auth::is_valid_identity(actor) => {
-            Ok(actor.to_owned())
-        }
-        Caller::Anyone => Err(invalid(
-            "actor must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / + = -",
-        )),
+        None => Err(invalid(format!(
+            "{field} must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / + = -"
+        ))),
     }
 }
 
@@ -342,11 +355,7 @@ impl Orchestrator {
         // Taken before anything is stored and held until the runner starts (or the start
         // gives up), so concurrent starts cannot pass the bounds together.
         let Some(mut slot) = shared.slot() else {
-            return Err(OrchestratorError::ResourceExhausted(format!(
-                "{} invocations are running, the most this orchestrator runs at once \
-                 (bounds.max_running); retry when one ends",
-                bounds.max_running
-            )));
+            return Err(shared.full());
         };
         slot.ticket = Some(
             shared
@@ -692,7 +701,11 @@ impl OrchestratorService for Api {
                 return Err(invalid("verdict must be APPROVE or DENY").into());
             }
         };
-        let actor = replier(&caller, &request.actor, true)?;
+        let actor = acting_actor(&caller, &request.actor)?;
+        // Someone resolves it: with `auth` off, the request must say who.
+        if actor.is_empty() {
+            return Err(invalid("actor is required").into());
+        }
         let bounds = self.orchestrator.shared.config.bounds;
         bounded("comment", &request.comment, bounds.max_reply_bytes)?;
         let proposal = match request.proposal_digest.as_str() {
@@ -725,7 +738,7 @@ impl OrchestratorService for Api {
         }
         let bounds = self.orchestrator.shared.config.bounds;
         bounded("answer", &request.answer, bounds.max_reply_bytes)?;
-        let actor = replier(&caller, &request.actor, false)?;
+        let actor = acting_actor(&caller, &request.actor)?;
         let reply = Reply::Answer {
             answer: request.answer,
             actor,

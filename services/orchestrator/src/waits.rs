@@ -40,11 +40,7 @@ impl Orchestrator {
             .map_err(|error| OrchestratorError::FailedPrecondition(error.to_string()))?;
         let slot = shared.slot();
         if slot.is_none() && !shared.workers.shared {
-            return Err(OrchestratorError::ResourceExhausted(format!(
-                "{} invocations are running, the most this orchestrator runs at once \
-                 (bounds.max_running); retry when one ends",
-                shared.config.bounds.max_running
-            )));
+            return Err(shared.full());
         }
         self.append_after_wait(record, body, now).await?;
         info!(invocation = %id, "a human replied; the invocation runs again");
