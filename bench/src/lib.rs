@@ -122,6 +122,9 @@ pub struct BenchOptions {
     /// Authenticate every call: the orchestrator verifies an HS256 token on each, as
     /// with `[auth] mode = "jwt"`.
     pub auth: bool,
+    /// Cedar policy files for the default profile: every call is authorized by them
+    /// (they must permit the workload's `lookup` calls).
+    pub policies: Vec<PathBuf>,
 }
 
 /// Two percentiles, in milliseconds.
@@ -153,6 +156,8 @@ pub struct Report {
     pub mode: Mode,
     /// Whether every call was authenticated.
     pub auth: bool,
+    /// The policy files every call was authorized by (none: authorization off).
+    pub policies: Vec<PathBuf>,
     /// Invocations started.
     pub invocations: u32,
     /// Turns per invocation.
@@ -238,6 +243,7 @@ pub async fn run(options: BenchOptions) -> anyhow::Result<Report> {
     Ok(Report {
         mode: options.mode,
         auth: options.auth,
+        policies: options.policies.clone(),
         invocations: options.invocations,
         turns_per_invocation: options.turns,
         completed: figures.completed,
@@ -272,8 +278,18 @@ impl Report {
         } else {
             ""
         };
+        let policies = if self.policies.is_empty() {
+            String::new()
+        } else {
+            let files: Vec<String> = self
+                .policies
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            format!(", every call authorized by {}", files.join(", "))
+        };
         let mut text = format!(
-            "agentloop bench, {mode}{auth}: {} invocations x {} turns\n\
+            "agentloop bench, {mode}{auth}{policies}: {} invocations x {} turns\n\
              completed        {} of {}\n\
              turns            {} in {:.2} s: {:.0} turns/s\n",
             self.invocations,
@@ -540,6 +556,12 @@ impl Deployment {
         // The workload only reads, so the ledger is never written; it is wired all the
         // same, as in every deployment.
         services.model = Some(model);
+        if !options.policies.is_empty() {
+            services.policy.policies = std::collections::BTreeMap::from([(
+                "default".to_owned(),
+                options.policies.clone(),
+            )]);
+        }
         let wiring = match options.mode {
             Mode::Embedded => Wiring::Embedded,
             Mode::Distributed => Wiring::Distributed,

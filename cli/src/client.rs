@@ -56,6 +56,8 @@ pub struct RunOptions {
     pub max_cost: Option<agentloop_engine::MicroUsd>,
     /// Budget overrides: the longest wait for a human.
     pub max_wait: Option<Duration>,
+    /// The actor's roles (with a token, the token's).
+    pub roles: Vec<String>,
 }
 
 /// Reads a script file, refusing oversized ones before reading them.
@@ -194,6 +196,7 @@ pub async fn run(server: Server<'_>, options: RunOptions, follow: Follow) -> any
             goal: options.goal.clone(),
             scripted_model_json: options.script.clone(),
             budget_overrides: Some(overrides),
+            roles: options.roles.clone(),
             ..Default::default()
         })
         .await

@@ -9,6 +9,11 @@ pub const USAGE: u8 = 2;
 /// `dev` was given a configuration it cannot serve: the services' code for it
 /// (`agentloop_server::EXIT_BAD_CONFIG`, `EX_CONFIG`).
 pub const BAD_CONFIG: u8 = 78;
+/// `policy check`: the call may run once a human approves it. Below the terminal
+/// reasons' 10.., so no verdict reads as an invocation's end.
+pub const POLICY_REQUIRE_APPROVAL: u8 = 3;
+/// `policy check`: the call may not run.
+pub const POLICY_DENY: u8 = 4;
 
 /// The exit code of an invocation that ended with `reason`.
 pub fn code(reason: TerminalReason) -> u8 {
@@ -43,6 +48,7 @@ mod tests {
             assert!(seen.insert(code), "{reason} shares exit code {code}");
             assert_eq!(code == 0, reason == TerminalReason::Completed);
             assert!(code != FAILURE && code != USAGE && code != BAD_CONFIG);
+            assert!(code != POLICY_REQUIRE_APPROVAL && code != POLICY_DENY);
         }
         assert_eq!(i32::from(BAD_CONFIG), agentloop_server::EXIT_BAD_CONFIG);
     }

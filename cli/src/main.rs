@@ -1,7 +1,7 @@
 //! `agentloop`: run the loop embedded with one command, or drive a deployed orchestrator.
 //!
 //! Exit codes: 0 `completed`; one code per other terminal reason (docs/cli.md); 1 for a
-//! failure outside any invocation; 2 for bad usage.
+//! failure outside any invocation; 2 for bad usage; `policy check`'s verdicts 3 and 4.
 
 #![allow(
     clippy::print_stdout,
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use agentloop::client::{self, RunOptions};
-use agentloop::{effects, exit, humans};
+use agentloop::{effects, exit, humans, policy};
 use agentloop_bench as bench;
 use agentloop_stack::{Stack, StackOptions};
 use agentloop_tools::ToolsConfig;
@@ -71,6 +71,10 @@ enum Command {
         /// reaches the port acts as any tenant.
         #[arg(long)]
         insecure_no_auth: bool,
+        /// Cedar policy files authorizing every call of the default profile (reloaded
+        /// when they change); without them, authorization is off.
+        #[arg(long = "policies", value_name = "FILE")]
+        policies: Vec<PathBuf>,
     },
     /// Starts an invocation with a scripted model or a real one and follows it to its end.
     Run(RunArgs),
@@ -188,6 +192,12 @@ enum Command {
         #[arg(long, default_value = "1h", value_parser = client::parse_duration)]
         valid_for: std::time::Duration,
     },
+    /// Validates Cedar policy files, checks a tool call against them, prints their
+    /// schema.
+    Policy {
+        #[command(subcommand)]
+        command: policy::PolicyCommand,
+    },
     /// The seeds' example end to end: two parallel lookups, then the answer.
     Demo {
         /// JSON instead of text.
@@ -231,7 +241,11 @@ struct BenchArgs {
     /// Authenticate every call with a JWT (HS256), as `[auth] mode = "jwt"` does.
     #[arg(long)]
     auth: bool,
-    /// JSON instead of text.
+    /// Cedar policy files: the workload runs without policies, then with every call
+    /// authorized by these (they must permit `lookup`), and both are reported.
+    #[arg(long = "policies", value_name = "FILE")]
+    policies: Vec<PathBuf>,
+    /// JSON instead of text (one object per run).
     #[arg(long)]
     json: bool,
 }
@@ -252,6 +266,13 @@ struct RunArgs {
     /// Tools config (TOML) for the embedded run; without it the demo executor's tools.
     #[arg(long, conflicts_with = "server")]
     tools: Option<PathBuf>,
+    /// Cedar policy files authorizing every call of the embedded run (`docs/policies.md`).
+    #[arg(long = "policies", value_name = "FILE", conflicts_with = "server")]
+    policies: Vec<PathBuf>,
+    /// The actor's roles, which policies test (comma-separated or repeated). With a
+    /// token, they must be the token's.
+    #[arg(long, value_delimiter = ',')]
+    roles: Vec<String>,
     /// A running orchestrator instead of the embedded default.
     #[arg(long)]
     server: Option<String>,
@@ -333,8 +354,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             tools,
             config,
             insecure_no_auth,
+            policies,
         } => {
-            let mut options = embedded(cli.data_dir, tools.as_deref())?;
+            let mut options = embedded(cli.data_dir, tools.as_deref(), policies)?;
             options.listen = listen.to_string();
             // A configuration `dev` cannot serve is the operator's to fix: exit 78, as the
             // orchestrator binary does.
@@ -362,7 +384,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                     return Ok(exit::BAD_CONFIG);
                 }
             };
-            let stack = Stack::start(options).await?;
+            let stack = match Stack::start(options).await {
+                Ok(stack) => stack,
+                Err(error) => return refused_policies(error),
+            };
             println!("agentloop dev: the orchestrator on {}", stack.endpoint());
             println!("press Ctrl-C to stop");
             agentloop_server::shutdown_signal().await;
@@ -403,6 +428,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 deadline: args.deadline,
                 max_cost: args.max_cost_usd,
                 max_wait: args.max_wait,
+                roles: args.roles,
             };
             let on_wait = args
                 .on_wait
@@ -418,14 +444,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 }
                 None => {
                     let data_dir_flags = data_dir_flag(&cli.data_dir);
-                    let mut stack_options = embedded(cli.data_dir, args.tools.as_deref())?;
+                    let mut stack_options =
+                        embedded(cli.data_dir, args.tools.as_deref(), args.policies)?;
                     if model.is_some() {
                         // A real model gets one repair turn: an output that breaks the
                         // protocol is fed back once before the run ends `invalid_decision`.
                         stack_options.orchestrator.limits.decision_repairs = 1;
                     }
                     stack_options.services.model = model;
-                    let stack = Stack::start(stack_options).await?;
+                    let stack = match Stack::start(stack_options).await {
+                        Ok(stack) => stack,
+                        Err(error) => return refused_policies(error),
+                    };
                     // Attached, the reply reaches this process's port; after it exits,
                     // the embedded orchestrator the reply starts over the data directory.
                     let resume_flags = match on_wait {
@@ -517,21 +547,48 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             effects::unresolved(source, invocation.as_deref(), json).await
         }
         Command::Bench(args) => {
-            let report = bench::run(bench::BenchOptions {
+            let options = bench::BenchOptions {
                 invocations: args.invocations,
                 turns: args.turns,
                 mode: args.mode,
                 park: args.park,
                 dir: args.dir,
                 auth: args.auth,
-            })
-            .await?;
-            if args.json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                print!("{}", report.text());
+                policies: Vec::new(),
+            };
+            // With policies, the same workload without them first: the pair is measured
+            // in one run, on the same machine.
+            let mut runs = vec![options.clone()];
+            if !args.policies.is_empty() {
+                runs.push(bench::BenchOptions {
+                    policies: args.policies,
+                    ..options
+                });
             }
-            Ok(if report.failed == 0 { 0 } else { exit::FAILURE })
+            let mut reports = Vec::with_capacity(runs.len());
+            for run in runs {
+                let report = bench::run(run).await?;
+                if args.json {
+                    println!("{}", serde_json::to_string(&report)?);
+                } else {
+                    print!("{}", report.text());
+                }
+                reports.push(report);
+            }
+            if let [without, with] = reports.as_slice()
+                && !args.json
+                && without.turns_per_s > 0.0
+            {
+                println!(
+                    "with policies    {:.1}% of the turns/s without",
+                    100.0 * with.turns_per_s / without.turns_per_s
+                );
+            }
+            Ok(if reports.iter().all(|r| r.failed == 0) {
+                0
+            } else {
+                exit::FAILURE
+            })
         }
         Command::Token {
             secret_file,
@@ -557,6 +614,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             println!("{token}");
             Ok(0)
         }
+        Command::Policy { command } => policy::run(command),
         Command::Demo { json } => {
             let resume_flags = data_dir_flag(&cli.data_dir);
             let stack = Stack::start(StackOptions::embedded(cli.data_dir)).await?;
@@ -571,6 +629,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 deadline: None,
                 max_cost: None,
                 max_wait: None,
+                roles: Vec::new(),
             };
             let follow = client::Follow {
                 json,
@@ -668,8 +727,28 @@ impl Target {
 }
 
 /// The embedded stack over `data_dir`, with the tool registry `tools` if one is named.
-fn embedded(data_dir: PathBuf, tools: Option<&Path>) -> anyhow::Result<StackOptions> {
+fn embedded(
+    data_dir: PathBuf,
+    tools: Option<&Path>,
+    policies: Vec<PathBuf>,
+) -> anyhow::Result<StackOptions> {
     let mut options = StackOptions::embedded(data_dir);
     options.services.tools = tools.map(ToolsConfig::load).transpose()?;
+    if !policies.is_empty() {
+        options.services.policy.policies =
+            std::collections::BTreeMap::from([("default".to_owned(), policies)]);
+    }
     Ok(options)
+}
+
+/// A start that failed: policies that do not load are the operator's to fix (exit 78,
+/// every problem printed), anything else fails the command.
+fn refused_policies(error: anyhow::Error) -> anyhow::Result<u8> {
+    match error.downcast_ref::<agentloop_policy::PolicyError>() {
+        Some(refused @ agentloop_policy::PolicyError::Policies { .. }) => {
+            eprintln!("agentloop: {refused}");
+            Ok(exit::BAD_CONFIG)
+        }
+        Some(_) | None => Err(error),
+    }
 }

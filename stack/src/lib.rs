@@ -28,7 +28,7 @@ use agentloop_decision::{DecisionServer, Model};
 use agentloop_demo_executor::{DemoConfig, DemoExecutor};
 use agentloop_ledger::{LedgerConfig, LedgerService};
 use agentloop_orchestrator::{Api, InProcess, Orchestrator, OrchestratorConfig, Ports, wire};
-use agentloop_policy::{PolicyConfig, PolicyServer};
+use agentloop_policy::{PolicyConfig, PolicyServer, Profiles};
 use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::server;
 use agentloop_proto::v1 as pb;
@@ -40,6 +40,7 @@ use anyhow::{Context, bail};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use uuid::Uuid;
 
 /// The effect ledger's directory inside the data directory.
@@ -49,6 +50,25 @@ pub const DEMO_EXECUTOR_DIR: &str = "demo-executor";
 /// The endpoint name under which the embedded gateway finds the in-process demo executor.
 /// It is never dialled: the gateway routes its tools to the executor in memory.
 const IN_PROCESS_EXECUTOR: &str = "http://demo-executor.in-process.localhost";
+
+/// The tools an embedded stack registers when it is given no tool registry: the demo
+/// executor's. `agentloop policy` judges policies against these too, so a policy set
+/// checked without `--tools` is checked for the tools `run` registers without it.
+///
+/// # Errors
+///
+/// When the demo executor's descriptors do not make a valid registry (a bug).
+pub fn demo_tools() -> anyhow::Result<ToolsConfig> {
+    demo_tools_at(IN_PROCESS_EXECUTOR)
+}
+
+/// The demo executor's tools, all served at `endpoint`.
+fn demo_tools_at(endpoint: &str) -> anyhow::Result<ToolsConfig> {
+    Ok(ToolsConfig::from_descriptors(
+        endpoint,
+        agentloop_demo_executor::descriptors(),
+    )?)
+}
 
 /// How the services reach each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +95,9 @@ pub struct ServicesOptions {
     pub demo: DemoConfig,
     /// The gateway's limits.
     pub gateway: GatewayLimits,
+    /// The policy service's configuration: its `[policies]` per profile and approval
+    /// gates (its tool source and `listen` are not used).
+    pub policy: PolicyConfig,
     /// The ledger's configuration: with `database_url`, PostgreSQL; otherwise its
     /// `data_dir` is [`LEDGER_DIR`] of `data_dir`. Its `listen` is not used.
     pub ledger: LedgerConfig,
@@ -92,6 +115,7 @@ impl ServicesOptions {
             demo_timeouts_ms: BTreeMap::new(),
             demo: DemoConfig::default(),
             gateway: GatewayLimits::default(),
+            policy: PolicyConfig::default(),
             ledger: LedgerConfig::default(),
             model: None,
         }
@@ -163,6 +187,9 @@ pub struct Services {
     demo: DemoExecutor,
     ports: Ports,
     reached: Reached,
+    policies: Arc<Profiles>,
+    /// Reloads the policies when their files change, for as long as the services run.
+    _policy_watch: AbortOnDropHandle<()>,
 }
 
 impl Services {
@@ -186,8 +213,7 @@ impl Services {
             if let Some(tools) = &options.tools {
                 return Ok(tools.clone());
             }
-            let mut tools =
-                ToolsConfig::from_descriptors(endpoint, agentloop_demo_executor::descriptors())?;
+            let mut tools = demo_tools_at(endpoint)?;
             for tool in &mut tools.tools {
                 if let Some(&timeout_ms) = options.demo_timeouts_ms.get(&tool.name) {
                     tool.timeout_ms = timeout_ms;
@@ -206,8 +232,9 @@ impl Services {
                     ClientConfig::default(),
                 )
                 .await?;
-                let policy =
-                    PolicyServer::from_descriptors(&tools.descriptors(), &PolicyConfig::default())?;
+                let policy = PolicyServer::from_descriptors(&tools.descriptors(), &options.policy)?;
+                let policy_watch = AbortOnDropHandle::new(tokio::spawn(policy.watch(false)));
+                let policies = Arc::clone(policy.profiles());
                 let ports = Ports {
                     decision: Arc::new(decision),
                     policy: Arc::new(InProcess(Arc::new(policy))),
@@ -218,6 +245,8 @@ impl Services {
                     demo,
                     ports,
                     reached: Reached::InProcess,
+                    policies,
+                    _policy_watch: policy_watch,
                 })
             }
             Wiring::Distributed => {
@@ -245,8 +274,9 @@ impl Services {
                     ServiceSet::new().add_for(server::tool_executor(demo.clone()), &gateway_caller),
                 );
                 let tools = tools_for(&demo_executor)?;
-                let policy =
-                    PolicyServer::from_descriptors(&tools.descriptors(), &PolicyConfig::default())?;
+                let policy = PolicyServer::from_descriptors(&tools.descriptors(), &options.policy)?;
+                let policy_watch = AbortOnDropHandle::new(tokio::spawn(policy.watch(false)));
+                let policies = Arc::clone(policy.profiles());
                 let as_gateway = ClientConfig::default().with_bearer(Some(&tokens.tools))?;
                 let gateway =
                     Gateway::with_in_process(tools, options.gateway, Vec::new(), as_gateway)
@@ -294,6 +324,8 @@ impl Services {
                         stop,
                         servers,
                     },
+                    policies,
+                    _policy_watch: policy_watch,
                 })
             }
         }
@@ -315,6 +347,11 @@ impl Services {
     /// The demo executor (its counters show what it applied).
     pub fn demo_executor(&self) -> &DemoExecutor {
         &self.demo
+    }
+
+    /// The policy sets in force (a test reloads them after changing their files).
+    pub fn policies(&self) -> &Arc<Profiles> {
+        &self.policies
     }
 
     /// Stops the servers of the distributed wiring, gracefully.
@@ -446,6 +483,11 @@ impl Stack {
     /// The demo executor (its counters show what it applied).
     pub fn demo_executor(&self) -> &DemoExecutor {
         self.services.demo_executor()
+    }
+
+    /// The policy sets in force.
+    pub fn policies(&self) -> &Arc<Profiles> {
+        self.services.policies()
     }
 
     /// Graceful stop: in-flight turns commit, running invocations park, the servers

@@ -10,15 +10,21 @@
     clippy::wildcard_enum_match_arm
 )] // test support
 
-use agentloop_demo_executor::DemoExecutor;
+use std::time::Duration;
+
+use agentloop_demo_executor::{AppliedTransfer, DemoExecutor, read_record};
 use agentloop_orchestrator::OrchestratorConfig;
 use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
-use agentloop_stack::{Stack, StackOptions};
+use agentloop_stack::{ServicesOptions, Stack, StackOptions};
 use futures::StreamExt;
 use tempfile::TempDir;
+use tonic::{Status, Streaming};
+
+/// A client of the orchestrator.
+pub type Client = OrchestratorServiceClient<Transport>;
 
 /// The two ways of running agentloop that every scenario is checked against.
 pub use agentloop_stack::Wiring;
@@ -57,15 +63,24 @@ async fn channel(endpoint: &str) -> Transport {
 impl System {
     /// Starts agentloop wired as asked, with the orchestrator configured by `config`.
     pub async fn start(wiring: Wiring, config: OrchestratorConfig) -> System {
+        System::start_with(wiring, config, |_| {}).await
+    }
+
+    /// [`System::start`], with the other services' options changed by `configure`.
+    pub async fn start_with(
+        wiring: Wiring,
+        config: OrchestratorConfig,
+        configure: impl FnOnce(&mut ServicesOptions),
+    ) -> System {
         agentloop_server::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
-        let stack = Stack::start(StackOptions {
+        let mut options = StackOptions {
             wiring,
             orchestrator: config,
             ..StackOptions::embedded(dir.path().join("data"))
-        })
-        .await
-        .unwrap();
+        };
+        configure(&mut options.services);
+        let stack = Stack::start(options).await.unwrap();
         System { stack, _dir: dir }
     }
 
@@ -188,5 +203,122 @@ pub fn turns(events: &[pb::Event]) -> Vec<&pb::TurnCommitted> {
             Some(pb::event::Body::Turn(turn)) => Some(turn),
             _ => None,
         })
+        .collect()
+}
+
+/// Bounds every wait of a test on the orchestrator, so a lost invocation fails the test
+/// instead of hanging it.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Reads `stream` up to and including the `Ended` event that waits for a human.
+pub async fn read_until_waiting(
+    stream: &mut Streaming<pb::WatchInvocationResponse>,
+) -> (Vec<pb::Event>, pb::InvocationEnded) {
+    let mut events = Vec::new();
+    let read = async {
+        while let Some(item) = stream.next().await {
+            let event = item.unwrap().event.unwrap();
+            events.push(event.clone());
+            if let Some(pb::event::Body::Ended(end)) = event.body {
+                assert!(
+                    end.wait_until.is_some(),
+                    "the run ended for good instead of waiting: {end:?}"
+                );
+                return end;
+            }
+        }
+        panic!("the stream ended before the invocation waited: {events:?}");
+    };
+    let end = tokio::time::timeout(PATIENCE, read)
+        .await
+        .expect("the invocation never waited");
+    (events, end)
+}
+
+/// A watch of `id` from `from_seq`.
+pub async fn watch_from(
+    client: &mut Client,
+    id: &str,
+    from_seq: u64,
+) -> Result<Streaming<pb::WatchInvocationResponse>, Status> {
+    Ok(client
+        .watch_invocation(pb::WatchInvocationRequest {
+            invocation_id: id.into(),
+            from_seq,
+        })
+        .await?
+        .into_inner())
+}
+
+/// A watch of `id` from its first event.
+pub async fn watch(client: &mut Client, id: &str) -> Streaming<pb::WatchInvocationResponse> {
+    watch_from(client, id, 1).await.unwrap()
+}
+
+/// Starts `request` and reads it until it waits: its ID, its events up to the waiting
+/// end, and that end.
+pub async fn start_waiting(
+    client: &mut Client,
+    request: pb::StartInvocationRequest,
+) -> (String, Vec<pb::Event>, pb::InvocationEnded) {
+    let id = start(client, request).await;
+    let (events, end) = read_until_waiting(&mut watch(client, &id).await).await;
+    (id, events, end)
+}
+
+/// Every event of `id` up to its final end (bounded).
+pub async fn events_until_final_end(client: &mut Client, id: &str) -> Vec<pb::Event> {
+    tokio::time::timeout(PATIENCE, events_until_end(client, id, 1))
+        .await
+        .expect("the invocation never ended")
+}
+
+/// A resolve of `id`'s proposal `digest` by `approver-1`.
+pub fn resolve_request(
+    id: &str,
+    digest: &str,
+    verdict: pb::ApprovalVerdict,
+) -> pb::ResolveApprovalRequest {
+    pb::ResolveApprovalRequest {
+        invocation_id: id.into(),
+        proposal_digest: digest.into(),
+        verdict: verdict.into(),
+        actor: "approver-1".into(),
+        comment: String::new(),
+    }
+}
+
+/// Resolves as `request` says; the invocation it resumed.
+pub async fn resolve(
+    client: &mut Client,
+    request: pb::ResolveApprovalRequest,
+) -> Result<pb::Invocation, Status> {
+    Ok(client
+        .resolve_approval(request)
+        .await?
+        .into_inner()
+        .invocation
+        .unwrap())
+}
+
+/// Approves `digest` of `id` as `approver-1`.
+pub async fn approve(
+    client: &mut Client,
+    id: &str,
+    digest: &str,
+) -> Result<pb::Invocation, Status> {
+    resolve(
+        client,
+        resolve_request(id, digest, pb::ApprovalVerdict::Approve),
+    )
+    .await
+}
+
+/// The transfers the executor applied for invocation `id`, from its own durable record.
+pub fn applied_for(executor: &DemoExecutor, id: &str) -> Vec<AppliedTransfer> {
+    read_record(executor.data_dir())
+        .unwrap()
+        .into_iter()
+        .filter(|transfer| transfer.invocation_id == id)
         .collect()
 }

@@ -17,12 +17,10 @@
 
 use std::time::Duration;
 
-use agentloop_demo_executor::{AppliedTransfer, DemoConfig, DemoExecutor, read_record};
+use agentloop_demo_executor::{DemoConfig, DemoExecutor};
 use agentloop_e2e::*;
 use agentloop_orchestrator::OrchestratorConfig;
-use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
-use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use agentloop_stack::{Stack, StackOptions};
 use futures::StreamExt;
 use tonic::{Code, Status, Streaming};
@@ -42,8 +40,6 @@ both_wirings!(
     a_policy_gated_tool_waits_and_runs_once_approved,
     with_authentication_the_approver_is_the_caller,
 );
-
-type Client = OrchestratorServiceClient<Transport>;
 
 /// Turn 1 asks for an approval of one transfer (its arguments written out of canonical
 /// order, with white space); turn 2 answers.
@@ -102,35 +98,6 @@ const QUESTION_EXPIRED: [&str; 3] = [
 const SLEEPING: &str =
     r#"{"turns": [{"tool_calls": [{"id": "s", "name": "sleep", "arguments": {"ms": 60000}}]}]}"#;
 
-/// Bounds every wait of a test on the orchestrator, so a lost invocation fails the test
-/// instead of hanging it.
-const PATIENCE: Duration = Duration::from_secs(60);
-
-/// Reads `stream` up to and including the `Ended` event that waits for a human.
-async fn read_until_waiting(
-    stream: &mut Streaming<pb::WatchInvocationResponse>,
-) -> (Vec<pb::Event>, pb::InvocationEnded) {
-    let mut events = Vec::new();
-    let read = async {
-        while let Some(item) = stream.next().await {
-            let event = item.unwrap().event.unwrap();
-            events.push(event.clone());
-            if let Some(pb::event::Body::Ended(end)) = event.body {
-                assert!(
-                    end.wait_until.is_some(),
-                    "the run ended for good instead of waiting: {end:?}"
-                );
-                return end;
-            }
-        }
-        panic!("the stream ended before the invocation waited: {events:?}");
-    };
-    let end = tokio::time::timeout(PATIENCE, read)
-        .await
-        .expect("the invocation never waited");
-    (events, end)
-}
-
 /// The rest of `stream`, to its end (bounded).
 async fn read_to_the_end(stream: Streaming<pb::WatchInvocationResponse>) -> Vec<pb::Event> {
     tokio::time::timeout(
@@ -139,44 +106,6 @@ async fn read_to_the_end(stream: Streaming<pb::WatchInvocationResponse>) -> Vec<
     )
     .await
     .expect("the watch never ended")
-}
-
-/// A watch of `id` from `from_seq`.
-async fn watch_from(
-    client: &mut Client,
-    id: &str,
-    from_seq: u64,
-) -> Result<Streaming<pb::WatchInvocationResponse>, Status> {
-    Ok(client
-        .watch_invocation(pb::WatchInvocationRequest {
-            invocation_id: id.into(),
-            from_seq,
-        })
-        .await?
-        .into_inner())
-}
-
-/// A watch of `id` from its first event.
-async fn watch(client: &mut Client, id: &str) -> Streaming<pb::WatchInvocationResponse> {
-    watch_from(client, id, 1).await.unwrap()
-}
-
-/// Starts `request` and reads it until it waits: its ID, its events up to the waiting
-/// end, and that end.
-async fn start_waiting(
-    client: &mut Client,
-    request: pb::StartInvocationRequest,
-) -> (String, Vec<pb::Event>, pb::InvocationEnded) {
-    let id = start(client, request).await;
-    let (events, end) = read_until_waiting(&mut watch(client, &id).await).await;
-    (id, events, end)
-}
-
-/// Every event of `id` up to its final end (bounded).
-async fn events_until_final_end(client: &mut Client, id: &str) -> Vec<pb::Event> {
-    tokio::time::timeout(PATIENCE, events_until_end(client, id, 1))
-        .await
-        .expect("the invocation never ended")
 }
 
 /// Starts an invocation that sleeps in turn 1; returns once its sleep has begun.
@@ -202,41 +131,6 @@ async fn cancel(client: &mut Client, id: &str, reason: &str) -> pb::Invocation {
         .into_inner()
         .invocation
         .unwrap()
-}
-
-fn resolve_request(
-    id: &str,
-    digest: &str,
-    verdict: pb::ApprovalVerdict,
-) -> pb::ResolveApprovalRequest {
-    pb::ResolveApprovalRequest {
-        invocation_id: id.into(),
-        proposal_digest: digest.into(),
-        verdict: verdict.into(),
-        actor: "approver-1".into(),
-        comment: String::new(),
-    }
-}
-
-async fn resolve(
-    client: &mut Client,
-    request: pb::ResolveApprovalRequest,
-) -> Result<pb::Invocation, Status> {
-    Ok(client
-        .resolve_approval(request)
-        .await?
-        .into_inner()
-        .invocation
-        .unwrap())
-}
-
-/// Approves `digest` of `id` as `approver-1`.
-async fn approve(client: &mut Client, id: &str, digest: &str) -> Result<pb::Invocation, Status> {
-    resolve(
-        client,
-        resolve_request(id, digest, pb::ApprovalVerdict::Approve),
-    )
-    .await
 }
 
 /// Resolves as `request` says, reads the log to the final end and checks it is
@@ -303,15 +197,6 @@ async fn list_waiting(client: &mut Client) -> Vec<pb::Invocation> {
 /// The terminal reason of `id` now.
 async fn reason_of(client: &mut Client, id: &str) -> pb::TerminalReason {
     reason(&get(client, id).await)
-}
-
-/// The transfers the executor applied for invocation `id`, from its own durable record.
-fn applied_for(executor: &DemoExecutor, id: &str) -> Vec<AppliedTransfer> {
-    read_record(executor.data_dir())
-        .unwrap()
-        .into_iter()
-        .filter(|transfer| transfer.invocation_id == id)
-        .collect()
 }
 
 /// The kind of each event, and the turn number of turns and started batches.

@@ -46,7 +46,7 @@ fn turn(invocation: &mut Invocation, turn: u32) {
     };
     invocation.step(decided, now).unwrap();
     let actions = invocation
-        .step(Input::Authorized(Verdict::Allow), now)
+        .step(Input::Authorized(Verdict::Allow.into()), now)
         .unwrap();
     let [Action::Execute { calls, .. }] = actions.as_slice() else {
         panic!("expected Execute")

@@ -8,8 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::canonical::Fingerprint;
 use crate::catalog::ToolCatalog;
-use crate::decision::{Decision, DecisionBounds, ProposedDecision, Usage, ValidBatch, validate};
-use crate::outcome::CallResult;
+use crate::decision::{
+    CallId, Decision, DecisionBounds, ProposedDecision, Usage, ValidBatch, validate,
+};
+use crate::outcome::{CallOutcome, CallResult, ErrorType, NextAction, ToolError};
 use crate::terminal::TerminalReason;
 use crate::time::UnixMillis;
 
@@ -93,6 +95,9 @@ pub struct TurnRecord {
     /// Why the decision was not carried out, when it was not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejection: Option<Rejection>,
+    /// The version of the policy set that judged the turn's calls, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
 }
 
 impl TurnRecord {
@@ -119,6 +124,37 @@ pub struct Rejection {
     pub kind: RejectionKind,
     /// The message fed back to the model on a repair turn.
     pub message: String,
+    /// The calls policy refused, each with why, when it refused calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refusals: Vec<Refusal>,
+}
+
+/// One call trusted code refused to run: in a rejected turn (nothing ran), or at
+/// dispatch (the call is not sent; its result is this refusal).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    /// The call.
+    pub call_id: CallId,
+    /// Why, by kind: `permission_denied` when the policies refuse it.
+    pub error_type: ErrorType,
+    /// What the model is told.
+    pub message: String,
+    /// The IDs of the deciding policies (never their text).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<String>,
+}
+
+impl Refusal {
+    /// The result of a call refused at dispatch: the refusal, as an error that cannot
+    /// be retried unchanged.
+    pub fn outcome(&self) -> CallOutcome {
+        CallOutcome::Error(ToolError {
+            error_type: self.error_type,
+            message: self.message.clone(),
+            retryable: false,
+            next_allowed_action: NextAction::None,
+        })
+    }
 }
 
 /// Kinds of rejection.

@@ -48,12 +48,14 @@ pub use decision::{
     Usage, ValidBatch, validate,
 };
 pub use event::{
-    Answer, EndRecord, Event, EventBody, Rejection, RejectionKind, Resolution, TurnRecord, Wait,
+    Answer, EndRecord, Event, EventBody, Refusal, Rejection, RejectionKind, Resolution, TurnRecord,
+    Wait,
 };
 pub use human::{Reply, ReplyError, WaitEnd, end_wait, reply};
 pub use limits::{DEFAULT_MAX_WAIT_MS, Limits};
 pub use machine::{
-    Action, Humans, Input, Invocation, Protocol, RestoreError, StepError, Verdict, Verification,
+    Action, Authorization, Humans, Input, Invocation, Protocol, RestoreError, StepError, Verdict,
+    Verification,
 };
 pub use money::{BadUsd, MicroUsd};
 pub use outcome::{CallOutcome, CallResult, ErrorType, NextAction, Outcome, ToolError, Totals};

@@ -20,9 +20,11 @@ use serde::{Deserialize, Serialize};
 use crate::canonical::Fingerprint;
 use crate::catalog::ToolCatalog;
 use crate::decision::{CallId, Decision, ProposedDecision, ToolCall, Usage, ValidBatch, validate};
-use crate::event::{EndRecord, Event, EventBody, Rejection, RejectionKind, TurnRecord, Wait};
+use crate::event::{
+    EndRecord, Event, EventBody, Refusal, Rejection, RejectionKind, TurnRecord, Wait,
+};
 use crate::limits::Limits;
-use crate::outcome::{CallOutcome, CallResult, Outcome, Totals};
+use crate::outcome::{CallOutcome, CallResult, ErrorType, Outcome, Totals};
 use crate::plan::ExecutionPlan;
 use crate::terminal::TerminalReason;
 use crate::time::UnixMillis;
@@ -46,7 +48,7 @@ pub enum Input {
         message: String,
     },
     /// Policy's verdict on the batch of the last `Authorize`.
-    Authorized(Verdict),
+    Authorized(Authorization),
     /// One call of the executing batch finished, in whatever order calls finish.
     CallFinished {
         /// The call.
@@ -86,6 +88,25 @@ pub enum Input {
     Tick,
 }
 
+/// Policy's answer on a batch: its verdict, and which policy set gave it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Authorization {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The version of the policy set that judged the calls (none: no policies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+}
+
+impl From<Verdict> for Authorization {
+    fn from(verdict: Verdict) -> Authorization {
+        Authorization {
+            verdict,
+            policy: None,
+        }
+    }
+}
+
 /// Policy's verdict on a batch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -96,6 +117,10 @@ pub enum Verdict {
     Deny {
         /// Why, fed back to the model on a repair turn.
         reason: String,
+        /// The refused calls, each with why (calls a batch-wide reason refuses are not
+        /// listed).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        refusals: Vec<Refusal>,
     },
     /// The batch may run only after a human approves it.
     RequireApproval {
@@ -144,6 +169,12 @@ pub enum Action {
         calls: Vec<ToolCall>,
         /// Which calls may run together.
         plan: ExecutionPlan,
+        /// Calls policy refused when checked again at dispatch: none is sent. Each one's
+        /// result is its refusal as a `permission_denied` error, unless it is a write
+        /// sent before (a resumed batch), which is settled from its ledger entry as
+        /// usual.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        refused: Vec<Refusal>,
     },
     /// Stop the calls of `turn`: drop running ones (report `Cancelled`, or their result if
     /// they already finished) and start no more (report `NotStarted`).
@@ -389,9 +420,41 @@ struct Draft {
     usage: Usage,
     /// A human approved this decision's calls (the turn is reopened).
     approved: bool,
+    /// Its batch started before (`BatchStarted` is committed): restored to run again.
+    started: bool,
+    /// What policy said, once it judged the calls. Boxed: only invocations under
+    /// policies have it, and every running one keeps a draft.
+    checked: Option<Box<Checked>>,
+}
+
+/// What policy said about a draft's calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Checked {
+    /// The version of the policy set that judged them.
+    policy: Option<String>,
+    /// Calls refused at dispatch.
+    refused: Vec<Refusal>,
 }
 
 impl Draft {
+    fn new(turn: u32, decision: ProposedDecision, usage: Usage) -> Draft {
+        Draft {
+            turn,
+            decision,
+            usage,
+            approved: false,
+            started: false,
+            checked: None,
+        }
+    }
+
+    /// Whether its calls are about to be sent without the model deciding again (a
+    /// human approved them, or their batch is resumed): policy checks them again, and a
+    /// call it refuses is not sent.
+    fn at_dispatch(&self) -> bool {
+        self.approved || self.started
+    }
+
     fn record(self, rejection: Option<Rejection>) -> TurnRecord {
         TurnRecord {
             turn: self.turn,
@@ -400,6 +463,7 @@ impl Draft {
             plan: None,
             results: Vec::new(),
             rejection,
+            policy: self.checked.and_then(|checked| checked.policy),
         }
     }
 
@@ -407,6 +471,7 @@ impl Draft {
         EventBody::Turn(self.record(Some(Rejection {
             kind: RejectionKind::Stopped,
             message: why.to_owned(),
+            refusals: Vec::new(),
         })))
     }
 }
@@ -609,7 +674,10 @@ impl Invocation {
 
     /// The phase of a batch restored from its `BatchStarted` event.
     fn resuming(&self, record: &TurnRecord) -> Result<Phase, RestoreError> {
-        let (draft, batch) = self.restored_batch(record)?;
+        let (mut draft, batch) = self.restored_batch(record)?;
+        draft.started = true;
+        // The batch of a reopened turn runs under its approval.
+        draft.approved = self.protocol.reopened();
         Ok(Phase::Resuming { draft, batch })
     }
 
@@ -627,12 +695,7 @@ impl Invocation {
         let batch = record
             .batch(&self.catalog, &self.limits.bounds)
             .map_err(|why| RestoreError::InvalidStartedBatch(record.turn, why))?;
-        let draft = Draft {
-            turn: record.turn,
-            decision: record.decision.clone(),
-            usage: record.usage,
-            approved: false,
-        };
+        let draft = Draft::new(record.turn, record.decision.clone(), record.usage);
         Ok((draft, batch))
     }
 
@@ -732,8 +795,9 @@ impl Invocation {
             }
             (phase, Input::Tick) => Ok(self.stay(phase)),
             (Phase::Idle, Input::Start) => Ok(self.begin_turn(now)),
-            (Phase::Resuming { draft, batch }, Input::Start) => Ok(self.execute(draft, batch)),
-            (Phase::Approved { draft, batch }, Input::Start) => Ok(self.authorize(draft, batch)),
+            (Phase::Resuming { draft, batch } | Phase::Approved { draft, batch }, Input::Start) => {
+                Ok(self.authorize(draft, batch))
+            }
             (
                 Phase::Starting {
                     draft,
@@ -751,19 +815,21 @@ impl Invocation {
                 Ok(self.execute(draft, batch))
             }
             (Phase::Deciding { turn }, Input::Decided { decision, usage }) => {
-                let draft = Draft {
-                    turn,
-                    decision,
-                    usage,
-                    approved: false,
-                };
-                Ok(self.decided(draft, now))
+                Ok(self.decided(Draft::new(turn, decision, usage), now))
             }
             (Phase::Deciding { .. }, Input::DecisionFailed { message }) => {
                 Ok(self.end(Vec::new(), TerminalReason::ModelError, message, None, None))
             }
-            (Phase::Authorizing { draft, batch }, Input::Authorized(verdict)) => {
-                Ok(self.authorized(draft, batch, verdict, now))
+            (Phase::Authorizing { mut draft, batch }, Input::Authorized(authorization)) => {
+                if let Some(policy) = authorization.policy {
+                    draft.checked.get_or_insert_default().policy = Some(policy);
+                }
+                let verdict = authorization.verdict;
+                if draft.at_dispatch() {
+                    Ok(self.checked_at_dispatch(draft, batch, verdict, now))
+                } else {
+                    Ok(self.authorized(draft, batch, verdict, now))
+                }
             }
             (
                 Phase::Executing {
@@ -999,11 +1065,9 @@ impl Invocation {
         verdict: Verdict,
         now: UnixMillis,
     ) -> Vec<Action> {
-        // The model's summary, when it asked for a human itself (and none answered yet).
+        // The model's summary, when it asked for a human itself.
         let summary = match &draft.decision {
-            ProposedDecision::RequestApproval { summary, .. } => {
-                Some(summary.clone()).filter(|_| !draft.approved)
-            }
+            ProposedDecision::RequestApproval { summary, .. } => Some(summary.clone()),
             ProposedDecision::Final { .. }
             | ProposedDecision::ToolCalls { .. }
             | ProposedDecision::Clarification { .. }
@@ -1011,10 +1075,6 @@ impl Invocation {
             | ProposedDecision::Unparseable { .. } => None,
         };
         match verdict {
-            // The approval gate a human already passed for exactly these calls.
-            Verdict::RequireApproval { .. } if draft.approved => {
-                self.authorized(draft, batch, Verdict::Allow, now)
-            }
             Verdict::Allow | Verdict::RequireApproval { .. } if self.deadline_passed(now) => {
                 self.end_stopped(Some(draft), Stop::Deadline)
             }
@@ -1029,19 +1089,10 @@ impl Invocation {
                     now,
                 )
             }
-            Verdict::Allow => {
-                let writes = batch.calls.iter().any(|call| {
-                    self.catalog
-                        .get(&call.tool)
-                        .is_some_and(|spec| spec.side_effect.writes())
-                });
-                if writes {
-                    self.start_batch(draft, batch)
-                } else {
-                    self.execute(draft, batch)
-                }
+            Verdict::Allow => self.run_batch(draft, batch),
+            Verdict::Deny { reason, refusals } => {
+                self.reject_calls(draft, format!("denied by policy: {reason}"), refusals)
             }
-            Verdict::Deny { reason } => self.reject(draft, format!("denied by policy: {reason}")),
             Verdict::RequireApproval { reason } => {
                 let proposal = Some(batch.fingerprint);
                 // What the model said it proposes, if it asked itself, else why policy asks.
@@ -1058,6 +1109,73 @@ impl Invocation {
                     now,
                 )
             }
+        }
+    }
+
+    /// Policy's verdict on calls about to be sent without the model deciding again
+    /// (approved, or a resumed batch): what it refuses now is not sent, and comes back
+    /// as a `permission_denied` result; the rest runs.
+    fn checked_at_dispatch(
+        &mut self,
+        mut draft: Draft,
+        batch: ValidBatch,
+        verdict: Verdict,
+        now: UnixMillis,
+    ) -> Vec<Action> {
+        let refuse_all = |message: &str| -> Vec<Refusal> {
+            batch
+                .calls
+                .iter()
+                .map(|call| Refusal {
+                    call_id: call.call_id.clone(),
+                    error_type: ErrorType::PermissionDenied,
+                    message: message.to_owned(),
+                    policies: Vec::new(),
+                })
+                .collect()
+        };
+        let refused = match verdict {
+            Verdict::Allow => Vec::new(),
+            // The approval gate the human passed for exactly these calls.
+            Verdict::RequireApproval { .. } if draft.approved => Vec::new(),
+            // Gated since the batch started, and nobody approved it.
+            Verdict::RequireApproval { reason } => refuse_all(&format!(
+                "not sent: it now needs a human approval ({reason})"
+            )),
+            Verdict::Deny { reason, refusals } if refusals.is_empty() => {
+                refuse_all(&format!("not sent: denied by policy at dispatch: {reason}"))
+            }
+            Verdict::Deny { refusals, .. } => refusals,
+        };
+        if !refused.is_empty() {
+            draft.checked.get_or_insert_default().refused = refused;
+        }
+        if self.deadline_passed(now) {
+            return if draft.started {
+                self.request_stop(Phase::Resuming { draft, batch }, Stop::Deadline)
+            } else {
+                self.end_stopped(Some(draft), Stop::Deadline)
+            };
+        }
+        if draft.started {
+            // Its `BatchStarted` is committed already.
+            self.execute(draft, batch)
+        } else {
+            self.run_batch(draft, batch)
+        }
+    }
+
+    /// Runs an authorized batch: a batch with writes after its start is committed.
+    fn run_batch(&mut self, draft: Draft, batch: ValidBatch) -> Vec<Action> {
+        let writes = batch.calls.iter().any(|call| {
+            self.catalog
+                .get(&call.tool)
+                .is_some_and(|spec| spec.side_effect.writes())
+        });
+        if writes {
+            self.start_batch(draft, batch)
+        } else {
+            self.execute(draft, batch)
         }
     }
 
@@ -1090,22 +1208,43 @@ impl Invocation {
         let plan = ExecutionPlan::for_calls(&batch.calls, &self.catalog);
         let calls = batch.calls.clone();
         let results = vec![None; calls.len()];
+        let refused = draft
+            .checked
+            .as_ref()
+            .map(|checked| checked.refused.clone())
+            .unwrap_or_default();
         self.phase = Phase::Executing {
             draft,
             batch,
             results,
         };
-        vec![Action::Execute { turn, calls, plan }]
+        vec![Action::Execute {
+            turn,
+            calls,
+            plan,
+            refused,
+        }]
     }
 
-    /// An invalid or denied decision: a repair turn if one is left, else `invalid_decision`.
+    /// An invalid decision: a repair turn if one is left, else `invalid_decision`.
     fn reject(&mut self, draft: Draft, message: String) -> Vec<Action> {
+        self.reject_calls(draft, message, Vec::new())
+    }
+
+    /// A decision policy denied, with the calls it refused: as [`Invocation::reject`].
+    fn reject_calls(
+        &mut self,
+        draft: Draft,
+        message: String,
+        refusals: Vec<Refusal>,
+    ) -> Vec<Action> {
         let repair = self.protocol.decision_repairs_used < self.limits.decision_repairs;
-        let kind = (
-            RejectionKind::InvalidDecision,
-            TerminalReason::InvalidDecision,
-        );
-        self.repair_or_end(draft, kind, message, repair)
+        let rejection = Rejection {
+            kind: RejectionKind::InvalidDecision,
+            message,
+            refusals,
+        };
+        self.repair_or_end(draft, rejection, TerminalReason::InvalidDecision, repair)
     }
 
     /// Commits a rejected decision: as a repair turn (the model hears why and decides
@@ -1113,14 +1252,11 @@ impl Invocation {
     fn repair_or_end(
         &mut self,
         draft: Draft,
-        (kind, reason): (RejectionKind, TerminalReason),
-        message: String,
+        rejection: Rejection,
+        reason: TerminalReason,
         repair: bool,
     ) -> Vec<Action> {
-        let rejection = Rejection {
-            kind,
-            message: message.clone(),
-        };
+        let message = rejection.message.clone();
         let turn = EventBody::Turn(draft.record(Some(rejection)));
         if repair {
             self.commit(vec![turn])
@@ -1304,11 +1440,12 @@ impl Invocation {
             Verification::Rejected { reason } => {
                 let repair =
                     self.protocol.verification_repairs_used < self.limits.verification_repairs;
-                let kind = (
-                    RejectionKind::VerificationFailed,
-                    TerminalReason::VerificationFailed,
-                );
-                self.repair_or_end(draft, kind, reason, repair)
+                let rejection = Rejection {
+                    kind: RejectionKind::VerificationFailed,
+                    message: reason,
+                    refusals: Vec::new(),
+                };
+                self.repair_or_end(draft, rejection, TerminalReason::VerificationFailed, repair)
             }
         }
     }
@@ -1322,6 +1459,11 @@ impl Invocation {
         }
         match phase {
             Phase::Idle | Phase::Deciding { .. } => self.end_stopped(None, stop),
+            // Checked again before a resumed batch runs: writes of it may have been sent
+            // before the crash, so it is settled as below.
+            Phase::Authorizing { draft, batch } if draft.started => {
+                self.request_stop(Phase::Resuming { draft, batch }, stop)
+            }
             Phase::Authorizing { draft, .. }
             | Phase::Approved { draft, .. }
             | Phase::Verifying { draft, .. } => self.end_stopped(Some(draft), stop),

@@ -72,7 +72,7 @@ fn a_request_for_approval_waits_with_the_exact_proposal_and_a_bound() {
         panic!("expected an authorization, got {actions:?}")
     };
     let actions = invocation
-        .step(Input::Authorized(Verdict::Allow), now)
+        .step(Input::Authorized(Verdict::Allow.into()), now)
         .unwrap();
     let [Action::Commit { events, .. }] = actions.as_slice() else {
         panic!("expected a commit, got {actions:?}")
@@ -213,17 +213,46 @@ fn a_policy_gate_waits_and_an_approval_satisfies_it_for_exactly_those_calls() {
     assert_eq!(run.outcome.reason, TerminalReason::Completed);
     assert_eq!(run.executed.len(), 1);
 
-    // Denied at dispatch: the approval does not outrank a policy that now says no.
+    // Denied at dispatch: the approval does not outrank a policy that now says no. The
+    // call is not sent; its result is the refusal, and the model goes on from there.
     let log = replied(&waiting.log, approve(&end, true), UnixMillis(0));
     let mut world = World::scripted(vec![tools(transfer()), final_answer("done")]);
     world.policy = Box::new(|_| Verdict::Deny {
         reason: "the account is frozen".into(),
+        refusals: vec![Refusal {
+            call_id: CallId::new("t1"),
+            error_type: ErrorType::PermissionDenied,
+            message: "permission denied by policy frozen-accounts".into(),
+            policies: vec!["frozen-accounts".into()],
+        }],
     });
     let restored = Invocation::restore(limits(), catalog(), &log).unwrap();
     let run = drive_from(restored, world, log);
     assert!(run.executed.is_empty());
-    assert_eq!(run.outcome.reason, TerminalReason::InvalidDecision);
-    assert!(run.outcome.detail.contains("frozen"));
+    assert_eq!(run.outcome.reason, TerminalReason::Completed);
+    let reopened = turns(&run.log)[1];
+    match &reopened.results[0].outcome {
+        CallOutcome::Error(error) => {
+            assert_eq!(error.error_type, ErrorType::PermissionDenied);
+            assert!(error.message.contains("frozen-accounts"), "{error:?}");
+            assert!(!error.retryable);
+        }
+        other => panic!("expected the refusal as its result, got {other:?}"),
+    }
+
+    // A verdict that names no call refuses every call of the batch.
+    let log = replied(&waiting.log, approve(&end, true), UnixMillis(0));
+    let mut world = World::scripted(vec![tools(transfer()), final_answer("done")]);
+    world.policy = Box::new(|_| Verdict::Deny {
+        reason: "the policy service failed".into(),
+        refusals: Vec::new(),
+    });
+    let restored = Invocation::restore(limits(), catalog(), &log).unwrap();
+    let run = drive_from(restored, world, log);
+    assert!(run.executed.is_empty());
+    let reopened = turns(&run.log)[1];
+    assert!(matches!(&reopened.results[0].outcome,
+        CallOutcome::Error(e) if e.error_type == ErrorType::PermissionDenied && e.message.contains("service failed")));
 }
 
 #[test]

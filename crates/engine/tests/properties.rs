@@ -53,7 +53,7 @@ proptest! {
         let mut invocation = Invocation::new(Limits::default(), catalog());
         invocation.step(Input::Start, UnixMillis(0)).unwrap();
         invocation.step(Input::Decided { decision: tools(calls.clone()), usage: Usage::default() }, UnixMillis(0)).unwrap();
-        invocation.step(Input::Authorized(Verdict::Allow), UnixMillis(0)).unwrap();
+        invocation.step(Input::Authorized(Verdict::Allow.into()), UnixMillis(0)).unwrap();
         let mut committed = None;
         for (step, &index) in order.iter().enumerate() {
             if strays[step] {

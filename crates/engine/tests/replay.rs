@@ -176,7 +176,7 @@ fn record_histories() {
                     300,
                 ),
             ),
-            (2, Input::Authorized(Verdict::Allow)),
+            (2, Input::Authorized(Verdict::Allow.into())),
             (
                 3,
                 finished(
@@ -216,7 +216,7 @@ fn record_histories() {
                     100,
                 ),
             ),
-            (2, Input::Authorized(Verdict::Allow)),
+            (2, Input::Authorized(Verdict::Allow.into())),
             (
                 3,
                 finished("a", output(r#"{"key":"profile","value":"active"}"#)),
@@ -248,7 +248,7 @@ fn record_histories() {
                     100,
                 ),
             ),
-            (2, Input::Authorized(Verdict::Allow)),
+            (2, Input::Authorized(Verdict::Allow.into())),
             // The transfer's batch is committed as started before it is sent.
             (2, Input::Committed),
             (
@@ -297,7 +297,7 @@ fn record_histories() {
                 10,
                 decided(tools(vec![call("s", "sleep", r#"{"ms":5000}"#)]), 50),
             ),
-            (11, Input::Authorized(Verdict::Allow)),
+            (11, Input::Authorized(Verdict::Allow.into())),
             (500, Input::Tick),
             (1_000, Input::Tick),
             (1_003, finished("s", CallOutcome::Cancelled)),

@@ -267,6 +267,7 @@ fn policy_denial_is_an_invalid_decision_and_nothing_runs() {
     let mut world = World::scripted(vec![tools(vec![lookup("a", "profile")])]);
     world.policy = Box::new(|_| Verdict::Deny {
         reason: "key: must be one of profile, policy".into(),
+        refusals: Vec::new(),
     });
     let run = drive(Invocation::new(limits(), catalog()), world);
     assert_eq!(run.outcome.reason, TerminalReason::InvalidDecision);
@@ -718,7 +719,7 @@ fn executing(limits: Limits) -> Invocation {
         0,
     );
     let actions = invocation
-        .step(Input::Authorized(Verdict::Allow), UnixMillis(0))
+        .step(Input::Authorized(Verdict::Allow.into()), UnixMillis(0))
         .unwrap();
     assert!(matches!(actions.as_slice(), [Action::Execute { .. }]));
     invocation
@@ -915,7 +916,7 @@ fn the_deadline_is_checked_at_the_turn_boundary_and_before_acting() {
     let mut late_verdict = started(limits);
     decide(&mut late_verdict, tools(vec![lookup("a", "profile")]), 10);
     let actions = late_verdict
-        .step(Input::Authorized(Verdict::Allow), UnixMillis(100))
+        .step(Input::Authorized(Verdict::Allow.into()), UnixMillis(100))
         .unwrap();
     assert_eq!(
         end_of(commit_events(&actions)),
@@ -1001,7 +1002,7 @@ fn a_reconciliation_answer_for_a_call_not_waiting_is_refused() {
         0,
     );
     let actions = invocation
-        .step(Input::Authorized(Verdict::Allow), UnixMillis(0))
+        .step(Input::Authorized(Verdict::Allow.into()), UnixMillis(0))
         .unwrap();
     commit_events(&actions);
     let actions = invocation.step(Input::Committed, UnixMillis(0)).unwrap();
@@ -1105,7 +1106,7 @@ const TRANSFER: &str = r#"{"to":"acct-1","amount":40}"#;
 fn authorized_transfer(invocation: &mut Invocation) -> Vec<Action> {
     decide(invocation, tools(vec![call("t1", "transfer", TRANSFER)]), 0);
     invocation
-        .step(Input::Authorized(Verdict::Allow), UnixMillis(0))
+        .step(Input::Authorized(Verdict::Allow.into()), UnixMillis(0))
         .unwrap()
 }
 
@@ -1162,7 +1163,7 @@ fn read_only_batches_are_not_committed_as_started() {
     let mut invocation = started(limits());
     decide(&mut invocation, tools(vec![lookup("a", "profile")]), 0);
     let actions = invocation
-        .step(Input::Authorized(Verdict::Allow), UnixMillis(0))
+        .step(Input::Authorized(Verdict::Allow.into()), UnixMillis(0))
         .unwrap();
     assert!(matches!(actions.as_slice(), [Action::Execute { .. }]));
 }
@@ -1179,10 +1180,33 @@ fn a_restored_started_batch_runs_again_without_asking_the_model() {
     let log = started_log();
     let mut restored = Invocation::restore(limits(), catalog(), &log).unwrap();
     assert_eq!(restored.phase_name(), "resuming");
+    // Policy checks it again first, with the policies in force now.
     let actions = restored.step(Input::Start, UnixMillis(0)).unwrap();
-    let [Action::Execute { turn: 1, calls, .. }] = actions.as_slice() else {
+    let [
+        Action::Authorize {
+            turn: 1,
+            approved: None,
+            ..
+        },
+    ] = actions.as_slice()
+    else {
+        panic!("expected the started batch put to policy again, got {actions:?}");
+    };
+    let actions = restored
+        .step(Input::Authorized(Verdict::Allow.into()), UnixMillis(0))
+        .unwrap();
+    let [
+        Action::Execute {
+            turn: 1,
+            calls,
+            refused,
+            ..
+        },
+    ] = actions.as_slice()
+    else {
         panic!("expected the started batch again, got {actions:?}");
     };
+    assert!(refused.is_empty());
     assert_eq!(calls[0].call_id, CallId::new("t1"));
     assert_eq!(calls[0].arguments_json, TRANSFER);
     let actions = restored
@@ -1271,4 +1295,134 @@ fn a_started_batch_that_is_not_valid_does_not_restore() {
         Invocation::restore(limits(), catalog(), &log),
         Err(RestoreError::InvalidStartedBatch(1, _))
     ));
+}
+
+// ---------------------------------------------------------------------------------------
+// Authorization: refusals per call, checked again at dispatch, the policy version.
+
+fn refusal(call_id: &str, policy: &str) -> Refusal {
+    Refusal {
+        call_id: CallId::new(call_id),
+        error_type: ErrorType::PermissionDenied,
+        message: format!("permission denied by policy {policy}"),
+        policies: vec![policy.to_owned()],
+    }
+}
+
+#[test]
+fn a_denied_batch_is_committed_with_one_refusal_per_refused_call_and_the_policy_version() {
+    let mut invocation = started(limits());
+    decide(
+        &mut invocation,
+        tools(vec![
+            lookup("a", "profile"),
+            call("t1", "transfer", TRANSFER),
+        ]),
+        0,
+    );
+    let denied = Authorization {
+        verdict: Verdict::Deny {
+            reason: "permission denied by policy no-transfers".into(),
+            refusals: vec![refusal("t1", "no-transfers")],
+        },
+        policy: Some("v1".into()),
+    };
+    let actions = invocation
+        .step(Input::Authorized(denied), UnixMillis(0))
+        .unwrap();
+    let events = commit_events(&actions);
+    let EventBody::Turn(turn) = &events[0].body else {
+        panic!("expected the rejected turn, got {events:?}");
+    };
+    assert!(turn.results.is_empty(), "nothing ran");
+    assert_eq!(turn.policy.as_deref(), Some("v1"));
+    let rejection = turn.rejection.as_ref().unwrap();
+    assert_eq!(rejection.kind, RejectionKind::InvalidDecision);
+    assert_eq!(rejection.refusals, vec![refusal("t1", "no-transfers")]);
+    assert!(rejection.message.contains("no-transfers"));
+}
+
+#[test]
+fn repeated_denials_end_invalid_decision_naming_the_policy() {
+    let script = vec![tools(vec![call("t1", "transfer", TRANSFER)]); 5];
+    let mut world = World::scripted(script);
+    world.policy = Box::new(|_| Verdict::Deny {
+        reason: "permission denied by policy no-transfers".into(),
+        refusals: vec![refusal("t1", "no-transfers")],
+    });
+    let run = drive(Invocation::new(limits(), catalog()), world);
+    assert_eq!(run.outcome.reason, TerminalReason::InvalidDecision);
+    assert!(
+        run.outcome.detail.contains("no-transfers"),
+        "{}",
+        run.outcome.detail
+    );
+    assert!(run.executed.is_empty());
+}
+
+#[test]
+fn a_resumed_batch_refused_at_dispatch_sends_nothing_it_refuses() {
+    let log = started_log();
+    let mut restored = Invocation::restore(limits(), catalog(), &log).unwrap();
+    restored.step(Input::Start, UnixMillis(0)).unwrap();
+    let denied = Authorization {
+        verdict: Verdict::Deny {
+            reason: "permission denied by policy frozen".into(),
+            refusals: vec![refusal("t1", "frozen")],
+        },
+        policy: Some("v2".into()),
+    };
+    let actions = restored
+        .step(Input::Authorized(denied), UnixMillis(0))
+        .unwrap();
+    // No second `BatchStarted`: the batch runs, with the refusal for the runner, which
+    // sends nothing refused and settles a write sent before the crash from its ledger.
+    let [Action::Execute { refused, .. }] = actions.as_slice() else {
+        panic!("expected the batch with its refusal, got {actions:?}");
+    };
+    assert_eq!(refused, &vec![refusal("t1", "frozen")]);
+    let actions = restored
+        .step(
+            Input::CallFinished {
+                call_id: CallId::new("t1"),
+                outcome: refused[0].outcome(),
+            },
+            UnixMillis(0),
+        )
+        .unwrap();
+    let events = commit_events(&actions);
+    let EventBody::Turn(turn) = &events[0].body else {
+        panic!("expected the turn, got {events:?}");
+    };
+    assert_eq!(
+        turn.policy.as_deref(),
+        Some("v2"),
+        "the policies that judged it last"
+    );
+    assert!(
+        matches!(&turn.results[0].outcome, CallOutcome::Error(e) if e.error_type == ErrorType::PermissionDenied)
+    );
+}
+
+#[test]
+fn a_cancel_while_a_resumed_batch_is_checked_still_settles_the_batch() {
+    let log = started_log();
+    let mut restored = Invocation::restore(limits(), catalog(), &log).unwrap();
+    restored.step(Input::Start, UnixMillis(0)).unwrap();
+    assert_eq!(restored.phase_name(), "authorizing");
+    let actions = restored
+        .step(
+            Input::Cancel {
+                reason: String::new(),
+            },
+            UnixMillis(0),
+        )
+        .unwrap();
+    assert!(
+        matches!(
+            actions.as_slice(),
+            [Action::Execute { .. }, Action::CancelCalls { turn: 1 }]
+        ),
+        "{actions:?}"
+    );
 }

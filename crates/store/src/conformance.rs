@@ -163,6 +163,7 @@ pub fn lookup_turn(seq: u64, turn: u32) -> Event {
                 },
             ],
             rejection: None,
+            policy: None,
         }),
     }
 }
@@ -177,6 +178,7 @@ fn turn(seq: u64, decision: ProposedDecision) -> Event {
             plan: None,
             results: Vec::new(),
             rejection: None,
+            policy: None,
         }),
     }
 }
@@ -252,6 +254,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
                 },
             ],
             rejection: None,
+            policy: None,
         }),
     });
     events.push(Event {
@@ -267,7 +270,9 @@ pub fn every_kind_of_event() -> Vec<Event> {
             rejection: Some(Rejection {
                 kind: RejectionKind::InvalidDecision,
                 message: "the model output is not a decision".to_owned(),
+                refusals: Vec::new(),
             }),
+            policy: None,
         }),
     });
     let decisions = [
@@ -307,7 +312,9 @@ pub fn every_kind_of_event() -> Vec<Event> {
             rejection: Some(Rejection {
                 kind: RejectionKind::Stopped,
                 message: "approval gate".to_owned(),
+                refusals: Vec::new(),
             }),
+            policy: None,
         }),
     });
     let seq = events.len() as u64 + 1;

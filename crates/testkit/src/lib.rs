@@ -282,16 +282,23 @@ fn run_on(
             match action {
                 Action::Decide { turn } => inputs.push_back(world.decision(*turn)),
                 Action::Authorize { calls, .. } => {
-                    inputs.push_back(Input::Authorized((world.policy)(calls)))
+                    inputs.push_back(Input::Authorized((world.policy)(calls).into()))
                 }
-                Action::Execute { calls, .. } => {
+                Action::Execute { calls, refused, .. } => {
                     let mut order: Vec<&ToolCall> = calls.iter().collect();
                     if world.arrival == Arrival::Reversed {
                         order.reverse();
                     }
                     for call in order {
-                        executed.push(call.clone());
-                        let outcome = (world.tool)(call);
+                        let refusal = refused.iter().find(|r| r.call_id == call.call_id);
+                        let outcome = match refusal {
+                            // Not sent: nothing was executed.
+                            Some(refusal) => refusal.outcome(),
+                            None => {
+                                executed.push(call.clone());
+                                (world.tool)(call)
+                            }
+                        };
                         inputs.push_back(Input::CallFinished {
                             call_id: call.call_id.clone(),
                             outcome,

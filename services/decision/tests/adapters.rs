@@ -90,6 +90,7 @@ fn calls_turn(turn: u32, calls: Vec<ToolCall>, results: Vec<ToolResult>) -> Turn
         usage: Some(Usage::default()),
         rejection: None,
         plan_digest: String::new(),
+        policy_version: String::new(),
     }
 }
 
@@ -137,8 +138,10 @@ fn request() -> DecideRequest {
         rejection: Some(Rejection {
             kind: RejectionKind::VerificationFailed.into(),
             message: "the answer must cite the policy".into(),
+            refusals: Vec::new(),
         }),
         plan_digest: String::new(),
+        policy_version: String::new(),
     };
     DecideRequest {
         invocation_id: "inv-1".into(),

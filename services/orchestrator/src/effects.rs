@@ -23,7 +23,7 @@
 use std::time::Duration;
 
 use agentloop_engine::{
-    CallId, CallOutcome, ErrorType, Input, NextAction, SideEffect, ToolCall, ToolError,
+    CallId, CallOutcome, ErrorType, Input, NextAction, Refusal, SideEffect, ToolCall, ToolError,
 };
 use agentloop_proto::v1 as pb;
 use futures::future::join_all;
@@ -53,6 +53,9 @@ pub(crate) struct Call<'a> {
     pub(crate) timeout_ms: u64,
     /// Fired when the batch is cancelled: nothing new may start after it.
     pub(crate) token: &'a CancellationToken,
+    /// Set when policy refused the call at dispatch: it is not sent (a write sent
+    /// before is still settled from its ledger entry).
+    pub(crate) refused: Option<&'a Refusal>,
 }
 
 impl Call<'_> {
@@ -60,6 +63,9 @@ impl Call<'_> {
     pub(crate) async fn run(&self) -> CallOutcome {
         if self.side_effect.writes() {
             return self.write().await;
+        }
+        if let Some(refusal) = self.refused {
+            return refusal.outcome();
         }
         if self.token.is_cancelled() {
             return CallOutcome::NotStarted;
@@ -205,6 +211,16 @@ impl Call<'_> {
 
     /// Marks the write dispatched (from `expected`), sends it, records the outcome.
     async fn dispatch(&self, key: &str, expected: pb::EffectState) -> CallOutcome {
+        if let Some(refusal) = self.refused {
+            // Never sent (or found not applied): settled as not applied, for good.
+            let detail = format!(
+                "not sent: policy refused it at dispatch: {}",
+                refusal.message
+            );
+            self.record(key, expected, Recorded::rejected(&detail))
+                .await;
+            return refusal.outcome();
+        }
         if self.token.is_cancelled() {
             // Settled, so the entry does not stay listed as unresolved.
             let detail = if expected == pb::EffectState::OutcomeUnknown {

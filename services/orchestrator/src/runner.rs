@@ -22,8 +22,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use agentloop_engine::{
-    Action, Event, EventBody, Fingerprint, Input, Invocation, Outcome, SideEffect, TerminalReason,
-    ToolCall, Totals, UnixMillis, Verdict, Verification, WaitEnd,
+    Action, Event, EventBody, Fingerprint, Input, Invocation, Outcome, Refusal, SideEffect,
+    TerminalReason, ToolCall, Totals, UnixMillis, Verdict, Verification, WaitEnd,
 };
 use agentloop_lease::{Keeper, KeeperExit};
 use agentloop_proto::MAX_STAGE_CALLS;
@@ -68,6 +68,9 @@ impl Done {
 struct Batch {
     turn: u32,
     calls: Vec<ToolCall>,
+    /// Calls policy refused at dispatch (rare: after an approval or a resume), behind
+    /// one pointer: the batch lives in every runner's task.
+    refused: Option<Arc<Vec<Refusal>>>,
     stages: std::vec::IntoIter<Vec<usize>>,
     running: usize,
     token: CancellationToken,
@@ -287,12 +290,18 @@ impl Runner {
                     } => {
                         ops.push(self.authorize(turn, &calls, approved));
                     }
-                    Action::Execute { turn, calls, plan } => {
+                    Action::Execute {
+                        turn,
+                        calls,
+                        plan,
+                        refused,
+                    } => {
                         let count = u32::try_from(calls.len()).unwrap_or(u32::MAX);
                         self.progress.in_flight.store(count, Relaxed);
                         let started = batch.insert(Batch {
                             turn,
                             calls,
+                            refused: (!refused.is_empty()).then(|| Arc::new(refused)),
                             stages: plan.stages.into_iter(),
                             running: 0,
                             token: CancellationToken::new(),
@@ -348,6 +357,7 @@ impl Runner {
             let calls = || stage.iter().filter_map(|&index| batch.calls.get(index));
             let count = calls().count();
             if (2..=MAX_STAGE_CALLS).contains(&count)
+                && batch.refused.is_none()
                 && self.shared.ports.tools.sends_stages()
                 && calls()
                     .all(|call| settings(&self.spec, &self.shared, call).0 == SideEffect::ReadOnly)
@@ -355,7 +365,8 @@ impl Runner {
                 ops.push(self.stage(batch.turn, calls().cloned().collect(), batch.token.clone()));
             } else {
                 for call in calls() {
-                    ops.push(self.call(batch.turn, call.clone(), batch.token.clone()));
+                    let refused = batch.refused.clone();
+                    ops.push(self.call(batch.turn, call.clone(), batch.token.clone(), refused));
                 }
             }
             batch.running += count;
@@ -389,22 +400,25 @@ impl Runner {
             calls: calls.iter().map(wire::tool_call).collect(),
             actor: self.spec.actor.clone(),
             tenant: self.spec.tenant.clone(),
+            roles: self.spec.roles.as_deref().cloned().unwrap_or_default(),
             approved_proposal_digest: approved.map(|p| p.to_string()).unwrap_or_default(),
         };
         let port = self.shared.ports.policy.clone();
         Box::pin(async move {
             // Fail closed: no verdict, no execution.
-            let verdict = match port.evaluate(request).await {
-                Ok(response) => wire::verdict(response),
+            let authorization = match port.evaluate(request).await {
+                Ok(response) => wire::authorization(response),
                 Err(status) => Verdict::Deny {
                     reason: format!(
                         "the policy service failed: {:?}: {}",
                         status.code(),
                         status.message()
                     ),
-                },
+                    refusals: Vec::new(),
+                }
+                .into(),
             };
-            Done::One(Input::Authorized(verdict))
+            Done::One(Input::Authorized(authorization))
         })
     }
 
@@ -438,8 +452,15 @@ impl Runner {
         Box::pin(async move { Done::One(effects::reconcile(&shared.ports, id, turn, &call).await) })
     }
 
-    /// One call of a batch; `token` cancels the batch.
-    fn call(&self, turn: u32, call: ToolCall, token: CancellationToken) -> Op {
+    /// One call of a batch; `token` cancels the batch; `refused` are the batch's
+    /// refusals at dispatch.
+    fn call(
+        &self,
+        turn: u32,
+        call: ToolCall,
+        token: CancellationToken,
+        refused: Option<Arc<Vec<Refusal>>>,
+    ) -> Op {
         let (shared, spec, id) = (self.shared.clone(), self.spec.clone(), self.id);
         Box::pin(async move {
             let (side_effect, timeout_ms) = settings(&spec, &shared, &call);
@@ -451,6 +472,9 @@ impl Runner {
                 side_effect,
                 timeout_ms,
                 token: &token,
+                refused: refused
+                    .as_deref()
+                    .and_then(|refused| refused.iter().find(|r| r.call_id == call.call_id)),
             }
             .run()
             .await;
@@ -475,6 +499,7 @@ impl Runner {
                     side_effect: SideEffect::ReadOnly,
                     timeout_ms: settings(&spec, &shared, call).1,
                     token: &token,
+                    refused: None,
                 })
                 .collect();
             let outcomes = effects::run_stage(&shared.ports, &token, &stage).await;

@@ -125,12 +125,43 @@ impl Api {
     }
 }
 
-/// The actor and tenant a start runs for: the verified caller's, or, with `auth` off,
-/// the request's own (checked by the same rule as a token's).
+/// Most roles a start may name (with authentication off; a token's are bounded by
+/// `agentloop-auth`).
+const MAX_ROLES: usize = 64;
+
+/// The actor, tenant and roles a start runs for: the verified caller's, or, with `auth`
+/// off, the request's own (checked by the same rule as a token's).
 fn principal(
     caller: &Caller,
     request: &pb::StartInvocationRequest,
-) -> Result<(String, String), OrchestratorError> {
+) -> Result<(String, String, Vec<String>), OrchestratorError> {
+    let roles = match caller {
+        Caller::Verified(identity)
+            if request.roles.is_empty() || request.roles == identity.roles =>
+        {
+            identity.roles.clone()
+        }
+        Caller::Verified(_) => {
+            return Err(OrchestratorError::PermissionDenied(
+                "roles name other roles than the caller's token grants".into(),
+            ));
+        }
+        Caller::Anyone if request.roles.len() > MAX_ROLES => {
+            return Err(invalid(format!("at most {MAX_ROLES} roles may be named")));
+        }
+        Caller::Anyone => {
+            if !request
+                .roles
+                .iter()
+                .all(|role| agentloop_auth::is_valid_identity(role))
+            {
+                return Err(invalid(
+                    "a role must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / + = -",
+                ));
+            }
+            request.roles.clone()
+        }
+    };
     let tenant = match caller {
         Caller::Verified(identity) => Some(identity.tenant.as_str()),
         Caller::Anyone => None,
@@ -147,11 +178,11 @@ fn principal(
     match caller {
         Caller::Verified(_) => {
             let tenant = tenant?;
-            Ok((actor?, tenant))
+            Ok((actor?, tenant, roles))
         }
         Caller::Anyone => {
             let actor = actor?;
-            Ok((actor, tenant?))
+            Ok((actor, tenant?, roles))
         }
     }
 }
@@ -368,6 +399,7 @@ impl Orchestrator {
             profile,
             actor: request.actor.clone(),
             tenant: request.tenant.clone(),
+            roles: Some(Box::new(request.roles.clone())).filter(|roles| !roles.is_empty()),
             limits,
             tools: Arc::new(tools),
             script,
@@ -524,7 +556,7 @@ impl OrchestratorService for Api {
         let mut request = request.into_inner();
         // The request as the caller's identity makes it, so that naming one's own tenant
         // or leaving it out is the same request for its idempotency key.
-        (request.actor, request.tenant) = principal(&caller, &request)?;
+        (request.actor, request.tenant, request.roles) = principal(&caller, &request)?;
         let started = self.orchestrator.start(request).await?;
         Ok(Response::new(started))
     }

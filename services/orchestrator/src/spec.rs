@@ -16,6 +16,14 @@ pub(crate) struct InvocationSpec {
     pub(crate) profile: String,
     pub(crate) actor: String,
     pub(crate) tenant: String,
+    /// The actor's roles as the invocation started (its token's), which policies test.
+    /// Behind one pointer: every running invocation keeps its spec, and most have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin pointer keeps the spec in its allocator size class (bench --park)"
+    )]
+    pub(crate) roles: Option<Box<Vec<String>>>,
     pub(crate) limits: Limits,
     /// The tools it may call, as they were when it started, each with its timeout: the
     /// engine's catalog, which the runner reads too, shared with the engine and with the
@@ -115,5 +123,15 @@ mod tests {
         let json: serde_json::Value = serde_json::to_value(&spec).unwrap();
         assert_eq!(json["tools"][0]["name"], "lookup");
         assert_eq!(json["tools"][1]["timeout_ms"], 400);
+        assert!(json.get("roles").is_none(), "no roles, nothing stored");
+
+        // Roles are stored, so a resumed invocation is judged with them.
+        let with_roles = InvocationSpec {
+            roles: Some(Box::new(vec!["clerk".to_owned()])),
+            ..spec
+        };
+        let again: InvocationSpec =
+            serde_json::from_str(&serde_json::to_string(&with_roles).unwrap()).unwrap();
+        assert_eq!(again.roles.as_deref().map(Vec::as_slice), Some(&["clerk".to_owned()][..]));
     }
 }

@@ -5,9 +5,10 @@
 //! so a new engine variant fails to compile here until it has a wire form.
 
 use agentloop_engine::{
-    CallOutcome, EndRecord, ErrorType, Event, EventBody, Limits, MicroUsd, NextAction,
-    ProposedCall, ProposedDecision, Rejection, RejectionKind, SideEffect, TerminalReason, ToolCall,
-    ToolError, Totals, TurnRecord, UnixMillis, Usage, Verdict, Verification,
+    Authorization, CallId, CallOutcome, EndRecord, ErrorType, Event, EventBody, Limits, MicroUsd,
+    NextAction, ProposedCall, ProposedDecision, Refusal, Rejection, RejectionKind, SideEffect,
+    TerminalReason, ToolCall, ToolError, Totals, TurnRecord, UnixMillis, Usage, Verdict,
+    Verification,
 };
 use agentloop_proto::v1 as pb;
 
@@ -159,8 +160,17 @@ fn usage(usage: Usage) -> pb::Usage {
     }
 }
 
-/// Policy's answer -> the engine's verdict. Anything but an explicit ALLOW denies.
-pub fn verdict(response: pb::EvaluateResponse) -> Verdict {
+/// Policy's answer -> the engine's. Anything but an explicit ALLOW denies; each
+/// violation that names a call is that call's refusal.
+pub fn authorization(response: pb::EvaluateResponse) -> Authorization {
+    let policy = Some(response.policy_version.clone()).filter(|v| !v.is_empty());
+    Authorization {
+        verdict: verdict(response),
+        policy,
+    }
+}
+
+fn verdict(response: pb::EvaluateResponse) -> Verdict {
     let reasons = || {
         let listed: Vec<String> = response
             .violations
@@ -176,7 +186,32 @@ pub fn verdict(response: pb::EvaluateResponse) -> Verdict {
     match response.verdict() {
         pb::Verdict::Allow => Verdict::Allow,
         pb::Verdict::RequireApproval => Verdict::RequireApproval { reason: reasons() },
-        pb::Verdict::Deny | pb::Verdict::Unspecified => Verdict::Deny { reason: reasons() },
+        pb::Verdict::Deny | pb::Verdict::Unspecified => {
+            let reason = reasons();
+            let refusals = response
+                .violations
+                .into_iter()
+                .filter(|v| !v.call_id.is_empty())
+                .map(|v| Refusal {
+                    // A violation of an older policy service has no kind.
+                    error_type: match v.error_type() {
+                        pb::ErrorType::Unspecified => ErrorType::InvalidArguments,
+                        kind @ (pb::ErrorType::InvalidArguments
+                        | pb::ErrorType::NotFound
+                        | pb::ErrorType::PermissionDenied
+                        | pb::ErrorType::Timeout
+                        | pb::ErrorType::Unavailable
+                        | pb::ErrorType::Conflict
+                        | pb::ErrorType::Rejected
+                        | pb::ErrorType::Internal) => error_type_from(kind),
+                    },
+                    call_id: CallId::new(v.call_id),
+                    message: v.message,
+                    policies: v.policy_ids,
+                })
+                .collect();
+            Verdict::Deny { reason, refusals }
+        }
     }
 }
 
@@ -320,6 +355,16 @@ fn rejection(rejection: &Rejection) -> pb::Rejection {
     pb::Rejection {
         kind: kind.into(),
         message: rejection.message.clone(),
+        refusals: rejection
+            .refusals
+            .iter()
+            .map(|refusal| pb::Refusal {
+                call_id: refusal.call_id.as_str().to_owned(),
+                error_type: error_type(refusal.error_type).into(),
+                message: refusal.message.clone(),
+                policy_ids: refusal.policies.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -335,6 +380,7 @@ fn turn(record: &TurnRecord) -> pb::TurnCommitted {
         usage: Some(usage(record.usage)),
         rejection: record.rejection.as_ref().map(rejection),
         plan_digest: record.plan.map(|p| p.to_string()).unwrap_or_default(),
+        policy_version: record.policy.clone().unwrap_or_default(),
     }
 }
 
@@ -538,17 +584,37 @@ mod tests {
     fn only_an_explicit_allow_allows() {
         let response = |verdict: pb::Verdict| pb::EvaluateResponse {
             verdict: verdict.into(),
-            violations: vec![pb::Violation {
-                call_id: "c1".into(),
-                message: "amount: must be > 0".into(),
-            }],
+            violations: vec![
+                pb::Violation {
+                    call_id: "c1".into(),
+                    message: "permission denied by policy p1".into(),
+                    error_type: pb::ErrorType::PermissionDenied.into(),
+                    policy_ids: vec!["p1".into()],
+                },
+                pb::Violation {
+                    call_id: String::new(),
+                    message: "the tool-call batch is empty".into(),
+                    ..Default::default()
+                },
+            ],
+            policy_version: "v7".into(),
             ..Default::default()
         };
         assert_eq!(verdict(response(pb::Verdict::Allow)), Verdict::Allow);
+        let denied = authorization(response(pb::Verdict::Unspecified));
+        assert_eq!(denied.policy.as_deref(), Some("v7"));
         assert_eq!(
-            verdict(response(pb::Verdict::Unspecified)),
+            denied.verdict,
             Verdict::Deny {
-                reason: "call c1: amount: must be > 0".into()
+                reason:
+                    "call c1: permission denied by policy p1; call : the tool-call batch is empty"
+                        .into(),
+                refusals: vec![Refusal {
+                    call_id: CallId::new("c1"),
+                    error_type: ErrorType::PermissionDenied,
+                    message: "permission denied by policy p1".into(),
+                    policies: vec!["p1".into()],
+                }],
             }
         );
         assert!(matches!(

@@ -48,6 +48,15 @@ pub enum PolicyError {
     /// would be a guess (setup).
     #[error("both `tools_endpoint` and `tools_file` are configured; set exactly one")]
     ConflictingToolSources,
+    /// A profile's policies do not load: a file that cannot be read, a policy that does
+    /// not parse or validate (setup, or a reload that is refused).
+    #[error("the policies of profile {profile:?} do not load:\n{detail}")]
+    Policies {
+        /// The profile.
+        profile: String,
+        /// Every problem, one per line, with file, position and policy ID.
+        detail: String,
+    },
     /// `tools_file` could not be loaded (setup).
     #[error("cannot load tools_file {path}: {detail}")]
     ToolsFile {
@@ -68,6 +77,7 @@ impl From<PolicyError> for tonic::Status {
             | PolicyError::NoToolSource
             | PolicyError::ConflictingToolSources
             | PolicyError::ToolsFile { .. }
+            | PolicyError::Policies { .. }
             | PolicyError::ServiceToken(_) => tonic::Status::failed_precondition(message),
             PolicyError::ToolsUnavailable { .. } => tonic::Status::unavailable(message),
         }

@@ -3,23 +3,27 @@
 //!
 //! `Evaluate` refuses a batch for an empty batch, a missing or duplicate call ID, an
 //! unknown tool, arguments that are not a JSON object, and JSON Schema violations (each
-//! with its JSON pointer); it asks for approval when a gated tool is called (the digest
-//! is the engine's [`agentloop_engine::Fingerprint`] of the calls' canonical arguments);
+//! with its JSON pointer); then it puts each call to the profile's Cedar policies
+//! ([`agentloop_authz`]) for the invocation's actor, tenant and roles, and refuses the
+//! batch if any call is denied (PERMISSION_DENIED, naming the deciding policies). It
+//! asks for approval when a gated tool is called or a policy gates a call (the digest is
+//! the engine's [`agentloop_engine::Fingerprint`] of the calls' canonical arguments);
 //! otherwise it allows the batch. Which calls of an allowed batch run together is the
-//! engine's plan, not policy's. `ValidateFinal` runs the default profile's answer
-//! validators.
+//! engine's plan, not policy's. `ValidateFinal` runs the answer validators.
 //!
 //! It is *not* an executor and keeps no invocation state: every answer depends only on
-//! the request, the tool descriptors loaded at startup and the configuration. Budgets
-//! are the engine's job (checked before policy is asked); per-profile, per-actor and
-//! per-tenant authorization is not implemented yet (one default profile).
+//! the request, the tool descriptors loaded at startup, the policy sets in force (see
+//! [`Profiles`]: reloaded when their files change) and the configuration. Budgets are
+//! the engine's job (checked before policy is asked).
 
 #![warn(missing_docs)]
 
 mod error;
 mod final_answer;
+mod profiles;
 mod tools;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,6 +41,7 @@ use tokio::net::TcpListener;
 
 pub use error::PolicyError;
 pub use final_answer::{FinalValidators, MAX_EVIDENCE_REFS};
+pub use profiles::{ProfilePolicies, Profiles, compile_policies, tool_facts};
 pub use tools::{
     MAX_ARGUMENTS_BYTES, MAX_CALLS, MAX_INVOCATION_ID_BYTES, MAX_SCHEMA_VIOLATIONS_PER_CALL,
     ToolPolicy,
@@ -76,6 +81,13 @@ pub struct PolicyConfig {
     pub require_approval_for: Vec<String>,
     /// Final-answer validators of the default profile.
     pub validators: FinalValidators,
+    /// The Cedar policy files of each profile (`[policies] default = ["a.cedar"]`). With
+    /// none, authorization is off: every call that passes its schema is allowed. With
+    /// some, a profile that has none is refused every call.
+    pub policies: BTreeMap<String, Vec<PathBuf>>,
+    /// How often the policy files are read for changes, in milliseconds (0: on SIGHUP
+    /// only).
+    pub policy_watch_ms: u64,
 }
 
 impl Default for PolicyConfig {
@@ -93,6 +105,8 @@ impl Default for PolicyConfig {
             tools_backoff_ms: 250,
             require_approval_for: Vec::new(),
             validators: FinalValidators::default(),
+            policies: BTreeMap::new(),
+            policy_watch_ms: 2000,
         }
     }
 }
@@ -186,36 +200,75 @@ fn with_sources(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// The `PolicyService` implementation. Cheap to clone (shared, immutable state).
+/// The `PolicyService` implementation. Cheap to clone (shared state).
 #[derive(Debug, Clone)]
 pub struct PolicyServer {
     tools: Arc<ToolPolicy>,
+    profiles: Arc<Profiles>,
     validators: Arc<FinalValidators>,
+    watch_every: Option<Duration>,
 }
 
 impl PolicyServer {
-    /// A server judging calls with `tools` and answers with `validators`.
-    pub fn new(tools: ToolPolicy, validators: FinalValidators) -> PolicyServer {
+    /// A server judging calls with `tools` and the policies of `profiles`, and answers
+    /// with `validators`.
+    pub fn new(tools: ToolPolicy, profiles: Profiles, validators: FinalValidators) -> PolicyServer {
         PolicyServer {
             tools: Arc::new(tools),
+            profiles: Arc::new(profiles),
             validators: Arc::new(validators),
+            watch_every: None,
         }
     }
 
-    /// A server for `config` over the given descriptors (approval gates and validators
-    /// from `config`; `tools_endpoint` is not used).
+    /// A server for `config` over the given descriptors (approval gates, policies and
+    /// validators from `config`; `tools_endpoint` is not used).
     ///
     /// # Errors
     ///
     /// [`PolicyError::InvalidSchema`] or [`PolicyError::DuplicateTool`] from
-    /// [`ToolPolicy::new`].
+    /// [`ToolPolicy::new`], [`PolicyError::Policies`] for policies that do not load.
     pub fn from_descriptors(
         descriptors: &[ToolDescriptor],
         config: &PolicyConfig,
     ) -> Result<PolicyServer, PolicyError> {
         let tools = ToolPolicy::new(descriptors)?
             .with_approval_gates(config.require_approval_for.iter().cloned());
-        Ok(PolicyServer::new(tools, config.validators.clone()))
+        let profiles = if config.policies.is_empty() {
+            Profiles::off()
+        } else {
+            Profiles::load(config.policies.clone(), descriptors.to_vec())?
+        };
+        for (profile, version) in profiles.versions() {
+            tracing::info!(profile, version, "policies loaded");
+        }
+        if let ProfilePolicies::On(set) = profiles.get("default")
+            && !set.left_out().is_empty()
+        {
+            tracing::warn!(arguments = ?set.left_out(), "tools type these arguments differently; policies cannot read them");
+        }
+        let mut server = PolicyServer::new(tools, profiles, config.validators.clone());
+        server.watch_every =
+            (config.policy_watch_ms > 0).then(|| Duration::from_millis(config.policy_watch_ms));
+        Ok(server)
+    }
+
+    /// The policy sets in force.
+    pub fn profiles(&self) -> &Arc<Profiles> {
+        &self.profiles
+    }
+
+    /// Reloads the policies when their files change (and on SIGHUP with `on_hangup`),
+    /// until dropped; a no-op without policies. [`run`] runs it with SIGHUP, as a daemon
+    /// does; an embedding (the CLI's, whose SIGHUP means its terminal closed) without.
+    pub fn watch(&self, on_hangup: bool) -> impl Future<Output = ()> + Send + 'static {
+        let (profiles, every) = (Arc::clone(&self.profiles), self.watch_every);
+        async move {
+            if profiles.is_off() {
+                return;
+            }
+            profiles::watch(profiles, every, on_hangup).await;
+        }
     }
 
     /// A server for `config`: reads the tools from `tools_file`, or lists them at
@@ -262,7 +315,8 @@ impl PolicyServer {
     ///
     /// [`PolicyError::InvalidRequest`] for a malformed request.
     pub fn evaluate(&self, request: &EvaluateRequest) -> Result<EvaluateResponse, PolicyError> {
-        self.tools.evaluate(request)
+        self.tools
+            .evaluate(request, &self.profiles.get(&request.profile))
     }
 
     /// `ValidateFinal` without the gRPC wrapping; see [`FinalValidators::validate`].
@@ -311,7 +365,10 @@ pub async fn run(
     access: agentloop_server::Access,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentloop_server::ServeError> {
+    let watcher = tokio::spawn(server.watch(true));
     let services = agentloop_server::ServiceSet::new()
         .add_for(agentloop_proto::server::policy(server), &access);
-    agentloop_server::serve(listener, services, shutdown).await
+    let served = agentloop_server::serve(listener, services, shutdown).await;
+    watcher.abort();
+    served
 }

@@ -48,6 +48,12 @@ async fn main() -> anyhow::Result<()> {
         .start(&flags.common, &flags, PolicyConfig::validate)
         .await;
     let server = match PolicyServer::from_config(&config).await {
+        Ok(server) if server.profiles().is_off() => {
+            tracing::warn!(
+                "no [policies] configured: authorization is off, every call that passes its schema is allowed"
+            );
+            server
+        }
         Ok(server) => server,
         Err(error @ PolicyError::ToolsUnavailable { .. }) => return Err(error.into()),
         Err(error) => SERVICE.exit_bad_config(&error),

@@ -1,16 +1,19 @@
-//! Judging a batch of tool calls: structure, tool names, argument schemas and approval
-//! gates. Which calls run together is not policy's to say: the engine plans the stages
-//! from the tools' side effects, in one place.
+//! Judging a batch of tool calls: structure, tool names, argument schemas, then the
+//! profile's policies call by call, then approval gates. Which calls run together is not
+//! policy's to say: the engine plans the stages from the tools' side effects, in one
+//! place.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 
+use agentloop_authz::{Authorizer, BatchContext, CallRequest, Effect, Principal};
 use agentloop_engine::{Fingerprint, canonical_json};
 use agentloop_proto::v1;
-use agentloop_proto::v1::{EvaluateRequest, EvaluateResponse, Verdict, Violation};
+use agentloop_proto::v1::{ErrorType, EvaluateRequest, EvaluateResponse, Verdict, Violation};
 use serde_json::Value;
 
 use crate::error::PolicyError;
+use crate::profiles::ProfilePolicies;
 
 /// Most calls one `Evaluate` request may carry; more is INVALID_ARGUMENT.
 pub const MAX_CALLS: usize = 64;
@@ -108,18 +111,25 @@ impl ToolPolicy {
         self
     }
 
-    /// Judges a batch of calls.
+    /// Judges a batch of calls under `policies` (the request's profile's).
     ///
     /// Every problem is collected (not just the first), so the model can fix them all
-    /// in one repair turn. Budgets are not checked here: the engine checks the token
-    /// and tool-call budgets before it asks policy, and stops with its own terminal
-    /// reasons. `profile`, `actor` and `tenant` are not used yet (one default profile).
+    /// in one repair turn; structural and schema problems first, and only a batch free of
+    /// them is put to the policies, one decision per call. A call they refuse gets a
+    /// PERMISSION_DENIED violation naming the deciding policies; a call they gate needs
+    /// an approval like a call to a gated tool. Budgets are not checked here: the engine
+    /// checks the token and tool-call budgets before it asks policy, and stops with its
+    /// own terminal reasons.
     ///
     /// # Errors
     ///
     /// [`PolicyError::InvalidRequest`] for a missing `invocation_id`, more than
     /// [`MAX_CALLS`] calls, or arguments over [`MAX_ARGUMENTS_BYTES`].
-    pub fn evaluate(&self, request: &EvaluateRequest) -> Result<EvaluateResponse, PolicyError> {
+    pub fn evaluate(
+        &self,
+        request: &EvaluateRequest,
+        policies: &ProfilePolicies,
+    ) -> Result<EvaluateResponse, PolicyError> {
         check_invocation_id(&request.invocation_id)?;
         if request.calls.len() > MAX_CALLS {
             return Err(PolicyError::InvalidRequest(format!(
@@ -144,7 +154,7 @@ impl ToolPolicy {
             violations.push(batch_violation("the tool-call batch is empty".into()));
         }
         let mut seen = HashSet::new();
-        let mut canonical = Vec::with_capacity(request.calls.len());
+        let mut parsed = Vec::with_capacity(request.calls.len());
         for (index, call) in request.calls.iter().enumerate() {
             if call.call_id.is_empty() {
                 violations.push(batch_violation(format!(
@@ -157,62 +167,84 @@ impl ToolPolicy {
                     call.call_id
                 )));
             }
-            canonical.push(self.check_call(call, &mut violations));
+            parsed.push(self.check_call(call, &mut violations));
         }
         if !violations.is_empty() {
-            return Ok(EvaluateResponse {
-                verdict: Verdict::Deny.into(),
-                violations,
-                proposal_digest: String::new(),
-            });
+            return Ok(deny(violations, String::new()));
         }
 
-        // Every call parsed, so `canonical` has one entry per call.
-        let canonical: Vec<String> = canonical.into_iter().flatten().collect();
-        let gated = request
-            .calls
-            .iter()
-            .any(|call| self.require_approval_for.contains(&call.tool));
-        if gated {
-            let digest = Fingerprint::of_calls(
+        // Every call parsed, so `parsed` has one entry per call.
+        let parsed: Vec<Value> = parsed.into_iter().flatten().collect();
+        let digest = || {
+            let canonical: Vec<String> = parsed.iter().map(canonical_json).collect();
+            Fingerprint::of_calls(
                 request
                     .calls
                     .iter()
                     .zip(&canonical)
                     .map(|(call, args)| (call.tool.as_str(), args.as_str())),
             )
-            .to_string();
-            if request.approved_proposal_digest != digest {
-                // Why, per gated call: what the approver and the model are told.
-                let violations = request
-                    .calls
-                    .iter()
-                    .filter(|call| self.require_approval_for.contains(&call.tool))
-                    .map(|call| Violation {
-                        call_id: call.call_id.clone(),
-                        message: format!("calls to {} need a human approval", call.tool),
-                    })
-                    .collect();
-                return Ok(EvaluateResponse {
-                    verdict: Verdict::RequireApproval.into(),
-                    violations,
-                    proposal_digest: digest,
+            .to_string()
+        };
+        // Approved: a human approved exactly these calls.
+        let approved = !request.approved_proposal_digest.is_empty()
+            && request.approved_proposal_digest == digest();
+        let (decisions, version) = authorize(request, &parsed, approved, policies);
+        let mut gated: Vec<Violation> = Vec::new();
+        for (call, decision) in request.calls.iter().zip(&decisions) {
+            match decision {
+                Some(Judged {
+                    effect: Effect::Deny,
+                    violation,
+                }) => violations.push(violation.clone()),
+                Some(Judged {
+                    effect: Effect::RequireApproval,
+                    violation,
+                }) => gated.push(violation.clone()),
+                Some(Judged {
+                    effect: Effect::Allow,
+                    ..
+                })
+                | None => {}
+            }
+            if self.require_approval_for.contains(&call.tool)
+                && !gated.iter().any(|v| v.call_id == call.call_id)
+            {
+                gated.push(Violation {
+                    call_id: call.call_id.clone(),
+                    message: format!("calls to {} need a human approval", call.tool),
+                    ..Violation::default()
                 });
             }
+        }
+        if !violations.is_empty() {
+            return Ok(deny(violations, version));
+        }
+        if !gated.is_empty() && !approved {
+            // Why, per gated call: what the approver and the model are told.
+            return Ok(EvaluateResponse {
+                verdict: Verdict::RequireApproval.into(),
+                violations: gated,
+                proposal_digest: digest(),
+                policy_version: version,
+            });
         }
         Ok(EvaluateResponse {
             verdict: Verdict::Allow.into(),
             violations: Vec::new(),
             proposal_digest: String::new(),
+            policy_version: version,
         })
     }
 
-    /// Checks one call's tool and arguments, pushing violations; returns the canonical
-    /// arguments when they parse as an object.
-    fn check_call(&self, call: &v1::ToolCall, violations: &mut Vec<Violation>) -> Option<String> {
+    /// Checks one call's tool and arguments, pushing violations; returns the arguments
+    /// when they parse as an object.
+    fn check_call(&self, call: &v1::ToolCall, violations: &mut Vec<Violation>) -> Option<Value> {
         let violation = |message: String| Violation {
             call_id: call.call_id.clone(),
             message,
+            error_type: ErrorType::InvalidArguments.into(),
+            policy_ids: Vec::new(),
         };
         let tool = self.tools.get(&call.tool);
         if tool.is_none() {
@@ -249,7 +281,115 @@ impl ToolPolicy {
                 )));
             }
         }
-        Some(canonical_json(&value))
+        Some(value)
+    }
+}
+
+/// One call's decision, as the violation it gives when it is not a plain allow.
+struct Judged {
+    effect: Effect,
+    violation: Violation,
+}
+
+/// The policies' decision on each call (none when authorization is off), and the
+/// version of the set that decided.
+fn authorize(
+    request: &EvaluateRequest,
+    arguments: &[Value],
+    approved: bool,
+    policies: &ProfilePolicies,
+) -> (Vec<Option<Judged>>, String) {
+    let refuse_all = |message: String| {
+        let decisions = request
+            .calls
+            .iter()
+            .map(|call| {
+                Some(Judged {
+                    effect: Effect::Deny,
+                    violation: Violation {
+                        call_id: call.call_id.clone(),
+                        message: message.clone(),
+                        error_type: ErrorType::PermissionDenied.into(),
+                        policy_ids: Vec::new(),
+                    },
+                })
+            })
+            .collect();
+        (decisions, String::new())
+    };
+    let set = match policies {
+        ProfilePolicies::Off => {
+            return (request.calls.iter().map(|_| None).collect(), String::new());
+        }
+        ProfilePolicies::Missing => {
+            return refuse_all(format!(
+                "permission denied: no policies are configured for profile {:?}",
+                request.profile
+            ));
+        }
+        ProfilePolicies::On(set) => set,
+    };
+    let batch = BatchContext {
+        principal: Principal {
+            actor: &request.actor,
+            tenant: &request.tenant,
+            roles: &request.roles,
+        },
+        profile: &request.profile,
+        approved,
+        turn: request.turn,
+    };
+    let calls: Vec<CallRequest<'_>> = request
+        .calls
+        .iter()
+        .zip(arguments)
+        .map(|(call, arguments)| CallRequest {
+            tool: &call.tool,
+            arguments,
+        })
+        .collect();
+    let decisions = set
+        .authorize(&batch, &calls)
+        .into_iter()
+        .zip(&request.calls)
+        .map(|(decision, call)| {
+            for error in &decision.errors {
+                tracing::warn!(invocation = %request.invocation_id, tool = %call.tool, policies = ?decision.policies, %error, "call denied: it could not be judged");
+            }
+            let named = decision.policies.join(", ");
+            let message = match decision.effect {
+                Effect::Allow => return None,
+                Effect::RequireApproval => {
+                    format!("calls to {} need a human approval (policy {named})", call.tool)
+                }
+                Effect::Deny if !decision.policies.is_empty() && decision.errors.is_empty() => {
+                    format!("permission denied by policy {named}")
+                }
+                Effect::Deny if !decision.errors.is_empty() => {
+                    format!("permission denied: {}", decision.errors.join("; "))
+                }
+                Effect::Deny => format!("permission denied: no policy permits this call to {}", call.tool),
+            };
+            Some(Judged {
+                effect: decision.effect,
+                violation: Violation {
+                    call_id: call.call_id.clone(),
+                    message,
+                    error_type: ErrorType::PermissionDenied.into(),
+                    policy_ids: decision.policies,
+                },
+            })
+        })
+        .collect();
+    (decisions, set.version().to_owned())
+}
+
+fn deny(violations: Vec<Violation>, policy_version: String) -> EvaluateResponse {
+    EvaluateResponse {
+        verdict: Verdict::Deny.into(),
+        violations,
+        proposal_digest: String::new(),
+        policy_version,
     }
 }
 
@@ -257,6 +397,8 @@ fn batch_violation(message: String) -> Violation {
     Violation {
         call_id: String::new(),
         message,
+        error_type: ErrorType::InvalidArguments.into(),
+        policy_ids: Vec::new(),
     }
 }
 

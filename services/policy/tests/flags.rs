@@ -48,3 +48,32 @@ fn dump_config_checks_the_tool_source() {
         Some("http://127.0.0.1:1")
     );
 }
+
+#[test]
+fn a_policy_that_does_not_validate_exits_78_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy_file = dir.path().join("bad.cedar");
+    std::fs::write(
+        &policy_file,
+        "@id(\"by-department\")\npermit(principal, action, resource)\nwhen { principal.department == \"ops\" };\n",
+    )
+    .unwrap();
+    let config = dir.path().join("policy.toml");
+    let tools = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/tools.example.toml"
+    );
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\ntools_file = {tools:?}\n[policies]\ndefault = [{:?}]\n",
+            policy_file.display().to_string()
+        ),
+    )
+    .unwrap();
+    let output = policy(&["--config", config.to_str().unwrap()]);
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("bad.cedar:3:"), "{stderr}");
+    assert!(stderr.contains("policy by-department"), "{stderr}");
+}

@@ -9,8 +9,11 @@
 use agentloop_engine::{Fingerprint, canonical_json};
 use agentloop_policy::{
     FinalValidators, MAX_CALLS, MAX_SCHEMA_VIOLATIONS_PER_CALL, PolicyConfig, PolicyError,
-    PolicyServer, ToolPolicy,
+    PolicyServer, ProfilePolicies, ToolPolicy,
 };
+
+/// Authorization off: these tests judge structure, schemas and gates.
+const OFF: ProfilePolicies = ProfilePolicies::Off;
 use agentloop_proto::v1::{
     self, EvaluateRequest, EvaluateResponse, ToolCall, ToolDescriptor, ValidateFinalRequest,
     Verdict,
@@ -88,7 +91,7 @@ fn request(calls: Vec<ToolCall>) -> EvaluateRequest {
 }
 
 fn evaluate(calls: Vec<ToolCall>) -> EvaluateResponse {
-    policy().evaluate(&request(calls)).unwrap()
+    policy().evaluate(&request(calls), &OFF).unwrap()
 }
 
 fn denied(calls: Vec<ToolCall>) -> Vec<(String, String)> {
@@ -145,7 +148,7 @@ fn schema_violations_are_bounded_per_call() {
     let policy =
         ToolPolicy::new(&[tool("wide", v1::SideEffect::ReadOnly, false, &schema)]).unwrap();
     let response = policy
-        .evaluate(&request(vec![call("w", "wide", "{}")]))
+        .evaluate(&request(vec![call("w", "wide", "{}")]), &OFF)
         .unwrap();
     assert_eq!(response.verdict(), Verdict::Deny);
     assert_eq!(
@@ -253,11 +256,11 @@ fn a_tool_whose_descriptor_requires_approval_is_gated_without_configuration() {
     tools[0].requires_approval = true;
     let name = tools[0].name.clone();
     let gated = ToolPolicy::new(&tools).unwrap();
-    let response = gated.evaluate(&request(vec![call("c", &name, r#"{"key":"k"}"#)]));
+    let response = gated.evaluate(&request(vec![call("c", &name, r#"{"key":"k"}"#)]), &OFF);
     assert_eq!(response.unwrap().verdict(), Verdict::RequireApproval);
     // Without the flag, the same call runs.
     let open = ToolPolicy::new(&descriptors()).unwrap();
-    let response = open.evaluate(&request(vec![call("c", &name, r#"{"key":"k"}"#)]));
+    let response = open.evaluate(&request(vec![call("c", &name, r#"{"key":"k"}"#)]), &OFF);
     assert_eq!(response.unwrap().verdict(), Verdict::Allow);
 }
 
@@ -308,13 +311,13 @@ fn approval_gates_bind_the_engines_digest() {
     // Running under the approval of exactly this proposal: allowed.
     let mut approved = request(reordered);
     approved.approved_proposal_digest = expected.clone();
-    let response = policy().evaluate(&approved).unwrap();
+    let response = policy().evaluate(&approved, &OFF).unwrap();
     assert_eq!(response.verdict(), Verdict::Allow);
     // An approval of a different proposal does nothing.
     let mut wrong = request(other);
     wrong.approved_proposal_digest = expected;
     assert_eq!(
-        policy().evaluate(&wrong).unwrap().verdict(),
+        policy().evaluate(&wrong, &OFF).unwrap().verdict(),
         Verdict::RequireApproval
     );
     // A denied batch is denied even if it calls a gated tool.
@@ -328,7 +331,7 @@ fn approval_gates_bind_the_engines_digest() {
 fn malformed_requests_are_invalid_argument() {
     let mut no_id = request(vec![call("a", "lookup", r#"{"key":"k"}"#)]);
     no_id.invocation_id.clear();
-    let error = policy().evaluate(&no_id).unwrap_err();
+    let error = policy().evaluate(&no_id, &OFF).unwrap_err();
     assert_eq!(
         error,
         PolicyError::InvalidRequest("invocation_id is required".into())
@@ -337,7 +340,7 @@ fn malformed_requests_are_invalid_argument() {
     let many: Vec<ToolCall> = (0..=MAX_CALLS)
         .map(|i| call(&format!("c{i}"), "lookup", "{}"))
         .collect();
-    let error = policy().evaluate(&request(many)).unwrap_err();
+    let error = policy().evaluate(&request(many), &OFF).unwrap_err();
     assert!(
         error.to_string().contains("65 calls; at most 64"),
         "{error}"
@@ -345,7 +348,7 @@ fn malformed_requests_are_invalid_argument() {
 
     let big = format!(r#"{{"key":"{}"}}"#, "x".repeat(1024 * 1024));
     let error = policy()
-        .evaluate(&request(vec![call("big", "lookup", &big)]))
+        .evaluate(&request(vec![call("big", "lookup", &big)]), &OFF)
         .unwrap_err();
     assert!(
         matches!(error, PolicyError::InvalidRequest(ref m) if m.contains("\"big\"")),

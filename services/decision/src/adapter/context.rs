@@ -11,7 +11,8 @@ use agentloop_proto::v1::decision::Kind;
 use agentloop_proto::v1::event::Body;
 use agentloop_proto::v1::tool_result::Outcome as ResultOutcome;
 use agentloop_proto::v1::{
-    ApprovalVerdict, DecideRequest, Rejection, RejectionKind, ToolCall, ToolResult, TurnCommitted,
+    ApprovalVerdict, DecideRequest, Refusal, Rejection, RejectionKind, ToolCall, ToolResult,
+    TurnCommitted,
 };
 
 /// Most history events read from one request, whatever the caller sends.
@@ -261,14 +262,37 @@ fn observation(result: Option<&ToolResult>, call_id: &str, limit: usize) -> Obse
     }
 }
 
+/// What the model reads for a call policy refused: the refusal, structured like a
+/// tool error, with the deciding policies' IDs.
+fn refused(refusal: &Refusal, limit: usize) -> Observation {
+    Observation {
+        call_id: refusal.call_id.clone(),
+        content: serde_json::json!({
+            "error": refusal.error_type().as_str_name(),
+            "message": truncate(&refusal.message, limit),
+            "policies": refusal.policy_ids,
+            "retryable": false,
+        })
+        .to_string(),
+        is_error: true,
+    }
+}
+
 fn render_turn(items: &mut Vec<Item>, turn: &TurnCommitted, limit: usize) {
+    let refusals = turn
+        .rejection
+        .as_ref()
+        .map_or(&[][..], |r| r.refusals.as_slice());
     let executed = |calls: &[ToolCall]| Item::Calls {
         calls: calls.to_vec(),
         observations: calls
             .iter()
             .map(|call| {
                 let result = turn.results.iter().find(|r| r.call_id == call.call_id);
-                observation(result, &call.call_id, limit)
+                match refusals.iter().find(|r| r.call_id == call.call_id) {
+                    Some(refusal) if result.is_none() => refused(refusal, limit),
+                    Some(_) | None => observation(result, &call.call_id, limit),
+                }
             })
             .collect(),
     };
@@ -487,6 +511,63 @@ mod tests {
             )),
             "the approved call's result reaches the model: {text}"
         );
+    }
+
+    #[test]
+    fn a_refused_call_reads_as_a_structured_refusal_naming_its_policies() {
+        use agentloop_proto::v1::{Decision, ErrorType, decision, event};
+        let call = |id: &str| ToolCall {
+            call_id: id.into(),
+            tool: "transfer".into(),
+            arguments_json: r#"{"amount":1}"#.into(),
+        };
+        let turn = TurnCommitted {
+            turn: 1,
+            decision: Some(Decision {
+                kind: Some(decision::Kind::ToolCalls(decision::ToolCalls {
+                    calls: vec![call("t1"), call("t2")],
+                })),
+            }),
+            rejection: Some(Rejection {
+                kind: RejectionKind::InvalidDecision.into(),
+                message: "call t1: permission denied by policy reserve".into(),
+                refusals: vec![Refusal {
+                    call_id: "t1".into(),
+                    error_type: ErrorType::PermissionDenied.into(),
+                    message: "permission denied by policy reserve".into(),
+                    policy_ids: vec!["reserve".into()],
+                }],
+            }),
+            ..Default::default()
+        };
+        let request = DecideRequest {
+            goal: "pay".into(),
+            turn: 2,
+            history: vec![agentloop_proto::v1::Event {
+                seq: 1,
+                body: Some(event::Body::Turn(turn)),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let config = ContextConfig {
+            keep_last_turns: 8,
+            max_observation_bytes: 4096,
+            system_prompt: None,
+        };
+        let prompt = build(&request, &config);
+        let Some(Item::Calls { observations, .. }) = prompt
+            .items
+            .iter()
+            .find(|item| matches!(item, Item::Calls { .. }))
+        else {
+            panic!("the refused batch is shown: {:?}", prompt.items);
+        };
+        let refusal: serde_json::Value = serde_json::from_str(&observations[0].content).unwrap();
+        assert_eq!(refusal["error"], "ERROR_TYPE_PERMISSION_DENIED");
+        assert_eq!(refusal["policies"], serde_json::json!(["reserve"]));
+        assert!(observations[0].is_error);
+        assert_eq!(observations[1].content, "not executed");
     }
 
     #[test]
