@@ -132,6 +132,9 @@ mod tests {
         };
         let again: InvocationSpec =
             serde_json::from_str(&serde_json::to_string(&with_roles).unwrap()).unwrap();
-        assert_eq!(again.roles.as_deref().map(Vec::as_slice), Some(&["clerk".to_owned()][..]));
+        assert_eq!(
+            again.roles.as_deref().map(Vec::as_slice),
+            Some(&["clerk".to_owned()][..])
+        );
     }
 }

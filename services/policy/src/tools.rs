@@ -353,8 +353,14 @@ fn authorize(
         .into_iter()
         .zip(&request.calls)
         .map(|(decision, call)| {
-            for error in &decision.errors {
-                tracing::warn!(invocation = %request.invocation_id, tool = %call.tool, policies = ?decision.policies, %error, "call denied: it could not be judged");
+            if !decision.errors.is_empty() {
+                // The policy IDs, not the errors' text: it may quote argument values.
+                tracing::warn!(
+                    invocation = %request.invocation_id,
+                    tool = %call.tool,
+                    policies = ?decision.policies,
+                    "call denied: it could not be judged (an evaluation error, or arguments Cedar cannot hold)"
+                );
             }
             let named = decision.policies.join(", ");
             let message = match decision.effect {
