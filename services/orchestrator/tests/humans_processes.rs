@@ -6,7 +6,9 @@
 //! executor's own record. Also, with in-process workers, the races at the start of a
 //! wait: a cancel that lands while the run commits its wait still ends the invocation
 //! `cancelled`, and a reply that comes while the run that committed the wait is still
-//! finishing still resumes it.
+//! finishing still resumes it. And under policies: a write sent before a takeover is
+//! settled from the executor's record even when the policies in force at the takeover
+//! refuse it.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -294,6 +296,89 @@ async fn a_kill_right_after_the_resolves_loses_no_write_and_repeats_none() {
     assert_eq!(cluster.executor.stats().applied, 4);
     println!(
         "kill -9 right after 4 resolves; the last event of each before the kill: {progress:?}"
+    );
+    drop(a);
+    cluster.stop().await;
+}
+
+/// B takes the approval of a large transfer (gated by the demo policies) and sends it;
+/// the executor applies it and holds the reply. Transfers are then frozen by a policy
+/// reload, and B is killed. A takes the invocation over and checks the started batch
+/// again with the policies in force: the write was sent before the crash, so it is
+/// settled from the executor's record (applied once), not refused as if it had never
+/// happened; the turn records the policies that judged it last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_sent_before_a_takeover_is_settled_even_if_policy_now_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies.cedar");
+    let demo = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/policies/demo.cedar"
+    ))
+    .unwrap();
+    std::fs::write(&policies, &demo).unwrap();
+    let configured = Cluster::start_configured("takeover_under_policies", |options| {
+        options.demo.faults = agentloop_demo_executor::FaultConfig {
+            reply_delay_ms: 60_000,
+            ..Default::default()
+        };
+        options.policy.policies =
+            std::collections::BTreeMap::from([("default".to_owned(), vec![policies.clone()])]);
+    });
+    let Some(cluster) = configured.await else {
+        return;
+    };
+    let (a, mut b) = spawn_a_and_b(&cluster, dir.path());
+    let (mut via_a, mut via_b) = (a.client().await, b.client().await);
+    let script = r#"{"turns": [
+      {"tool_calls": [{"id": "t1", "name": "transfer", "arguments": {"from": "alice", "to": "bob", "amount": 20000}}]},
+      {"final": "moved"}]}"#;
+    let request = pb::StartInvocationRequest {
+        roles: vec!["clerk".into()],
+        ..common::start_request(script, "takeover-under-policies-1")
+    };
+    let started = via_a.start_invocation(request).await.unwrap().into_inner();
+    let id = started.invocation.unwrap().invocation_id;
+    let end = until_waiting(&mut via_a, &id).await;
+    assert!(
+        end.detail.contains("large-transfers-need-approval"),
+        "{}",
+        end.detail
+    );
+
+    let mut stats = cluster.executor.watch_stats();
+    approve(&mut via_b, &id, &end.proposal_digest)
+        .await
+        .unwrap();
+    stats.wait_for(|s| s.applied == 1).await.unwrap();
+    let frozen = format!(
+        "{demo}\n@id(\"transfers-frozen\")\nforbid(principal, action, resource == Agentloop::Tool::\"transfer\");\n"
+    );
+    std::fs::write(&policies, frozen).unwrap();
+    let profiles = cluster.services.policies();
+    assert!(profiles.reload().unwrap());
+    b.kill();
+
+    let events = approved_once(&cluster, &mut via_a, &id).await;
+    let (Some(pb::event::Body::BatchStarted(started)), Some(pb::event::Body::Turn(turn))) =
+        (&events[3].body, &events[4].body)
+    else {
+        unreachable!()
+    };
+    assert!(
+        matches!(&turn.results[0].outcome, Some(pb::tool_result::Outcome::Output(o)) if o.output_json.contains("txn-")),
+        "the sent write is settled from the executor's record: {turn:?}"
+    );
+    assert_eq!(turn.policy_version, profiles.versions()["default"]);
+    assert_ne!(
+        turn.policy_version, started.policy_version,
+        "judged again at the takeover"
+    );
+    let stats = cluster.executor.stats();
+    assert_eq!(
+        (stats.applied, stats.deduplicated),
+        (1, 0),
+        "applied once, never sent again"
     );
     drop(a);
     cluster.stop().await;

@@ -87,16 +87,27 @@ impl Cluster {
         faults: FaultConfig,
         transfer_timeout_ms: Option<u64>,
     ) -> Option<Cluster> {
+        Cluster::start_configured(test, |options| {
+            options.demo.faults = faults;
+            options
+                .demo_timeouts_ms
+                .extend(transfer_timeout_ms.map(|ms| ("transfer".to_owned(), ms)));
+        })
+        .await
+    }
+
+    /// Like [`Cluster::start_or_skip`], with the services' options changed by `configure`.
+    pub(crate) async fn start_configured(
+        test: &str,
+        configure: impl FnOnce(&mut ServicesOptions),
+    ) -> Option<Cluster> {
         agentloop_server::install_crypto_provider();
         let postgres = PostgresServer::for_test(test).await?;
         let redis = RedisServer::start_or_skip(test).await?;
         let database = postgres.create_database().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
         let mut options = ServicesOptions::new(dir.path().to_path_buf());
-        options.demo.faults = faults;
-        options
-            .demo_timeouts_ms
-            .extend(transfer_timeout_ms.map(|ms| ("transfer".to_owned(), ms)));
+        configure(&mut options);
         // The ledger shares the event store's PostgreSQL database, as in production.
         options.ledger.database_url = Some(database.url().to_owned());
         let services = Services::start(Wiring::Distributed, options).await.unwrap();
