@@ -61,6 +61,8 @@ pub struct Profiles {
     files: BTreeMap<String, Vec<PathBuf>>,
     tools: Vec<ToolDescriptor>,
     current: RwLock<Arc<BTreeMap<String, Arc<Cedar>>>>,
+    /// How many reloads swapped a new set in, for whoever waits for one.
+    swaps: tokio::sync::watch::Sender<u64>,
 }
 
 impl Profiles {
@@ -78,6 +80,7 @@ impl Profiles {
             files,
             tools,
             current: RwLock::new(Arc::new(sets)),
+            swaps: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -87,7 +90,13 @@ impl Profiles {
             files: BTreeMap::new(),
             tools: Vec::new(),
             current: RwLock::new(Arc::new(BTreeMap::new())),
+            swaps: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// The number of reloads that swapped a changed set in, as it grows.
+    pub fn swaps(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.swaps.subscribe()
     }
 
     /// Whether no policies are configured (authorization off).
@@ -145,6 +154,8 @@ impl Profiles {
                 Err(poisoned) => poisoned.into_inner(),
             };
             *slot = Arc::new(sets);
+            drop(slot);
+            self.swaps.send_modify(|swaps| *swaps += 1);
         }
         Ok(changed)
     }

@@ -238,3 +238,80 @@ fn a_reload_swaps_in_changed_files_and_a_bad_one_keeps_the_set_in_force() {
     );
     assert!(matches!(profiles.get("default"), ProfilePolicies::On(_)));
 }
+
+/// A server for `file` whose watcher reads the files every `watch_ms` (0: SIGHUP only).
+fn watched(file: &Path, watch_ms: u64) -> PolicyServer {
+    let config = PolicyConfig {
+        policies: BTreeMap::from([("default".to_owned(), vec![file.to_path_buf()])]),
+        policy_watch_ms: watch_ms,
+        ..PolicyConfig::default()
+    };
+    PolicyServer::from_descriptors(&descriptors(), &config).unwrap()
+}
+
+const LOOKUPS: &str =
+    "@id(\"lookups\") permit(principal, action, resource == Agentloop::Tool::\"lookup\");";
+const NOTHING: &str = "@id(\"nothing\") forbid(principal, action, resource);";
+
+#[tokio::test]
+async fn the_watcher_reloads_a_changed_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.cedar");
+    std::fs::write(&file, LOOKUPS).unwrap();
+    let server = watched(&file, 20);
+    let mut swaps = server.profiles().swaps();
+    let _watcher = tokio::spawn(server.watch(false));
+
+    std::fs::write(&file, NOTHING).unwrap();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        swaps.wait_for(|n| *n >= 1),
+    )
+    .await
+    .expect("the change is loaded")
+    .unwrap();
+    let denied = evaluate(&server, &request(&[], vec![lookup("l1")]));
+    assert_eq!(denied.violations[0].policy_ids, ["nothing"]);
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_policies() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.cedar");
+    std::fs::write(&file, LOOKUPS).unwrap();
+    // No polling: only the signal reloads.
+    let server = watched(&file, 0);
+    let mut swaps = server.profiles().swaps();
+    // A listener of this test's own first: with one installed, a SIGHUP sent before the
+    // watcher listens cannot end the test process.
+    let _guard = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).unwrap();
+    let watcher = tokio::spawn(server.watch(true));
+    std::fs::write(&file, NOTHING).unwrap();
+    // The handler is installed once the watcher first runs; signal until a swap is seen.
+    let signalled = async {
+        loop {
+            let sent = std::process::Command::new("kill")
+                .args(["-HUP", &std::process::id().to_string()])
+                .status()
+                .unwrap();
+            assert!(sent.success());
+            if tokio::time::timeout(
+                std::time::Duration::from_millis(200),
+                swaps.wait_for(|n| *n >= 1),
+            )
+            .await
+            .is_ok()
+            {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), signalled)
+        .await
+        .expect("SIGHUP reloads");
+    assert_eq!(
+        evaluate(&server, &request(&[], vec![lookup("l1")])).verdict(),
+        Verdict::Deny
+    );
+    watcher.abort();
+}
