@@ -62,6 +62,18 @@ pub fn demo_tools() -> anyhow::Result<ToolsConfig> {
     demo_tools_at(IN_PROCESS_EXECUTOR)
 }
 
+/// The policy service over `tools`, and its watcher, which reloads the policy files when
+/// they change for as long as the handle lives (not on SIGHUP: in the CLI that means its
+/// terminal closed).
+fn policy_service(
+    tools: &ToolsConfig,
+    config: &PolicyConfig,
+) -> anyhow::Result<(PolicyServer, AbortOnDropHandle<()>)> {
+    let policy = PolicyServer::from_descriptors(&tools.descriptors(), config)?;
+    let watch = AbortOnDropHandle::new(tokio::spawn(policy.watch(false)));
+    Ok((policy, watch))
+}
+
 /// The demo executor's tools, all served at `endpoint`.
 fn demo_tools_at(endpoint: &str) -> anyhow::Result<ToolsConfig> {
     Ok(ToolsConfig::from_descriptors(
@@ -232,8 +244,7 @@ impl Services {
                     ClientConfig::default(),
                 )
                 .await?;
-                let policy = PolicyServer::from_descriptors(&tools.descriptors(), &options.policy)?;
-                let policy_watch = AbortOnDropHandle::new(tokio::spawn(policy.watch(false)));
+                let (policy, policy_watch) = policy_service(&tools, &options.policy)?;
                 let policies = Arc::clone(policy.profiles());
                 let ports = Ports {
                     decision: Arc::new(decision),
@@ -274,8 +285,7 @@ impl Services {
                     ServiceSet::new().add_for(server::tool_executor(demo.clone()), &gateway_caller),
                 );
                 let tools = tools_for(&demo_executor)?;
-                let policy = PolicyServer::from_descriptors(&tools.descriptors(), &options.policy)?;
-                let policy_watch = AbortOnDropHandle::new(tokio::spawn(policy.watch(false)));
+                let (policy, policy_watch) = policy_service(&tools, &options.policy)?;
                 let policies = Arc::clone(policy.profiles());
                 let as_gateway = ClientConfig::default().with_bearer(Some(&tokens.tools))?;
                 let gateway =
