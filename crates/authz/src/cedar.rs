@@ -283,15 +283,22 @@ impl Cedar {
             return Err(LoadError::Policies(problems));
         }
 
+        let tool_type = type_name("Agentloop::Tool")?;
+        let action = EntityUid::from_type_name_and_id(
+            type_name("Agentloop::Action")?,
+            EntityId::new("call"),
+        );
         let slices = tools
             .iter()
-            .map(|tool| Ok((tool.name.to_owned(), slice(&policies, &gated, tool.name)?)))
+            .map(|tool| {
+                let slice = slice(&policies, &gated, (&tool_type, tool.name), &action)?;
+                Ok((tool.name.to_owned(), slice))
+            })
             .collect::<Result<HashMap<_, _>, LoadError>>()?;
         let tools = tools
             .iter()
-            .map(|tool| Ok((tool.name.to_owned(), tool_entity(tool)?)))
-            .collect::<Result<HashMap<_, _>, String>>()
-            .map_err(LoadError::Schema)?;
+            .map(|tool| Ok((tool.name.to_owned(), tool_entity(&tool_type, tool)?)))
+            .collect::<Result<HashMap<_, _>, LoadError>>()?;
         Ok(Cedar {
             policies,
             slices,
@@ -299,10 +306,7 @@ impl Cedar {
             arguments,
             tools,
             actor_type: type_name("Agentloop::Actor")?,
-            action: EntityUid::from_type_name_and_id(
-                type_name("Agentloop::Action")?,
-                EntityId::new("call"),
-            ),
+            action,
             engine: cedar_policy::Authorizer::new(),
             version: version_of(sources),
             schema_text,
@@ -483,17 +487,21 @@ struct Slice {
     always: Option<Vec<String>>,
 }
 
-/// The slice of `set` for `tool`. A scope `resource ==` or `resource in` a tool applies to
-/// that tool alone (tools have no parents); any other scope applies to every tool.
-fn slice(set: &PolicySet, gated: &HashSet<PolicyId>, tool: &str) -> Result<Slice, LoadError> {
-    let tool_type = type_name("Agentloop::Tool")?;
-    let names_this =
-        |uid: &EntityUid| uid.type_name() == &tool_type && uid.id().unescaped() == tool;
+/// The slice of `set` for `tool` (the tool type and the tool's name); `call` is the
+/// action. A scope `resource ==` or `resource in` a tool applies to that tool alone
+/// (tools have no parents); any other scope applies to every tool.
+fn slice(
+    set: &PolicySet,
+    gated: &HashSet<PolicyId>,
+    (tool_type, tool): (&EntityTypeName, &str),
+    call: &EntityUid,
+) -> Result<Slice, LoadError> {
+    let names_this = |uid: &EntityUid| uid.type_name() == tool_type && uid.id().unescaped() == tool;
     let applies = |policy: &cedar_policy::Policy| match policy.resource_constraint() {
         ResourceConstraint::Eq(uid)
         | ResourceConstraint::In(uid)
         | ResourceConstraint::IsIn(_, uid)
-            if uid.type_name() == &tool_type =>
+            if uid.type_name() == tool_type =>
         {
             names_this(&uid)
         }
@@ -505,8 +513,6 @@ fn slice(set: &PolicySet, gated: &HashSet<PolicyId>, tool: &str) -> Result<Slice
     };
     let policies = PolicySet::from_policies(set.policies().filter(|p| applies(p)).cloned())
         .map_err(|e| LoadError::Schema(e.to_string()))?;
-    let call =
-        EntityUid::from_type_name_and_id(type_name("Agentloop::Action")?, EntityId::new("call"));
     let unconditional = |policy: &cedar_policy::Policy| {
         let resource = match policy.resource_constraint() {
             ResourceConstraint::Any => true,
@@ -515,7 +521,7 @@ fn slice(set: &PolicySet, gated: &HashSet<PolicyId>, tool: &str) -> Result<Slice
         };
         let action = match policy.action_constraint() {
             cedar_policy::ActionConstraint::Any => true,
-            cedar_policy::ActionConstraint::Eq(uid) => uid == call,
+            cedar_policy::ActionConstraint::Eq(uid) => &uid == call,
             cedar_policy::ActionConstraint::In(_) => false,
         };
         let conditions = policy.to_json().ok().and_then(|json| {
@@ -561,11 +567,8 @@ fn type_name(name: &str) -> Result<EntityTypeName, LoadError> {
     EntityTypeName::from_str(name).map_err(|e| LoadError::Schema(e.to_string()))
 }
 
-fn tool_entity(tool: &ToolFacts<'_>) -> Result<Entity, String> {
-    let uid = EntityUid::from_type_name_and_id(
-        EntityTypeName::from_str("Agentloop::Tool").map_err(|e| e.to_string())?,
-        EntityId::new(tool.name),
-    );
+fn tool_entity(tool_type: &EntityTypeName, tool: &ToolFacts<'_>) -> Result<Entity, LoadError> {
+    let uid = EntityUid::from_type_name_and_id(tool_type.clone(), EntityId::new(tool.name));
     Entity::new(
         uid,
         HashMap::from([
@@ -580,7 +583,7 @@ fn tool_entity(tool: &ToolFacts<'_>) -> Result<Entity, String> {
         ]),
         HashSet::new(),
     )
-    .map_err(|e| e.to_string())
+    .map_err(|e| LoadError::Schema(e.to_string()))
 }
 
 /// The version a policy set compiled from `sources` has: a digest of their file names

@@ -239,14 +239,6 @@ impl PolicyServer {
         } else {
             Profiles::load(config.policies.clone(), descriptors.to_vec())?
         };
-        for (profile, version) in profiles.versions() {
-            tracing::info!(profile, version, "policies loaded");
-        }
-        if let ProfilePolicies::On(set) = profiles.get("default")
-            && !set.left_out().is_empty()
-        {
-            tracing::warn!(arguments = ?set.left_out(), "tools type these arguments differently; policies cannot read them");
-        }
         let mut server = PolicyServer::new(tools, profiles, config.validators.clone());
         server.watch_every =
             (config.policy_watch_ms > 0).then(|| Duration::from_millis(config.policy_watch_ms));

@@ -109,12 +109,7 @@ impl Profiles {
         if self.is_off() {
             return ProfilePolicies::Off;
         }
-        let sets = match self.current.read() {
-            Ok(sets) => Arc::clone(&sets),
-            // A panic mid-swap cannot leave a half-written map (the swap is one store).
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        };
-        match sets.get(profile) {
+        match self.in_force().get(profile) {
             Some(set) => ProfilePolicies::On(Arc::clone(set)),
             None => ProfilePolicies::Missing,
         }
@@ -122,13 +117,19 @@ impl Profiles {
 
     /// The version of each profile's policy set.
     pub fn versions(&self) -> BTreeMap<String, String> {
-        let sets = match self.current.read() {
-            Ok(sets) => Arc::clone(&sets),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        };
-        sets.iter()
+        self.in_force()
+            .iter()
             .map(|(profile, set)| (profile.clone(), set.version().to_owned()))
             .collect()
+    }
+
+    /// The sets in force. A panic mid-swap cannot leave a half-written map (the swap is
+    /// one store), so a poisoned lock still holds a whole one.
+    fn in_force(&self) -> Arc<BTreeMap<String, Arc<Cedar>>> {
+        match self.current.read() {
+            Ok(sets) => Arc::clone(&sets),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
     }
 
     /// Reads the files again and, if any changed, compiles them and swaps the sets in.
@@ -138,10 +139,7 @@ impl Profiles {
     ///
     /// [`PolicyError::Policies`] when a changed file does not load.
     pub fn reload(&self) -> Result<bool, PolicyError> {
-        let current = match self.current.read() {
-            Ok(sets) => Arc::clone(&sets),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        };
+        let current = self.in_force();
         let sets = compile_all(&self.files, &self.tools, &current)?;
         let changed = sets.iter().any(|(profile, set)| {
             current
@@ -161,8 +159,8 @@ impl Profiles {
     }
 }
 
-/// Compiles every profile's files; a profile whose sources are those of its set in
-/// `current` keeps that set (same version, no recompile).
+/// Compiles every profile's files, logging each set compiled; a profile whose sources
+/// are those of its set in `current` keeps that set (same version, no recompile).
 fn compile_all(
     files: &BTreeMap<String, Vec<PathBuf>>,
     tools: &[ToolDescriptor],
@@ -185,7 +183,14 @@ fn compile_all(
             .filter(|set| set.version() == agentloop_authz::version_of(&sources));
         let set = match unchanged {
             Some(set) => Arc::clone(set),
-            None => Arc::new(Cedar::compile(&sources, &facts).map_err(failed)?),
+            None => {
+                let set = Cedar::compile(&sources, &facts).map_err(failed)?;
+                tracing::info!(profile, version = set.version(), "policies loaded");
+                if !set.left_out().is_empty() {
+                    tracing::warn!(profile, arguments = ?set.left_out(), "tools type these arguments differently; policies cannot read them");
+                }
+                Arc::new(set)
+            }
         };
         sets.insert(profile.clone(), set);
     }
