@@ -229,20 +229,11 @@ async fn a_kill_after_the_approved_write_was_applied_settles_it_once() {
     let Some(pb::event::Body::Turn(turn)) = &events[4].body else {
         unreachable!()
     };
-    assert!(
-        matches!(&turn.results[0].outcome, Some(pb::tool_result::Outcome::Output(o)) if o.output_json.contains("txn-")),
-        "the write's result comes from the executor's record: {turn:?}"
-    );
     assert_eq!(
         get(&mut via_a, &id).await.terminal_reason(),
         pb::TerminalReason::Completed
     );
-    let stats = cluster.executor.stats();
-    assert_eq!(
-        (stats.applied, stats.deduplicated),
-        (1, 0),
-        "applied once, never sent again"
-    );
+    settled_from_the_record(&cluster, turn);
     drop(a);
     cluster.stop().await;
 }
@@ -365,14 +356,22 @@ async fn a_write_sent_before_a_takeover_is_settled_even_if_policy_now_refuses_it
     else {
         unreachable!()
     };
-    assert!(
-        matches!(&turn.results[0].outcome, Some(pb::tool_result::Outcome::Output(o)) if o.output_json.contains("txn-")),
-        "the sent write is settled from the executor's record: {turn:?}"
-    );
+    settled_from_the_record(&cluster, turn);
     assert_eq!(turn.policy_version, profiles.versions()["default"]);
     assert_ne!(
         turn.policy_version, started.policy_version,
         "judged again at the takeover"
+    );
+    drop(a);
+    cluster.stop().await;
+}
+
+/// The one write of `turn` was applied once by the executor, never sent again, and its
+/// result is the executor's record of it.
+fn settled_from_the_record(cluster: &Cluster, turn: &pb::TurnCommitted) {
+    assert!(
+        matches!(&turn.results[0].outcome, Some(pb::tool_result::Outcome::Output(o)) if o.output_json.contains("txn-")),
+        "the write's result comes from the executor's record: {turn:?}"
     );
     let stats = cluster.executor.stats();
     assert_eq!(
@@ -380,8 +379,6 @@ async fn a_write_sent_before_a_takeover_is_settled_even_if_policy_now_refuses_it
         (1, 0),
         "applied once, never sent again"
     );
-    drop(a);
-    cluster.stop().await;
 }
 
 fn unix_ms(timestamp: &prost_types::Timestamp) -> u64 {
