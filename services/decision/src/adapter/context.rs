@@ -406,6 +406,15 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
 
+    /// A window wide enough for these histories.
+    fn test_config() -> ContextConfig {
+        ContextConfig {
+            keep_last_turns: 8,
+            max_observation_bytes: 4096,
+            system_prompt: None,
+        }
+    }
+
     #[test]
     fn missing_repeated_and_reused_ids_become_runtime_ids() {
         let used: HashSet<&str> = ["old"].into_iter().collect();
@@ -490,12 +499,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let config = ContextConfig {
-            keep_last_turns: 8,
-            max_observation_bytes: 4096,
-            system_prompt: None,
-        };
-        let prompt = build(&request, &config);
+        let prompt = build(&request, &test_config());
         let text = format!("{:?}", prompt.items);
         assert!(
             text.contains("I asked for approval to call transfer"),
@@ -550,12 +554,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let config = ContextConfig {
-            keep_last_turns: 8,
-            max_observation_bytes: 4096,
-            system_prompt: None,
-        };
-        let prompt = build(&request, &config);
+        let prompt = build(&request, &test_config());
         let Some(Item::Calls { observations, .. }) = prompt
             .items
             .iter()
