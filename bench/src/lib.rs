@@ -459,8 +459,15 @@ impl Model for BenchModel {
                 .collect();
             Kind::ToolCalls(ToolCalls { calls })
         } else {
+            // Citing the last turn's lookups (if any), which the acceptance rules check.
+            let cited = request.turn - 1;
+            let suffixes: &[&str] = if cited == 0 { &[] } else { &["a", "b"] };
             Kind::Final(Final {
                 answer: answer_from(&request.history),
+                evidence: suffixes
+                    .iter()
+                    .map(|suffix| format!("call-{cited}-{suffix}"))
+                    .collect(),
             })
         };
         Ok(ModelReply {

@@ -15,14 +15,15 @@ use futures::StreamExt;
 use crate::exit;
 use crate::view::{EventView, Summary, Waiting, reason_of};
 
-/// The seeds' example: two parallel read-only lookups, then an answer built from them.
+/// The seeds' example: two parallel read-only lookups, then an answer built from them,
+/// citing both.
 pub const DEMO_SCRIPT: &str = r#"{
   "turns": [
     {"tool_calls": [
       {"id": "call-profile", "name": "lookup", "arguments": {"key": "profile"}},
       {"id": "call-policy", "name": "lookup", "arguments": {"key": "policy"}}
     ]},
-    {"final": "profile=active; policy=refund-under-100"}
+    {"final": "profile=active; policy=refund-under-100", "evidence": ["call-profile", "call-policy"]}
   ]
 }"#;
 

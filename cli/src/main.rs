@@ -75,6 +75,10 @@ enum Command {
         /// when they change); without them, authorization is off.
         #[arg(long = "policies", value_name = "FILE")]
         policies: Vec<PathBuf>,
+        /// The default profile's acceptance rules of final answers (TOML: the keys of
+        /// one `[acceptance.<profile>]` table).
+        #[arg(long, value_name = "FILE")]
+        acceptance: Option<PathBuf>,
     },
     /// Starts an invocation with a scripted model or a real one and follows it to its end.
     Run(RunArgs),
@@ -212,6 +216,13 @@ struct ReplyArgs {
     /// A running orchestrator; without it, the embedded one over the data directory.
     #[arg(long)]
     server: Option<String>,
+    /// The embedded run's Cedar policy files, as `run` was given them: the resumed
+    /// invocation runs under them.
+    #[arg(long = "policies", value_name = "FILE", conflicts_with = "server")]
+    policies: Vec<PathBuf>,
+    /// The embedded run's acceptance rules, as `run` was given them.
+    #[arg(long, value_name = "FILE", conflicts_with = "server")]
+    acceptance: Option<PathBuf>,
     /// When the invocation waits for a human again: `follow` it, or `exit` (the
     /// default off a terminal).
     #[arg(long, value_enum)]
@@ -269,6 +280,10 @@ struct RunArgs {
     /// Cedar policy files authorizing every call of the embedded run (`docs/policies.md`).
     #[arg(long = "policies", value_name = "FILE", conflicts_with = "server")]
     policies: Vec<PathBuf>,
+    /// The default profile's acceptance rules of final answers for the embedded run
+    /// (`docs/verification.md`).
+    #[arg(long, value_name = "FILE", conflicts_with = "server")]
+    acceptance: Option<PathBuf>,
     /// The actor's roles, which policies test (comma-separated or repeated). With a
     /// token, they must be the token's.
     #[arg(long, value_delimiter = ',')]
@@ -355,8 +370,17 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             config,
             insecure_no_auth,
             policies,
+            acceptance,
         } => {
-            let mut options = embedded(cli.data_dir, tools.as_deref(), policies)?;
+            let mut options = match embedded(
+                cli.data_dir,
+                tools.as_deref(),
+                policies,
+                acceptance.as_deref(),
+            ) {
+                Ok(options) => options,
+                Err(error) => return refused_policies(error),
+            };
             options.listen = listen.to_string();
             // A configuration `dev` cannot serve is the operator's to fix: exit 78, as the
             // orchestrator binary does.
@@ -443,9 +467,17 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                     client::run(server(&endpoint, cli.token.as_deref()), options, follow).await
                 }
                 None => {
-                    let data_dir_flags = data_dir_flag(&cli.data_dir);
-                    let mut stack_options =
-                        embedded(cli.data_dir, args.tools.as_deref(), args.policies)?;
+                    let data_dir_flags =
+                        embedded_flags(&cli.data_dir, &args.policies, args.acceptance.as_deref());
+                    let mut stack_options = match embedded(
+                        cli.data_dir,
+                        args.tools.as_deref(),
+                        args.policies,
+                        args.acceptance.as_deref(),
+                    ) {
+                        Ok(options) => options,
+                        Err(error) => return refused_policies(error),
+                    };
                     if model.is_some() {
                         // A real model gets one repair turn: an output that breaks the
                         // protocol is fed back once before the run ends `invalid_decision`.
@@ -488,7 +520,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             server: endpoint,
             json,
         } => {
-            let target = Target::open(endpoint, cli.token, &cli.data_dir).await?;
+            let target = Target::open(endpoint, cli.token, &cli.data_dir, Vec::new(), None).await?;
             let result = humans::pending(target.server(), json, &target.resume_flags).await;
             target.close().await?;
             result
@@ -502,7 +534,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             actor,
             reply,
         } => {
-            let target = Target::open(reply.server, cli.token, &cli.data_dir).await?;
+            let target = match Target::open(
+                reply.server,
+                cli.token,
+                &cli.data_dir,
+                reply.policies,
+                reply.acceptance,
+            )
+            .await
+            {
+                Ok(target) => target,
+                Err(error) => return refused_policies(error),
+            };
             let request = humans::Approve {
                 id,
                 deny,
@@ -522,7 +565,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             actor,
             reply,
         } => {
-            let target = Target::open(reply.server, cli.token, &cli.data_dir).await?;
+            let target = match Target::open(
+                reply.server,
+                cli.token,
+                &cli.data_dir,
+                reply.policies,
+                reply.acceptance,
+            )
+            .await
+            {
+                Ok(target) => target,
+                Err(error) => return refused_policies(error),
+            };
             let follow = target.follow(reply.json, reply.on_wait);
             let actor = target.actor(actor);
             let result = humans::answer(target.server(), &id, &text, actor, follow).await;
@@ -660,6 +714,20 @@ fn data_dir_flag(data_dir: &Path) -> String {
     }
 }
 
+/// The flags of an embedded stack as the printed commands name them: the data directory,
+/// and the policies and acceptance rules the invocation ran under, so a reply resumes it
+/// under the same.
+fn embedded_flags(data_dir: &Path, policies: &[PathBuf], acceptance: Option<&Path>) -> String {
+    let mut flags = data_dir_flag(data_dir);
+    for file in policies {
+        flags.push_str(&format!(" --policies {}", file.display()));
+    }
+    if let Some(file) = acceptance {
+        flags.push_str(&format!(" --acceptance {}", file.display()));
+    }
+    flags
+}
+
 /// The orchestrator a reply goes to: the one at `--server`, or the embedded one over the
 /// data directory, started for the command (it runs the resumed invocation).
 struct Target {
@@ -670,10 +738,14 @@ struct Target {
 }
 
 impl Target {
+    /// The orchestrator at `endpoint`, or the embedded one over `data_dir`, with the
+    /// `policies` and `acceptance` rules of the run that started the invocation.
     async fn open(
         endpoint: Option<String>,
         token: Option<String>,
         data_dir: &Path,
+        policies: Vec<PathBuf>,
+        acceptance: Option<PathBuf>,
     ) -> anyhow::Result<Target> {
         Ok(match endpoint {
             Some(endpoint) => Target {
@@ -683,12 +755,14 @@ impl Target {
                 token,
             },
             None => {
-                let stack = Stack::start(StackOptions::embedded(data_dir.to_owned())).await?;
+                let resume_flags = embedded_flags(data_dir, &policies, acceptance.as_deref());
+                let options = embedded(data_dir.to_owned(), None, policies, acceptance.as_deref())?;
+                let stack = Stack::start(options).await?;
                 Target {
                     endpoint: stack.endpoint(),
                     stack: Some(stack),
                     token: None,
-                    resume_flags: data_dir_flag(data_dir),
+                    resume_flags,
                 }
             }
         })
@@ -726,11 +800,13 @@ impl Target {
     }
 }
 
-/// The embedded stack over `data_dir`, with the tool registry `tools` if one is named.
+/// The embedded stack over `data_dir`, with the tool registry `tools`, the default
+/// profile's `policies` and its `acceptance` rules, each if named.
 fn embedded(
     data_dir: PathBuf,
     tools: Option<&Path>,
     policies: Vec<PathBuf>,
+    acceptance: Option<&Path>,
 ) -> anyhow::Result<StackOptions> {
     let mut options = StackOptions::embedded(data_dir);
     options.services.tools = tools.map(ToolsConfig::load).transpose()?;
@@ -738,14 +814,22 @@ fn embedded(
         options.services.policy.policies =
             std::collections::BTreeMap::from([("default".to_owned(), policies)]);
     }
+    if let Some(path) = acceptance {
+        let rules = agentloop_policy::Acceptance::load(path, "default")?;
+        options.services.policy.acceptance =
+            std::collections::BTreeMap::from([("default".to_owned(), rules)]);
+    }
     Ok(options)
 }
 
-/// A start that failed: policies that do not load are the operator's to fix (exit 78,
-/// every problem printed), anything else fails the command.
+/// A start that failed: policies or acceptance rules that do not load are the
+/// operator's to fix (exit 78, every problem printed), anything else fails the command.
 fn refused_policies(error: anyhow::Error) -> anyhow::Result<u8> {
     match error.downcast_ref::<agentloop_policy::PolicyError>() {
-        Some(refused @ agentloop_policy::PolicyError::Policies { .. }) => {
+        Some(
+            refused @ (agentloop_policy::PolicyError::Policies { .. }
+            | agentloop_policy::PolicyError::Acceptance { .. }),
+        ) => {
             eprintln!("agentloop: {refused}");
             Ok(exit::BAD_CONFIG)
         }

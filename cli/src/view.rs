@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use agentloop_engine::TerminalReason;
+use agentloop_engine::{CheckKind, CheckVerdict, TerminalReason};
 use agentloop_orchestrator::wire;
 use agentloop_proto::v1 as pb;
 use serde::Serialize;
@@ -29,6 +29,12 @@ pub struct EventView {
     /// The answer, question or reason the decision carried.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// The call IDs a final answer cites.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub evidence: Vec<String>,
+    /// What each acceptance rule and verifier said of a refused final answer.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<CheckView>,
     /// The calls and their results, in call order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub calls: Vec<CallView>,
@@ -44,6 +50,60 @@ pub struct EventView {
     /// The accepted answer (ended `completed` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
+    /// The rules and verifiers that accepted it (ended `completed` only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub accepted_by: Vec<CheckView>,
+}
+
+/// One check of a final answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CheckView {
+    /// The rule's or verifier's name.
+    pub name: String,
+    /// `rule` or `verifier`.
+    pub kind: &'static str,
+    /// `accepted`, `rejected` or `undecided`.
+    pub verdict: &'static str,
+    /// Why, when not accepted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+    /// What the verdict rests on.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub evidence: Vec<String>,
+}
+
+impl CheckView {
+    /// The view of a wire check.
+    pub fn of(check: &pb::Check) -> CheckView {
+        let check = wire::check_from(check.clone());
+        CheckView {
+            kind: match check.kind {
+                CheckKind::Rule => "rule",
+                CheckKind::Verifier => "verifier",
+            },
+            verdict: match check.verdict {
+                CheckVerdict::Accepted => "accepted",
+                CheckVerdict::Rejected => "rejected",
+                CheckVerdict::Undecided => "undecided",
+            },
+            name: check.name,
+            reasons: check.reasons,
+            evidence: check.evidence,
+        }
+    }
+
+    /// `name (evidence, ...)`, for one line.
+    fn render(&self) -> String {
+        if self.evidence.is_empty() {
+            self.name.clone()
+        } else {
+            format!("{} ({})", self.name, self.evidence.join(", "))
+        }
+    }
+}
+
+fn views(checks: &[pb::Check]) -> Vec<CheckView> {
+    checks.iter().map(CheckView::of).collect()
 }
 
 /// One call of a turn.
@@ -88,11 +148,14 @@ impl EventView {
             turn: None,
             decision: None,
             text: None,
+            evidence: Vec::new(),
+            checks: Vec::new(),
             calls: Vec::new(),
             rejection: None,
             reason: None,
             detail: None,
             answer: None,
+            accepted_by: Vec::new(),
         };
         match &event.body {
             Some(pb::event::Body::Turn(turn) | pb::event::Body::BatchStarted(turn)) => {
@@ -105,6 +168,12 @@ impl EventView {
                 let (decision, text, calls) = decision_parts(turn.decision.as_ref());
                 view.decision = Some(decision);
                 view.text = text;
+                if let Some(pb::decision::Kind::Final(f)) =
+                    turn.decision.as_ref().and_then(|d| d.kind.as_ref())
+                {
+                    view.evidence.clone_from(&f.evidence);
+                }
+                view.checks = views(&turn.checks);
                 view.calls = calls
                     .iter()
                     .map(|call| {
@@ -133,6 +202,7 @@ impl EventView {
                 view.reason = Some(reason_name(ended.reason));
                 view.detail = Some(ended.detail.clone()).filter(|d| !d.is_empty());
                 view.answer = ended.answer.clone();
+                view.accepted_by = views(&ended.accepted_by);
             }
             Some(pb::event::Body::ApprovalResolved(resolved)) => {
                 view.kind = "approval_resolved";
@@ -176,6 +246,9 @@ impl EventView {
                 if let Some(text) = &self.text {
                     let _ = write!(out, "  {}", one_line(text, 100));
                 }
+                if !self.evidence.is_empty() {
+                    let _ = write!(out, "  [cites {}]", self.evidence.join(", "));
+                }
                 for call in &self.calls {
                     let _ = write!(
                         out,
@@ -209,6 +282,15 @@ impl EventView {
                 }
                 if let Some(answer) = &self.answer {
                     let _ = write!(out, "\n               answer: {}", one_line(answer, 200));
+                }
+                if !self.accepted_by.is_empty() {
+                    let accepted: Vec<String> =
+                        self.accepted_by.iter().map(CheckView::render).collect();
+                    let _ = write!(
+                        out,
+                        "\n               accepted by: {}",
+                        one_line(&accepted.join("; "), 200)
+                    );
                 }
             }
         }
@@ -403,6 +485,9 @@ pub struct Summary {
     /// What it waits for, when it stopped to wait for a human.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waiting: Option<Waiting>,
+    /// The rules and verifiers that accepted the answer, if completed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub accepted_by: Vec<CheckView>,
 }
 
 impl Summary {
@@ -422,6 +507,7 @@ impl Summary {
             output_tokens: usage.output_tokens,
             elapsed_ms,
             waiting: Waiting::of(invocation, flags),
+            accepted_by: views(&invocation.accepted_by),
         }
     }
 
@@ -431,6 +517,11 @@ impl Summary {
         match &self.answer {
             Some(answer) => {
                 let _ = write!(out, "\n{answer}");
+                if !self.accepted_by.is_empty() {
+                    let accepted: Vec<String> =
+                        self.accepted_by.iter().map(CheckView::render).collect();
+                    let _ = write!(out, "\naccepted by: {}", accepted.join("; "));
+                }
             }
             // Its detail is what `waiting` shows.
             None if self.waiting.is_some() => {}

@@ -24,7 +24,7 @@ fn demo_prints_the_seed_result_and_exits_zero() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert_eq!(
         stdout(&output),
-        "completed\nprofile=active; policy=refund-under-100\nsteps=2 tool_calls=2 events=2\n"
+        "completed\nprofile=active; policy=refund-under-100\naccepted by: answer; citations (call-profile, call-policy)\nsteps=2 tool_calls=2 events=2\n"
     );
 }
 
@@ -160,4 +160,141 @@ fn bad_usage_and_bad_input_are_reported_with_distinct_codes() {
         ],
     );
     assert_eq!(deadline.status.code(), Some(2));
+}
+
+#[test]
+fn acceptance_rules_from_a_file_judge_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    std::fs::write(path("accept.toml"), "require_citations = true\n").unwrap();
+    let lookup = r#"{"id": "c", "name": "lookup", "arguments": {"key": "profile"}}"#;
+    let guess = format!(
+        r#"{{"turns": [{{"tool_calls": [{lookup}]}}, {{"final": "active"}}, {{"final": "active"}}]}}"#
+    );
+    let cited = format!(
+        r#"{{"turns": [{{"tool_calls": [{lookup}]}}, {{"final": "active", "evidence": ["c"]}}]}}"#
+    );
+    std::fs::write(path("guess.json"), guess).unwrap();
+    std::fs::write(path("cited.json"), cited).unwrap();
+    let run = |script: &str, rules: &str| {
+        agentloop(
+            &data,
+            &[
+                "run",
+                "--script",
+                &path(script),
+                "--acceptance",
+                &path(rules),
+                "--json",
+            ],
+        )
+    };
+
+    let refused = run("guess.json", "accept.toml");
+    assert_eq!(refused.status.code(), Some(22), "{}", stderr(&refused));
+    let summary: serde_json::Value = serde_json::from_str(&stdout(&refused)).unwrap();
+    assert_eq!(summary["reason"], "verification_failed");
+    assert!(
+        summary["detail"]
+            .as_str()
+            .unwrap()
+            .contains("cites no result")
+    );
+
+    let accepted = run("cited.json", "accept.toml");
+    assert_eq!(accepted.status.code(), Some(0), "{}", stderr(&accepted));
+    let summary: serde_json::Value = serde_json::from_str(&stdout(&accepted)).unwrap();
+    let citations = summary["accepted_by"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|check| check["name"] == "citations")
+        .unwrap();
+    assert_eq!(citations["evidence"], serde_json::json!(["c"]));
+    assert_eq!(citations["kind"], "rule");
+
+    // Rules that do not load stop the run before it starts: a bad configuration.
+    for (name, rules) in [
+        ("unknown-tool.toml", "[[require]]\ntool = \"refund\"\n"),
+        ("not-toml.toml", "require_citations = \n"),
+    ] {
+        std::fs::write(path(name), rules).unwrap();
+        let output = run("cited.json", name);
+        assert_eq!(
+            output.status.code(),
+            Some(78),
+            "{name}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains("acceptance rules of profile \"default\""),
+            "{}",
+            stderr(&output)
+        );
+    }
+}
+
+#[test]
+fn an_approval_given_later_resumes_under_the_runs_acceptance_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    std::fs::write(
+        path("accept.toml"),
+        "require_citations = true\nverifiers = [\"transfer_recorded\"]\n",
+    )
+    .unwrap();
+    let refund = r#"{"turns": [
+        {"request_approval": {"summary": "refund", "calls": [{"id": "t1", "name": "transfer",
+          "arguments": {"from": "ops", "to": "acct-1", "amount": 4000}}]}},
+        {"final": "refunded", "evidence": ["t1"]}]}"#;
+    std::fs::write(path("refund.json"), refund).unwrap();
+    let waiting = agentloop(
+        &data,
+        &[
+            "run",
+            "--script",
+            &path("refund.json"),
+            "--acceptance",
+            &path("accept.toml"),
+            "--on-wait",
+            "exit",
+            "--json",
+        ],
+    );
+    assert_eq!(waiting.status.code(), Some(10), "{}", stderr(&waiting));
+    let summary: serde_json::Value = serde_json::from_str(&stdout(&waiting)).unwrap();
+    let pending = &summary["waiting"];
+    let commands = pending["commands"].as_array().unwrap();
+    assert!(
+        commands
+            .iter()
+            .all(|c| c.as_str().unwrap().contains("--acceptance")),
+        "the printed commands resume it under the same rules: {commands:?}"
+    );
+
+    let id = pending["invocation_id"].as_str().unwrap();
+    let digest = pending["proposal_digest"].as_str().unwrap();
+    let approved = agentloop(
+        &data,
+        &[
+            "approve",
+            id,
+            "--digest",
+            digest,
+            "--acceptance",
+            &path("accept.toml"),
+            "--json",
+        ],
+    );
+    assert_eq!(approved.status.code(), Some(0), "{}", stderr(&approved));
+    let summary: serde_json::Value = serde_json::from_str(&stdout(&approved)).unwrap();
+    let names: Vec<&str> = summary["accepted_by"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|check| check["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"transfer_recorded"), "{names:?}");
 }

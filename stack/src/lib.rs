@@ -35,7 +35,7 @@ use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_server::{Access, ServeError, ServiceSet};
 use agentloop_store::{EventStore, SqliteStore, StoreError};
-use agentloop_tools::{Gateway, GatewayLimits, ToolsConfig};
+use agentloop_tools::{Gateway, GatewayLimits, ToolsConfig, VerifierEntry};
 use anyhow::{Context, bail};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -74,12 +74,15 @@ fn policy_service(
     Ok((policy, watch))
 }
 
-/// The demo executor's tools, all served at `endpoint`.
+/// The demo executor's tools and verifier, all served at `endpoint`.
 fn demo_tools_at(endpoint: &str) -> anyhow::Result<ToolsConfig> {
-    Ok(ToolsConfig::from_descriptors(
-        endpoint,
-        agentloop_demo_executor::descriptors(),
-    )?)
+    let mut tools =
+        ToolsConfig::from_descriptors(endpoint, agentloop_demo_executor::descriptors())?;
+    tools.verifiers = agentloop_demo_executor::verifiers()
+        .into_iter()
+        .map(|v| VerifierEntry::new(v.name, endpoint, v.description))
+        .collect();
+    Ok(tools)
 }
 
 /// How the services reach each other.
@@ -99,6 +102,8 @@ pub struct ServicesOptions {
     pub data_dir: PathBuf,
     /// A tool registry; without it, the demo executor's tools.
     pub tools: Option<ToolsConfig>,
+    /// Verifiers registered beside the registry's (tests add ones they serve).
+    pub verifiers: Vec<VerifierEntry>,
     /// Per-tool timeouts (ms) that replace the demo executor's own (tests shorten
     /// `transfer`'s to see late replies).
     pub demo_timeouts_ms: BTreeMap<String, u64>,
@@ -124,6 +129,7 @@ impl ServicesOptions {
         ServicesOptions {
             data_dir,
             tools: None,
+            verifiers: Vec::new(),
             demo_timeouts_ms: BTreeMap::new(),
             demo: DemoConfig::default(),
             gateway: GatewayLimits::default(),
@@ -222,15 +228,18 @@ impl Services {
         let ledger = LedgerService::new(ledger_config.open_store().await?);
         let decision = DecisionServer::new(options.model);
         let tools_for = |endpoint: &str| -> anyhow::Result<ToolsConfig> {
-            if let Some(tools) = &options.tools {
-                return Ok(tools.clone());
-            }
-            let mut tools = demo_tools_at(endpoint)?;
-            for tool in &mut tools.tools {
-                if let Some(&timeout_ms) = options.demo_timeouts_ms.get(&tool.name) {
-                    tool.timeout_ms = timeout_ms;
+            let mut tools = match &options.tools {
+                Some(tools) => tools.clone(),
+                None => demo_tools_at(endpoint)?,
+            };
+            if options.tools.is_none() {
+                for tool in &mut tools.tools {
+                    if let Some(&timeout_ms) = options.demo_timeouts_ms.get(&tool.name) {
+                        tool.timeout_ms = timeout_ms;
+                    }
                 }
             }
+            tools.verifiers.extend(options.verifiers.iter().cloned());
             Ok(tools)
         };
         match wiring {

@@ -158,8 +158,12 @@ async fn a_permission_removed_between_approval_and_dispatch_stops_the_write(wiri
     std::fs::write(&file, &demo).unwrap();
     let system = under(wiring, OrchestratorConfig::default(), file.clone()).await;
     let mut client = system.client().await;
-    let (id, events, end) =
-        start_waiting(&mut client, as_clerk(&transfer_script("alice", 20_000, 1))).await;
+    // The model answers "moved" whatever happened, twice.
+    let script = transfer_script("alice", 20_000, 1).replace(
+        r#"{"final": "moved"}"#,
+        r#"{"final": "moved"}, {"final": "moved"}"#,
+    );
+    let (id, events, end) = start_waiting(&mut client, as_clerk(&script)).await;
     let judged_first = turns(&events)[0].policy_version.clone();
 
     // Transfers are frozen while the approval is pending.
@@ -197,10 +201,16 @@ async fn a_permission_removed_between_approval_and_dispatch_stops_the_write(wiri
         reopened.policy_version, judged_first,
         "judged by the policies in force then"
     );
-    // The model hears of it and ends on its own terms.
-    assert_eq!(
-        reason(&get(&mut client, &id).await),
-        pb::TerminalReason::Completed
+    // The model hears of it, and its claim that the money moved does not get past the
+    // ledger, which has the write rejected.
+    let ended = get(&mut client, &id).await;
+    assert_eq!(reason(&ended), pb::TerminalReason::VerificationFailed);
+    assert!(
+        ended
+            .terminal_detail
+            .contains("is rejected in the effect ledger"),
+        "{}",
+        ended.terminal_detail
     );
     if let Some(mut ledger) = system.ledger().await {
         let unresolved = ledger

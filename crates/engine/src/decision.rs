@@ -32,6 +32,9 @@ pub enum ProposedDecision {
     Final {
         /// The answer text.
         answer: String,
+        /// The call IDs of the committed results the answer says it rests on.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        evidence: Vec<String>,
     },
     /// A batch of tool calls to execute.
     ToolCalls {
@@ -101,7 +104,7 @@ pub struct ToolCall {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// A final answer.
-    Final(String),
+    Final(FinalAnswer),
     /// Tool calls to execute, with the fingerprint of the plan.
     ToolCalls(ValidBatch),
     /// Calls that need approval, bound to their fingerprint.
@@ -115,6 +118,17 @@ pub enum Decision {
     Clarification(String),
     /// The model gives up.
     CannotContinue(String),
+}
+
+/// A final answer with the calls it cites; whether those are committed outputs is for
+/// the verification that follows, which sees the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinalAnswer {
+    /// The answer, not empty.
+    pub answer: String,
+    /// The cited call IDs, each within the call-ID bound, without repeats, in the
+    /// model's order.
+    pub evidence: Vec<CallId>,
 }
 
 /// A non-empty batch of validated calls and the digest of what they do.
@@ -136,6 +150,8 @@ pub struct DecisionBounds {
     pub max_arguments_bytes: usize,
     /// Longest call ID, in bytes.
     pub max_call_id_bytes: usize,
+    /// Most call IDs a final answer may cite.
+    pub max_evidence: usize,
 }
 
 impl Default for DecisionBounds {
@@ -144,6 +160,7 @@ impl Default for DecisionBounds {
             max_batch_calls: 32,
             max_arguments_bytes: 64 * 1024,
             max_call_id_bytes: 128,
+            max_evidence: 64,
         }
     }
 }
@@ -218,6 +235,22 @@ pub enum DecisionError {
         /// The call.
         call_id: String,
     },
+    /// A final answer citing more results than allowed.
+    #[error("the answer cites {cited} results; at most {limit} are allowed")]
+    TooMuchEvidence {
+        /// Citations given.
+        cited: usize,
+        /// The bound.
+        limit: usize,
+    },
+    /// A citation that cannot be a call ID.
+    #[error("evidence #{index} is not a call ID (empty, or longer than {limit} bytes)")]
+    BadEvidence {
+        /// Position of the citation (0-based).
+        index: usize,
+        /// The call-ID bound.
+        limit: usize,
+    },
     /// A final answer, question or reason with no text.
     #[error("the {field} is empty")]
     EmptyText {
@@ -236,7 +269,10 @@ pub fn validate(
     bounds: &DecisionBounds,
 ) -> Result<Decision, DecisionError> {
     match proposed {
-        ProposedDecision::Final { answer } => Ok(Decision::Final(non_empty("answer", answer)?)),
+        ProposedDecision::Final { answer, evidence } => Ok(Decision::Final(FinalAnswer {
+            answer: non_empty("answer", answer)?,
+            evidence: validate_evidence(evidence, bounds)?,
+        })),
         ProposedDecision::ToolCalls { calls } => {
             Ok(Decision::ToolCalls(validate_batch(calls, catalog, bounds)?))
         }
@@ -252,6 +288,32 @@ pub fn validate(
         }
         ProposedDecision::Unparseable { .. } => Err(DecisionError::Unparseable),
     }
+}
+
+fn validate_evidence(
+    evidence: &[String],
+    bounds: &DecisionBounds,
+) -> Result<Vec<CallId>, DecisionError> {
+    if evidence.len() > bounds.max_evidence {
+        return Err(DecisionError::TooMuchEvidence {
+            cited: evidence.len(),
+            limit: bounds.max_evidence,
+        });
+    }
+    let mut cited: Vec<CallId> = Vec::with_capacity(evidence.len());
+    for (index, id) in evidence.iter().enumerate() {
+        if id.trim().is_empty() || id.len() > bounds.max_call_id_bytes {
+            return Err(DecisionError::BadEvidence {
+                index,
+                limit: bounds.max_call_id_bytes,
+            });
+        }
+        // Citing a result twice says no more than citing it once.
+        if !cited.iter().any(|c| c.as_str() == id) {
+            cited.push(CallId::new(id.as_str()));
+        }
+    }
+    Ok(cited)
 }
 
 fn non_empty(field: &str, text: &str) -> Result<String, DecisionError> {
@@ -445,7 +507,13 @@ mod tests {
         let catalog = ToolCatalog::new();
         let bounds = DecisionBounds::default();
         for (proposed, field) in [
-            (ProposedDecision::Final { answer: " ".into() }, "answer"),
+            (
+                ProposedDecision::Final {
+                    answer: " ".into(),
+                    evidence: Vec::new(),
+                },
+                "answer",
+            ),
             (
                 ProposedDecision::Clarification {
                     question: String::new(),

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::canonical::Fingerprint;
 use crate::catalog::ToolCatalog;
+use crate::check::Check;
 use crate::decision::{
     CallId, Decision, DecisionBounds, ProposedDecision, Usage, ValidBatch, validate,
 };
@@ -98,6 +99,10 @@ pub struct TurnRecord {
     /// The version of the policy set that judged the turn's calls, when one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
+    /// For a refused final answer: what each acceptance rule and verifier said about it
+    /// (an accepted answer's checks are its end's [`EndRecord::accepted_by`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<Check>,
 }
 
 impl TurnRecord {
@@ -187,6 +192,9 @@ pub struct EndRecord {
     /// `clarification_required`): the invocation is not over, a reply resumes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait: Option<Wait>,
+    /// For `completed`: the checks that accepted the answer, with their evidence.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accepted_by: Vec<Check>,
 }
 
 impl EndRecord {

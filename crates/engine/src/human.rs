@@ -151,5 +151,6 @@ pub fn end_wait(end: &EndRecord, why: WaitEnd, now: UnixMillis) -> Result<EventB
         answer: None,
         proposal: None,
         wait: None,
+        accepted_by: Vec::new(),
     }))
 }

@@ -17,10 +17,11 @@
 //! let mut invocation = Invocation::new(Limits::default(), catalog);
 //! let now = UnixMillis(0);
 //! assert_eq!(invocation.step(Input::Start, now).unwrap(), vec![Action::Decide { turn: 1 }]);
-//! let answer = ProposedDecision::Final { answer: "42".into() };
+//! let answer = ProposedDecision::Final { answer: "42".into(), evidence: vec![] };
 //! let actions = invocation.step(Input::Decided { decision: answer, usage: Usage::default() }, now).unwrap();
-//! assert_eq!(actions, vec![Action::Verify { turn: 1, answer: "42".into() }]);
-//! let actions = invocation.step(Input::Verified(Verification::Accepted), now).unwrap();
+//! assert_eq!(actions, vec![Action::Verify { turn: 1, answer: "42".into(), evidence: vec![] }]);
+//! let accepted = Verification::Accepted { checks: vec![] };
+//! let actions = invocation.step(Input::Verified(accepted), now).unwrap();
 //! assert!(matches!(&actions[0], Action::Commit { expected_version: 0, events, .. } if events.len() == 2));
 //! let actions = invocation.step(Input::Committed, now).unwrap();
 //! let [Action::Finish(outcome)] = actions.as_slice() else { panic!("expected the end") };
@@ -30,6 +31,7 @@
 
 mod canonical;
 mod catalog;
+mod check;
 mod decision;
 mod event;
 mod human;
@@ -43,9 +45,10 @@ mod time;
 
 pub use canonical::{BadFingerprint, Fingerprint, canonical_json};
 pub use catalog::{SideEffect, ToolCatalog, ToolSpec};
+pub use check::{Check, CheckKind, CheckVerdict};
 pub use decision::{
-    CallId, Decision, DecisionBounds, DecisionError, ProposedCall, ProposedDecision, ToolCall,
-    Usage, ValidBatch, validate,
+    CallId, Decision, DecisionBounds, DecisionError, FinalAnswer, ProposedCall, ProposedDecision,
+    ToolCall, Usage, ValidBatch, validate,
 };
 pub use event::{
     Answer, EndRecord, Event, EventBody, Refusal, Rejection, RejectionKind, Resolution, TurnRecord,

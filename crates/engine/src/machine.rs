@@ -19,7 +19,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::canonical::Fingerprint;
 use crate::catalog::ToolCatalog;
-use crate::decision::{CallId, Decision, ProposedDecision, ToolCall, Usage, ValidBatch, validate};
+use crate::check::Check;
+use crate::decision::{
+    CallId, Decision, FinalAnswer, ProposedDecision, ToolCall, Usage, ValidBatch, validate,
+};
 use crate::event::{
     EndRecord, Event, EventBody, Refusal, Rejection, RejectionKind, TurnRecord, Wait,
 };
@@ -129,16 +132,21 @@ pub enum Verdict {
     },
 }
 
-/// The validators' verdict on a final answer.
+/// The verdict on a final answer: its acceptance rules' and verifiers'.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verification {
-    /// The answer is backed by evidence.
-    Accepted,
+    /// Every check accepted the answer.
+    Accepted {
+        /// The checks that accepted it, with their evidence (committed with the end).
+        checks: Vec<Check>,
+    },
     /// The answer is not accepted.
     Rejected {
         /// Why, fed back to the model on a repair turn.
         reason: String,
+        /// The checks that ran, accepted or not (none when nothing could be asked).
+        checks: Vec<Check>,
     },
 }
 
@@ -191,12 +199,16 @@ pub enum Action {
         /// The write calls whose outcome is unknown.
         calls: Vec<ToolCall>,
     },
-    /// Ask the validators about a final answer; answer with `Verified`.
+    /// Have the answer checked against the committed state (its citations, the
+    /// profile's rules, the ledger, the verifiers); answer with `Verified`.
     Verify {
         /// The turn.
         turn: u32,
         /// The answer.
         answer: String,
+        /// The call IDs it cites.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        evidence: Vec<CallId>,
     },
     /// Append `events` atomically after `expected_version`; answer with `Committed` or
     /// `CommitFailed`.
@@ -285,6 +297,9 @@ pub struct Protocol {
     /// The turn whose write batch has started (`BatchStarted`) and whose `Turn` event is
     /// not committed yet.
     pub started: Option<u32>,
+    /// A batch with writes has started in this invocation (it committed a
+    /// `BatchStarted`): only then can the effect ledger have entries for it.
+    pub wrote: bool,
     /// What humans did, once one replied. Boxed: most invocations never wait, and every
     /// running one keeps a protocol state (two while a batch starts).
     pub humans: Option<Box<Humans>>,
@@ -352,6 +367,7 @@ impl Protocol {
                     return Err(RestoreError::MissingPlan(record.turn));
                 }
                 self.started = Some(record.turn);
+                self.wrote = true;
             }
             EventBody::Turn(record) => {
                 let expected = self.next_turn();
@@ -464,6 +480,7 @@ impl Draft {
             results: Vec::new(),
             rejection,
             policy: self.checked.and_then(|checked| checked.policy),
+            checks: Vec::new(),
         }
     }
 
@@ -984,13 +1001,17 @@ impl Invocation {
             Err(error) => return self.reject(draft, error.to_string()),
         };
         match decision {
-            Decision::Final(answer) => {
+            Decision::Final(FinalAnswer { answer, evidence }) => {
                 let turn = draft.turn;
                 self.phase = Phase::Verifying {
                     draft,
                     answer: answer.clone(),
                 };
-                vec![Action::Verify { turn, answer }]
+                vec![Action::Verify {
+                    turn,
+                    answer,
+                    evidence,
+                }]
             }
             // A proposal for a human passes the same budget, progress and policy checks
             // as calls that would run at once: a human is never asked to approve what
@@ -1244,20 +1265,24 @@ impl Invocation {
             message,
             refusals,
         };
-        self.repair_or_end(draft, rejection, TerminalReason::InvalidDecision, repair)
+        let turn = draft.record(Some(rejection));
+        self.repair_or_end(turn, TerminalReason::InvalidDecision, repair)
     }
 
-    /// Commits a rejected decision: as a repair turn (the model hears why and decides
-    /// again) when `repair`, else together with the end `reason`.
+    /// Commits a rejected decision's `turn`: as a repair turn (the model hears why and
+    /// decides again) when `repair`, else together with the end `reason`.
     fn repair_or_end(
         &mut self,
-        draft: Draft,
-        rejection: Rejection,
+        turn: TurnRecord,
         reason: TerminalReason,
         repair: bool,
     ) -> Vec<Action> {
-        let message = rejection.message.clone();
-        let turn = EventBody::Turn(draft.record(Some(rejection)));
+        let message = turn
+            .rejection
+            .as_ref()
+            .map(|rejection| rejection.message.clone())
+            .unwrap_or_default();
+        let turn = EventBody::Turn(turn);
         if repair {
             self.commit(vec![turn])
         } else {
@@ -1427,17 +1452,26 @@ impl Invocation {
         now: UnixMillis,
     ) -> Vec<Action> {
         match verification {
-            Verification::Accepted if self.deadline_passed(now) => {
+            Verification::Accepted { .. } if self.deadline_passed(now) => {
                 self.end_stopped(Some(draft), Stop::Deadline)
             }
-            Verification::Accepted => self.end(
-                vec![EventBody::Turn(draft.record(None))],
-                TerminalReason::Completed,
-                String::new(),
-                Some(answer),
-                None,
-            ),
-            Verification::Rejected { reason } => {
+            // The checks go with the end, which the same commit carries: the log says
+            // once what accepted the answer.
+            Verification::Accepted { checks } => {
+                let turn = draft.record(None);
+                self.commit(vec![
+                    EventBody::Turn(turn),
+                    EventBody::Ended(EndRecord {
+                        reason: TerminalReason::Completed,
+                        detail: String::new(),
+                        answer: Some(answer),
+                        proposal: None,
+                        wait: None,
+                        accepted_by: checks,
+                    }),
+                ])
+            }
+            Verification::Rejected { reason, checks } => {
                 let repair =
                     self.protocol.verification_repairs_used < self.limits.verification_repairs;
                 let rejection = Rejection {
@@ -1445,7 +1479,9 @@ impl Invocation {
                     message: reason,
                     refusals: Vec::new(),
                 };
-                self.repair_or_end(draft, rejection, TerminalReason::VerificationFailed, repair)
+                let mut turn = draft.record(Some(rejection));
+                turn.checks = checks;
+                self.repair_or_end(turn, TerminalReason::VerificationFailed, repair)
             }
         }
     }
@@ -1581,6 +1617,7 @@ impl Invocation {
             answer,
             proposal,
             wait: None,
+            accepted_by: Vec::new(),
         }));
         self.commit(bodies)
     }
@@ -1604,6 +1641,7 @@ impl Invocation {
                 since: now,
                 until: now.saturating_add(self.limits.max_wait_ms),
             }),
+            accepted_by: Vec::new(),
         }));
         self.commit(bodies)
     }

@@ -196,7 +196,10 @@ fn record_histories() {
                 6,
                 decided(final_answer("profile=active; policy=refund-under-100"), 420),
             ),
-            (7, Input::Verified(Verification::Accepted)),
+            (
+                7,
+                Input::Verified(Verification::Accepted { checks: vec![] }),
+            ),
             (8, Input::Committed),
         ],
     );
@@ -273,6 +276,7 @@ fn record_histories() {
                 7,
                 Input::Verified(Verification::Rejected {
                     reason: "cite the effect id".into(),
+                    checks: vec![],
                 }),
             ),
             (8, Input::Committed),
@@ -280,7 +284,10 @@ fn record_histories() {
                 9,
                 decided(final_answer("refunded 40 to acct-7 (fx-1)"), 250),
             ),
-            (10, Input::Verified(Verification::Accepted)),
+            (
+                10,
+                Input::Verified(Verification::Accepted { checks: vec![] }),
+            ),
             (11, Input::Committed),
         ],
     );

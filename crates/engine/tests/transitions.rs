@@ -329,13 +329,14 @@ fn a_failing_model_ends_with_model_error() {
 #[test]
 fn verification_gets_one_repair_turn_then_fails() {
     let mut world = World::scripted(vec![final_answer("guess"), final_answer("evidence-backed")]);
-    world.verify = Box::new(|answer| {
+    world.verify = Box::new(|answer, _| {
         if answer == "guess" {
             Verification::Rejected {
                 reason: "no evidence".into(),
+                checks: Vec::new(),
             }
         } else {
-            Verification::Accepted
+            Verification::Accepted { checks: Vec::new() }
         }
     });
     let repaired = drive(Invocation::new(limits(), catalog()), world);
@@ -351,8 +352,9 @@ fn verification_gets_one_repair_turn_then_fails() {
 
     let mut world = World::scripted(vec![final_answer("guess")]);
     world.repeat_last = true;
-    world.verify = Box::new(|_| Verification::Rejected {
+    world.verify = Box::new(|_, _| Verification::Rejected {
         reason: "no evidence".into(),
+        checks: Vec::new(),
     });
     let failed = drive(Invocation::new(limits(), catalog()), world);
     assert_eq!(failed.outcome.reason, TerminalReason::VerificationFailed);
@@ -361,6 +363,93 @@ fn verification_gets_one_repair_turn_then_fails() {
         failed.outcome.answer, None,
         "a rejected answer is never reported as the answer"
     );
+}
+
+fn check(name: &str, verdict: CheckVerdict, evidence: &[&str]) -> Check {
+    Check {
+        name: name.into(),
+        kind: CheckKind::Rule,
+        verdict,
+        reasons: Vec::new(),
+        evidence: evidence.iter().map(|e| (*e).to_owned()).collect(),
+    }
+}
+
+fn citing(answer: &str, evidence: &[&str]) -> ProposedDecision {
+    ProposedDecision::Final {
+        answer: answer.into(),
+        evidence: evidence.iter().map(|e| (*e).to_owned()).collect(),
+    }
+}
+
+#[test]
+fn the_citations_go_to_verification_and_its_checks_are_committed() {
+    let mut world = World::scripted(vec![
+        tools(vec![lookup("a", "profile")]),
+        citing("guess", &[]),
+        // Cited twice: once is enough.
+        citing("profile=active", &["a", "a"]),
+    ]);
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = asked.clone();
+    world.verify = Box::new(move |answer, evidence| {
+        seen.lock().unwrap().push(evidence.to_vec());
+        if evidence.is_empty() {
+            Verification::Rejected {
+                reason: "citations: cite something".into(),
+                checks: vec![check("citations", CheckVerdict::Rejected, &[])],
+            }
+        } else {
+            assert_eq!(answer, "profile=active");
+            Verification::Accepted {
+                checks: vec![check("citations", CheckVerdict::Accepted, &["a"])],
+            }
+        }
+    });
+    let run = drive(Invocation::new(limits(), catalog()), world);
+    assert_eq!(run.outcome.reason, TerminalReason::Completed);
+    assert_eq!(*asked.lock().unwrap(), vec![vec![], vec![CallId::new("a")]]);
+    let turns = turns(&run.log);
+    assert_eq!(
+        turns[1].checks[0].verdict,
+        CheckVerdict::Rejected,
+        "the rejected answer's checks are in its turn"
+    );
+    let end = ended(&run);
+    assert_eq!(
+        end.accepted_by[0].evidence,
+        vec!["a"],
+        "the end says what accepted the answer"
+    );
+    assert!(
+        turns[2].checks.is_empty(),
+        "once: with the end, not the turn too"
+    );
+    assert!(!run.invocation.protocol().wrote, "only lookups ran");
+
+    // The log restores to the same state, checks and all.
+    let restored = Invocation::restore(limits(), catalog(), &run.log).unwrap();
+    assert_eq!(restored.protocol(), run.invocation.protocol());
+}
+
+#[test]
+fn citations_beyond_their_bounds_are_an_invalid_decision() {
+    let long = "x".repeat(DecisionBounds::default().max_call_id_bytes + 1);
+    let many: Vec<String> = (0..=DecisionBounds::default().max_evidence)
+        .map(|i| format!("c{i}"))
+        .collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    for (evidence, why) in [
+        (vec![long.as_str()], "is not a call ID"),
+        (vec![" "], "is not a call ID"),
+        (many, "at most 64"),
+    ] {
+        let mut world = World::scripted(vec![citing("42", &evidence)]);
+        world.repeat_last = true;
+        let run = drive(Invocation::new(limits(), catalog()), world);
+        assert_eq!(run.outcome.reason, TerminalReason::InvalidDecision);
+        assert!(run.outcome.detail.contains(why), "{}", run.outcome.detail);
+    }
 }
 
 #[test]

@@ -61,6 +61,13 @@ impl ToolExecutorService for OneTool {
     ) -> Result<Response<ToolExecutorServiceReconcileResponse>, Status> {
         Err(Status::unimplemented("not needed by this test"))
     }
+
+    async fn verify(
+        &self,
+        _request: Request<agentloop_proto::v1::ToolExecutorServiceVerifyRequest>,
+    ) -> Result<Response<agentloop_proto::v1::ToolExecutorServiceVerifyResponse>, Status> {
+        Err(Status::unimplemented("not needed by this test"))
+    }
 }
 
 #[tokio::test]
@@ -262,6 +269,13 @@ impl ToolExecutorService for Silent {
         &self,
         _request: Request<ToolExecutorServiceReconcileRequest>,
     ) -> Result<Response<ToolExecutorServiceReconcileResponse>, Status> {
+        std::future::pending().await
+    }
+
+    async fn verify(
+        &self,
+        _request: Request<agentloop_proto::v1::ToolExecutorServiceVerifyRequest>,
+    ) -> Result<Response<agentloop_proto::v1::ToolExecutorServiceVerifyResponse>, Status> {
         std::future::pending().await
     }
 }

@@ -26,6 +26,7 @@ fn every_decision_kind_round_trips() {
     let kinds = [
         decision::Kind::Final(decision::Final {
             answer: "42".to_owned(),
+            evidence: vec!["c1".to_owned()],
         }),
         decision::Kind::ToolCalls(decision::ToolCalls {
             calls: vec![call("c1"), call("c2")],

@@ -54,6 +54,13 @@ impl ToolExecutorService for Idle {
     ) -> Result<Response<ToolExecutorServiceReconcileResponse>, Status> {
         Err(Status::unimplemented("idle"))
     }
+
+    async fn verify(
+        &self,
+        _: Request<agentloop_proto::v1::ToolExecutorServiceVerifyRequest>,
+    ) -> Result<Response<agentloop_proto::v1::ToolExecutorServiceVerifyResponse>, Status> {
+        Err(Status::unimplemented("idle"))
+    }
 }
 
 const EXECUTOR: &str = "agentloop.v1.ToolExecutorService";

@@ -164,6 +164,7 @@ pub fn lookup_turn(seq: u64, turn: u32) -> Event {
             ],
             rejection: None,
             policy: None,
+            checks: Vec::new(),
         }),
     }
 }
@@ -179,6 +180,7 @@ fn turn(seq: u64, decision: ProposedDecision) -> Event {
             results: Vec::new(),
             rejection: None,
             policy: None,
+            checks: Vec::new(),
         }),
     }
 }
@@ -192,6 +194,7 @@ fn ended(seq: u64, reason: TerminalReason) -> Event {
             answer: None,
             proposal: None,
             wait: None,
+            accepted_by: Vec::new(),
         }),
     }
 }
@@ -255,6 +258,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
             ],
             rejection: None,
             policy: None,
+            checks: Vec::new(),
         }),
     });
     events.push(Event {
@@ -273,11 +277,13 @@ pub fn every_kind_of_event() -> Vec<Event> {
                 refusals: Vec::new(),
             }),
             policy: None,
+            checks: Vec::new(),
         }),
     });
     let decisions = [
         ProposedDecision::Final {
             answer: "wrong".to_owned(),
+            evidence: Vec::new(),
         },
         ProposedDecision::Clarification {
             question: "which one?".to_owned(),
@@ -301,6 +307,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
             turn: 8,
             decision: ProposedDecision::Final {
                 answer: "42".to_owned(),
+                evidence: Vec::new(),
             },
             usage: Usage {
                 input_tokens: 10,
@@ -315,6 +322,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
                 refusals: Vec::new(),
             }),
             policy: None,
+            checks: Vec::new(),
         }),
     });
     let seq = events.len() as u64 + 1;
@@ -329,6 +337,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
                 since: UnixMillis(5),
                 until: UnixMillis(7),
             }),
+            accepted_by: Vec::new(),
         }),
     });
     let seq = events.len() as u64 + 1;
@@ -1169,6 +1178,7 @@ pub async fn waits_for_humans(store: Arc<dyn EventStore>) {
                 since: UnixMillis(1_000),
                 until: UnixMillis(until),
             }),
+            accepted_by: Vec::new(),
         }),
     };
     let answer = |seq: u64| Event {

@@ -50,6 +50,7 @@ pub fn tools(calls: Vec<ProposedCall>) -> ProposedDecision {
 pub fn final_answer(answer: &str) -> ProposedDecision {
     ProposedDecision::Final {
         answer: answer.into(),
+        evidence: Vec::new(),
     }
 }
 
@@ -75,8 +76,8 @@ pub type Policy = Box<dyn FnMut(&[ToolCall]) -> Verdict>;
 pub type Tool = Box<dyn FnMut(&ToolCall) -> CallOutcome>;
 /// A fake executor's `Reconcile`: the outcome its records show, or why it cannot tell.
 pub type Reconciler = Box<dyn FnMut(&ToolCall) -> Result<CallOutcome, String>>;
-/// The final-answer validators.
-pub type Validator = Box<dyn FnMut(&str) -> Verification>;
+/// The verification of a final answer, given the answer and the call IDs it cites.
+pub type Validator = Box<dyn FnMut(&str, &[CallId]) -> Verification>;
 
 /// The world around the engine. Every field is a fake the test controls.
 pub struct World {
@@ -123,7 +124,7 @@ impl World {
             policy: Box::new(|_| Verdict::Allow),
             tool: Box::new(demo_tool),
             reconcile: Box::new(|call| Err(format!("no record of {}", call.call_id))),
-            verify: Box::new(|_| Verification::Accepted),
+            verify: Box::new(|_, _| Verification::Accepted { checks: Vec::new() }),
             failing_commits: Vec::new(),
             arrival: Arrival::Reversed,
         }
@@ -316,9 +317,9 @@ fn run_on(
                 }
                 // The fakes answer at once: by the time a cancel could arrive, nothing runs.
                 Action::CancelCalls { .. } => {}
-                Action::Verify { answer, .. } => {
-                    inputs.push_back(Input::Verified((world.verify)(answer)))
-                }
+                Action::Verify {
+                    answer, evidence, ..
+                } => inputs.push_back(Input::Verified((world.verify)(answer, evidence))),
                 Action::Commit {
                     expected_version,
                     events,

@@ -56,7 +56,7 @@ fn request(turn: u32) -> DecideRequest {
                     usage: Some(Usage::default()),
                     rejection: None,
                     plan_digest: String::new(),
-                    policy_version: String::new(),
+                    ..TurnCommitted::default()
                 })),
             }
         })

@@ -163,6 +163,20 @@ mod tests {
     }
 
     #[test]
+    fn scripts_that_differ_only_in_their_evidence_are_cached_apart() {
+        let cache = ScriptCache::new();
+        let cited = cache
+            .get_or_parse(r#"{"turns":[{"final":"a","evidence":["l1"]}]}"#)
+            .unwrap();
+        let other = cache
+            .get_or_parse(r#"{"turns":[{"final":"a","evidence":["l2"]}]}"#)
+            .unwrap();
+        assert!(!Arc::ptr_eq(&cited, &other));
+        assert_ne!(cited.turns(), other.turns());
+        assert_eq!(cache.len(), 2);
+    }
+
+    #[test]
     fn failures_are_not_cached() {
         let cache = ScriptCache::new();
         assert!(cache.get_or_parse("{").is_err());

@@ -9,7 +9,8 @@
 //! of `docs/models.md`), [`OpenAiModel`] (Chat Completions: OpenAI, vLLM, Ollama, llama.cpp,
 //! LiteLLM) and [`AnthropicModel`] (Messages), configured per profile by a
 //! [`ModelConfig`]. Provider call IDs that are missing, repeated or already used are
-//! replaced by runtime IDs (`call-<turn>-<index>`); a refusal becomes `cannot_continue`;
+//! replaced by runtime IDs (`call-<turn>-<index>`); a text answer's closing `Evidence:`
+//! line becomes the call IDs it cites; a refusal becomes `cannot_continue`;
 //! malformed tool-call arguments become `InvalidOutput`; 429, 5xx, timeouts, resets and
 //! truncated bodies are retried with bounded, jittered backoff (honouring
 //! `Retry-After`), then fail as UNAVAILABLE with the provider's status in the message.

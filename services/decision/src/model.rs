@@ -150,8 +150,9 @@ impl Model for ScriptedModel {
             ScriptedDecision::ToolCalls(calls) => decision(Kind::ToolCalls(ToolCalls {
                 calls: calls.iter().map(call).collect(),
             })),
-            ScriptedDecision::Final(answer) => decision(Kind::Final(Final {
+            ScriptedDecision::Final { answer, evidence } => decision(Kind::Final(Final {
                 answer: answer.clone(),
+                evidence: evidence.clone(),
             })),
             ScriptedDecision::RequestApproval { summary, calls } => {
                 decision(Kind::RequestApproval(RequestApproval {

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use agentloop_engine::DecisionBounds;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -76,6 +77,46 @@ pub enum ScriptError {
         /// The limit.
         limit: u64,
     },
+    /// `evidence` on a turn that is not a final answer: only an answer cites results.
+    #[error(
+        "$.turns[{index}].evidence: only a final answer carries evidence (use it beside \"final\")"
+    )]
+    EvidenceWithoutFinal {
+        /// 0-based index of the turn.
+        index: usize,
+    },
+    /// More citations than the engine accepts, so the script fails here and not mid-run.
+    #[error("$.turns[{index}].evidence: {cited} call IDs; at most {limit} are allowed")]
+    TooMuchEvidence {
+        /// 0-based index of the turn.
+        index: usize,
+        /// Call IDs given.
+        cited: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A citation that is empty or blank, which can name no call.
+    #[error("$.turns[{index}].evidence[{position}]: the call ID is empty")]
+    EmptyEvidenceId {
+        /// 0-based index of the turn.
+        index: usize,
+        /// 0-based position in `evidence`.
+        position: usize,
+    },
+    /// A citation longer than any call ID the engine accepts.
+    #[error(
+        "$.turns[{index}].evidence[{position}]: the call ID is {bytes} bytes; at most {limit} are allowed"
+    )]
+    EvidenceIdTooLong {
+        /// 0-based index of the turn.
+        index: usize,
+        /// 0-based position in `evidence`.
+        position: usize,
+        /// Length of the ID.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 const KINDS: &str =
@@ -99,7 +140,13 @@ pub enum ScriptedDecision {
     /// Run these tool calls.
     ToolCalls(Vec<ScriptedCall>),
     /// A final answer.
-    Final(String),
+    Final {
+        /// The answer text.
+        answer: String,
+        /// The call IDs the answer cites, as written (a repeat is passed on; the engine
+        /// drops it).
+        evidence: Vec<String>,
+    },
     /// Calls that need a human's approval first.
     RequestApproval {
         /// The explanation for the human.
@@ -167,6 +214,8 @@ struct RawTurn<'a> {
     tool_calls: Option<Vec<&'a RawValue>>,
     #[serde(default, rename = "final")]
     final_answer: Option<String>,
+    #[serde(default)]
+    evidence: Option<Vec<String>>,
     #[serde(default, borrow)]
     request_approval: Option<RawApproval<'a>>,
     #[serde(default)]
@@ -222,6 +271,33 @@ fn parse_calls(raw: &[&RawValue], path: &str) -> Result<Vec<ScriptedCall>, Scrip
         .collect()
 }
 
+/// Checks citations against the engine's default bounds: a script that the engine would
+/// refuse mid-run is better refused when it is loaded, with the place named.
+fn check_evidence(index: usize, evidence: &[String]) -> Result<(), ScriptError> {
+    let bounds = DecisionBounds::default();
+    if evidence.len() > bounds.max_evidence {
+        return Err(ScriptError::TooMuchEvidence {
+            index,
+            cited: evidence.len(),
+            limit: bounds.max_evidence,
+        });
+    }
+    for (position, id) in evidence.iter().enumerate() {
+        if id.trim().is_empty() {
+            return Err(ScriptError::EmptyEvidenceId { index, position });
+        }
+        if id.len() > bounds.max_call_id_bytes {
+            return Err(ScriptError::EvidenceIdTooLong {
+                index,
+                position,
+                bytes: id.len(),
+                limit: bounds.max_call_id_bytes,
+            });
+        }
+    }
+    Ok(())
+}
+
 fn parse_turn(index: usize, text: &RawValue) -> Result<ScriptedTurn, ScriptError> {
     let path = format!("$.turns[{index}]");
     let raw: RawTurn<'_> =
@@ -233,8 +309,11 @@ fn parse_turn(index: usize, text: &RawValue) -> Result<ScriptedTurn, ScriptError
             ScriptedDecision::ToolCalls(parse_calls(calls, &format!("{path}.tool_calls"))?),
         ));
     }
+    let evidence_given = raw.evidence.is_some();
     if let Some(answer) = raw.final_answer {
-        decisions.push(("final", ScriptedDecision::Final(answer)));
+        let evidence = raw.evidence.unwrap_or_default();
+        check_evidence(index, &evidence)?;
+        decisions.push(("final", ScriptedDecision::Final { answer, evidence }));
     }
     if let Some(approval) = raw.request_approval {
         let calls = parse_calls(&approval.calls, &format!("{path}.request_approval.calls"))?;
@@ -273,6 +352,9 @@ fn parse_turn(index: usize, text: &RawValue) -> Result<ScriptedTurn, ScriptError
             kinds: kinds.join(", "),
         });
     }
+    if evidence_given && !decisions.iter().any(|(kind, _)| *kind == "final") {
+        return Err(ScriptError::EvidenceWithoutFinal { index });
+    }
     let Some((_, decision)) = decisions.pop() else {
         return Err(ScriptError::NoKind { index });
     };
@@ -290,7 +372,8 @@ impl ScriptedModel {
     ///
     /// A [`ScriptError`] naming the turn and field at fault: too large, malformed JSON,
     /// an unknown key, a wrong type, no turns, too many turns, a turn with no or two
-    /// decision kinds, a delay over [`MAX_DELAY_MS`].
+    /// decision kinds, a delay over [`MAX_DELAY_MS`], `evidence` without `final` or
+    /// beyond the engine's bounds.
     pub fn parse(text: &str) -> Result<ScriptedModel, ScriptError> {
         if text.len() > MAX_SCRIPT_BYTES {
             return Err(ScriptError::TooLarge {

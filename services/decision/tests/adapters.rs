@@ -90,7 +90,7 @@ fn calls_turn(turn: u32, calls: Vec<ToolCall>, results: Vec<ToolResult>) -> Turn
         usage: Some(Usage::default()),
         rejection: None,
         plan_digest: String::new(),
-        policy_version: String::new(),
+        ..TurnCommitted::default()
     }
 }
 
@@ -131,6 +131,7 @@ fn request() -> DecideRequest {
         decision: Some(Decision {
             kind: Some(Kind::Final(agentloop_proto::v1::decision::Final {
                 answer: "Gold.".into(),
+                evidence: vec!["call_a".into()],
             })),
         }),
         results: vec![],
@@ -141,7 +142,7 @@ fn request() -> DecideRequest {
             refusals: Vec::new(),
         }),
         plan_digest: String::new(),
-        policy_version: String::new(),
+        ..TurnCommitted::default()
     };
     DecideRequest {
         invocation_id: "inv-1".into(),
@@ -370,7 +371,8 @@ async fn openai_parallel_tool_calls_and_the_request_it_sent() {
             .unwrap()
             .contains("ERROR_TYPE_NOT_FOUND")
     );
-    assert_eq!(messages[5]["content"], "Gold.");
+    // The rejected answer comes back with what it cited.
+    assert_eq!(messages[5]["content"], "Gold.\nEvidence: call_a");
     assert!(
         messages[6]["content"]
             .as_str()
@@ -430,7 +432,8 @@ async fn openai_finish_reasons_and_refusals() {
     assert_eq!(
         kind_of(&first),
         Kind::Final(agentloop_proto::v1::decision::Final {
-            answer: "Customer C-42 is gold; refunds within 30 days.".into()
+            answer: "Customer C-42 is gold; refunds within 30 days.".into(),
+            evidence: Vec::new(),
         })
     );
     assert_eq!(
@@ -824,7 +827,7 @@ async fn anthropic_text_and_parallel_tool_use_and_the_request_it_sent() {
     assert_eq!(results[0]["is_error"], false);
     assert_eq!(results[1]["tool_use_id"], "call_b");
     assert_eq!(results[1]["is_error"], true);
-    assert_eq!(messages[3]["content"][0]["text"], "Gold.");
+    assert_eq!(messages[3]["content"][0]["text"], "Gold.\nEvidence: call_a");
     assert!(
         messages[4]["content"][0]["text"]
             .as_str()
@@ -891,6 +894,126 @@ async fn anthropic_overloaded_then_success() {
         Kind::Final(_)
     ));
     assert_eq!(s.sleeper.delays().len(), 1);
+}
+
+// ---------------------------------------------------------------- citations
+
+fn final_of(reply: &ModelReply) -> agentloop_proto::v1::decision::Final {
+    match kind_of(reply) {
+        Kind::Final(f) => f,
+        other => panic!("expected a final answer, got {other:?}"),
+    }
+}
+
+/// The system prompt asks for the closing line in the form the parser reads.
+fn asks_for_evidence(system: &str) {
+    assert!(
+        system.contains("`Evidence: <call IDs, comma-separated>`")
+            && system.contains("`Evidence: none`"),
+        "{system}"
+    );
+}
+
+#[tokio::test]
+async fn openai_answers_cite_their_calls_on_the_evidence_line() {
+    let s = setup(Provider::Openai, |_| {}).await;
+    let bodies = [
+        openai_text_body(
+            json!("C-42 is gold; no refund policy was found.\n\n**Evidence:** call_1, `call_a`"),
+            "stop",
+            Value::Null,
+        ),
+        openai_text_body(json!("C-42 is gold."), "stop", Value::Null),
+        openai_text_body(json!("C-42 is gold.\nEvidence: none"), "stop", Value::Null),
+        openai_text_body(json!("Evidence: call_1\n"), "stop", Value::Null),
+    ];
+    for body in &bodies {
+        Mock::given(method("POST"))
+            .respond_with(json_response(body))
+            .up_to_n_times(1)
+            .mount(&s.server)
+            .await;
+    }
+    let cited = final_of(&s.model.decide(&request()).await.unwrap());
+    assert_eq!(cited.answer, "C-42 is gold; no refund policy was found.");
+    assert_eq!(cited.evidence, ["call_1", "call_a"]);
+    let plain = final_of(&s.model.decide(&request()).await.unwrap());
+    assert_eq!(plain.answer, "C-42 is gold.");
+    assert!(plain.evidence.is_empty());
+    let none = final_of(&s.model.decide(&request()).await.unwrap());
+    assert_eq!(none.answer, "C-42 is gold.");
+    assert!(none.evidence.is_empty());
+    let (reason, raw) = invalid_of(&s.model.decide(&request()).await.unwrap());
+    assert!(reason.contains("no tool call and no text"), "{reason}");
+    assert_eq!(raw, "Evidence: call_1\n");
+
+    let body = &sent_bodies(&s.server).await[0];
+    assert_eq!(body["messages"][0]["role"], "system");
+    asks_for_evidence(body["messages"][0]["content"].as_str().unwrap());
+}
+
+#[tokio::test]
+async fn anthropic_answers_cite_their_calls_on_the_evidence_line() {
+    let s = setup(Provider::Anthropic, |_| {}).await;
+    let bodies = [
+        anthropic_body(
+            json!([
+                {"type": "text", "text": "C-42 is gold.\n"},
+                {"type": "text", "text": "evidence: toolu_01, toolu_02 toolu_01\n"}
+            ]),
+            "end_turn",
+        ),
+        anthropic_body(
+            json!([{"type": "text", "text": "C-42 is gold."}]),
+            "end_turn",
+        ),
+        anthropic_body(
+            json!([{"type": "text", "text": "**Evidence:** toolu_01"}]),
+            "end_turn",
+        ),
+    ];
+    for body in &bodies {
+        Mock::given(method("POST"))
+            .respond_with(json_response(body))
+            .up_to_n_times(1)
+            .mount(&s.server)
+            .await;
+    }
+    let cited = final_of(&s.model.decide(&request()).await.unwrap());
+    assert_eq!(cited.answer, "C-42 is gold.");
+    assert_eq!(cited.evidence, ["toolu_01", "toolu_02"]);
+    let plain = final_of(&s.model.decide(&request()).await.unwrap());
+    assert_eq!(plain.answer, "C-42 is gold.");
+    assert!(plain.evidence.is_empty());
+    let (reason, raw) = invalid_of(&s.model.decide(&request()).await.unwrap());
+    assert!(reason.contains("no tool call and no text"), "{reason}");
+    assert_eq!(raw, "**Evidence:** toolu_01");
+
+    let body = &sent_bodies(&s.server).await[0];
+    asks_for_evidence(body["system"].as_str().unwrap());
+}
+
+#[test]
+fn a_configured_system_prompt_still_asks_for_the_evidence_line() {
+    let request = request();
+    let config = |spec: &str| ModelConfig {
+        system_prompt: Some("You answer tersely.".into()),
+        ..ModelConfig::from_spec(spec).unwrap()
+    };
+    let env = MapEnv::new([("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")]);
+    let deps = AdapterDeps::default();
+    let openai = OpenAiModel::from_config(&config("openai:m"), &env, &deps)
+        .unwrap()
+        .request_body(&request, &request.tools);
+    let anthropic = AnthropicModel::from_config(&config("anthropic:m"), &env, &deps)
+        .unwrap()
+        .request_body(&request, &request.tools);
+    for system in [&openai["messages"][0]["content"], &anthropic["system"]] {
+        let system = system.as_str().unwrap();
+        assert!(system.starts_with("You answer tersely."), "{system}");
+        assert!(!system.contains("You are an agent"), "{system}");
+        asks_for_evidence(system);
+    }
 }
 
 // ---------------------------------------------------------------- configuration

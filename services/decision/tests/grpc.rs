@@ -111,7 +111,8 @@ async fn turns_map_to_script_entries() {
     assert_eq!(
         decision.kind,
         Some(Kind::Final(agentloop_proto::v1::decision::Final {
-            answer: "done".into()
+            answer: "done".into(),
+            evidence: Vec::new(),
         }))
     );
 

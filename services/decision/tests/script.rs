@@ -17,6 +17,13 @@ fn parse(text: &str) -> ScriptedModel {
     ScriptedModel::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"))
 }
 
+fn final_answer(answer: &str) -> ScriptedDecision {
+    ScriptedDecision::Final {
+        answer: answer.into(),
+        evidence: Vec::new(),
+    }
+}
+
 fn error(text: &str) -> ScriptError {
     match ScriptedModel::parse(text) {
         Ok(model) => panic!("{text} parsed: {model:?}"),
@@ -57,7 +64,7 @@ fn every_decision_kind_parses() {
             cost_micro_usd: None,
         }
     );
-    assert_eq!(turns[1].decision, ScriptedDecision::Final("42".into()));
+    assert_eq!(turns[1].decision, final_answer("42"));
     assert_eq!(turns[1].delay, Duration::ZERO);
     assert_eq!(
         turns[1].usage,
@@ -121,25 +128,16 @@ fn arguments_are_kept_as_exact_text() {
 fn turn_mapping_and_repeat_last() {
     let once = parse(r#"{"turns": [{"final": "a"}, {"final": "b"}]}"#);
     assert!(once.turn(0).is_none());
-    assert_eq!(
-        once.turn(1).unwrap().decision,
-        ScriptedDecision::Final("a".into())
-    );
-    assert_eq!(
-        once.turn(2).unwrap().decision,
-        ScriptedDecision::Final("b".into())
-    );
+    assert_eq!(once.turn(1).unwrap().decision, final_answer("a"));
+    assert_eq!(once.turn(2).unwrap().decision, final_answer("b"));
     assert!(once.turn(3).is_none());
     let repeating = parse(r#"{"turns": [{"final": "a"}, {"final": "b"}], "repeat_last": true}"#);
     assert!(repeating.repeat_last());
     assert!(repeating.turn(0).is_none());
-    assert_eq!(
-        repeating.turn(3).unwrap().decision,
-        ScriptedDecision::Final("b".into())
-    );
+    assert_eq!(repeating.turn(3).unwrap().decision, final_answer("b"));
     assert_eq!(
         repeating.turn(u32::MAX).unwrap().decision,
-        ScriptedDecision::Final("b".into())
+        final_answer("b")
     );
 }
 
@@ -300,5 +298,114 @@ fn errors_map_to_statuses_in_one_place() {
     assert_eq!(
         ModelError::NoSuchTurn { turn: 3, turns: 2 }.to_string(),
         "scripted model has no turn 3 (it has 2 turns and repeat_last is false)"
+    );
+}
+
+#[tokio::test]
+async fn a_final_answer_carries_its_evidence_into_the_decision() {
+    use agentloop_decision::Model;
+    use agentloop_proto::v1::decide_response::Outcome;
+    use agentloop_proto::v1::decision::{Final, Kind};
+    use agentloop_proto::v1::{DecideRequest, Decision};
+
+    let model = parse(
+        r#"{"turns": [
+            {"final": "profile=active", "evidence": ["l1", "l2", "l1"]},
+            {"final": "no citations", "evidence": []}
+        ]}"#,
+    );
+    assert_eq!(
+        model.turns()[0].decision,
+        ScriptedDecision::Final {
+            answer: "profile=active".into(),
+            evidence: vec!["l1".into(), "l2".into(), "l1".into()],
+        }
+    );
+    assert_eq!(model.turns()[1].decision, final_answer("no citations"));
+    let request = DecideRequest {
+        invocation_id: "inv-1".into(),
+        turn: 1,
+        ..DecideRequest::default()
+    };
+    let reply = model.decide(&request).await.unwrap();
+    assert_eq!(
+        reply.outcome,
+        Outcome::Decision(Decision {
+            kind: Some(Kind::Final(Final {
+                answer: "profile=active".into(),
+                // As written: dropping the repeat is the engine's business.
+                evidence: vec!["l1".into(), "l2".into(), "l1".into()],
+            })),
+        })
+    );
+}
+
+#[test]
+fn evidence_without_a_final_answer_or_beyond_the_bounds_is_refused() {
+    let bounds = agentloop_engine::DecisionBounds::default();
+    assert_eq!(
+        error(
+            r#"{"turns": [{"final": "a"}, {"tool_calls": [{"id": "a", "name": "t", "arguments": {}}], "evidence": ["a"]}]}"#
+        ),
+        ScriptError::EvidenceWithoutFinal { index: 1 }
+    );
+    let alone = error(r#"{"turns": [{"evidence": ["l1"]}]}"#);
+    assert_eq!(alone, ScriptError::EvidenceWithoutFinal { index: 0 });
+    assert!(
+        alone
+            .to_string()
+            .starts_with("$.turns[0].evidence: only a final answer carries evidence"),
+        "{alone}"
+    );
+    assert_eq!(
+        error(r#"{"turns": [{"cannot_continue": "no", "evidence": []}]}"#),
+        ScriptError::EvidenceWithoutFinal { index: 0 }
+    );
+    assert_eq!(
+        error(r#"{"turns": [{"final": "a", "evidence": ["l1", " "]}]}"#),
+        ScriptError::EmptyEvidenceId {
+            index: 0,
+            position: 1
+        }
+    );
+    let long = "x".repeat(bounds.max_call_id_bytes + 1);
+    assert_eq!(
+        error(&format!(
+            r#"{{"turns": [{{"final": "a", "evidence": ["{long}"]}}]}}"#
+        )),
+        ScriptError::EvidenceIdTooLong {
+            index: 0,
+            position: 0,
+            bytes: bounds.max_call_id_bytes + 1,
+            limit: bounds.max_call_id_bytes,
+        }
+    );
+    let ids = |n: usize| {
+        let id = format!(r#""{}""#, "x".repeat(bounds.max_call_id_bytes));
+        vec![id; n].join(",")
+    };
+    assert_eq!(
+        error(&format!(
+            r#"{{"turns": [{{"final": "a", "evidence": [{}]}}]}}"#,
+            ids(bounds.max_evidence + 1)
+        )),
+        ScriptError::TooMuchEvidence {
+            index: 0,
+            cited: bounds.max_evidence + 1,
+            limit: bounds.max_evidence,
+        }
+    );
+    let at_limit = parse(&format!(
+        r#"{{"turns": [{{"final": "a", "evidence": [{}]}}]}}"#,
+        ids(bounds.max_evidence)
+    ));
+    assert!(matches!(
+        &at_limit.turns()[0].decision,
+        ScriptedDecision::Final { evidence, .. } if evidence.len() == bounds.max_evidence
+    ));
+    let message = error(r#"{"turns": [{"final": "a", "evidence": "l1"}]}"#).to_string();
+    assert!(
+        message.contains("$.turns[0]: invalid type: string \"l1\", expected a sequence"),
+        "{message}"
     );
 }

@@ -52,6 +52,11 @@ pub enum DemoError {
     /// The request names a tool this executor does not serve.
     #[error("unknown tool {0:?}")]
     UnknownTool(String),
+    /// Verify was asked for a verifier this executor does not serve. NOT_FOUND, like an
+    /// unknown tool: the gateway's registry names the wrong executor, and the gateway
+    /// turns the status into an UNDECIDED check that says so.
+    #[error("unknown verifier {0:?}")]
+    UnknownVerifier(String),
     /// Reconcile was asked about a read-only tool, which has no effects to reconcile.
     #[error("tool {0:?} is read-only and has no effects to reconcile")]
     NotReconcilable(String),
@@ -75,7 +80,9 @@ impl From<DemoError> for tonic::Status {
             DemoError::InvalidRequest(_) | DemoError::NotReconcilable(_) => {
                 tonic::Status::invalid_argument(message)
             }
-            DemoError::UnknownTool(_) => tonic::Status::not_found(message),
+            DemoError::UnknownTool(_) | DemoError::UnknownVerifier(_) => {
+                tonic::Status::not_found(message)
+            }
             // UNAVAILABLE is what a lost connection looks like to the caller; both
             // injected faults imitate exactly that.
             DemoError::InjectedFailBeforeApply | DemoError::InjectedDroppedReply => {
@@ -106,6 +113,7 @@ mod tests {
                 Code::InvalidArgument,
             ),
             (DemoError::UnknownTool("nope".into()), Code::NotFound),
+            (DemoError::UnknownVerifier("nope".into()), Code::NotFound),
             (DemoError::InjectedFailBeforeApply, Code::Unavailable),
             (DemoError::InjectedDroppedReply, Code::Unavailable),
             (DemoError::RecordUnavailable("x".into()), Code::Internal),

@@ -16,6 +16,10 @@
 //! 3. **Answer `Reconcile` from your own records.** Every apply is recorded durably
 //!    before it is acknowledged, so "not in the record" means "not applied".
 //!
+//! It also serves one verifier, `transfer_recorded` ([`verifier`]), which judges a
+//! final answer against the same record: the transfers the answer rests on must be in
+//! it, as claimed. Any other verifier name is NOT_FOUND.
+//!
 //! It also injects faults on demand ([`FaultConfig`]) so chaos tests can lose replies
 //! after an apply, fail before one, or delay a reply past the caller's deadline.
 //!
@@ -27,6 +31,7 @@
 mod error;
 pub mod record;
 pub mod tools;
+pub mod verifier;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -40,8 +45,8 @@ use agentloop_proto::v1::tool_result::Outcome;
 use agentloop_proto::v1::{
     DescribeRequest, DescribeResponse, ErrorType, NextAction, ReconcileStatus, ToolCall,
     ToolExecutorServiceExecuteRequest, ToolExecutorServiceExecuteResponse,
-    ToolExecutorServiceReconcileRequest, ToolExecutorServiceReconcileResponse, ToolOutput,
-    ToolResult,
+    ToolExecutorServiceReconcileRequest, ToolExecutorServiceReconcileResponse,
+    ToolExecutorServiceVerifyRequest, ToolExecutorServiceVerifyResponse, ToolOutput, ToolResult,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -51,7 +56,7 @@ use tonic::{Request, Response, Status};
 
 pub use error::DemoError;
 pub use record::{AppliedTransfer, read_record};
-pub use tools::descriptors;
+pub use tools::{TRANSFER_RECORDED, VerifierInfo, descriptors, verifiers};
 
 use record::{Applied, EffectRecord};
 use tools::{LOOKUP, SLEEP, TRANSFER};
@@ -624,6 +629,26 @@ impl ToolExecutorService for DemoExecutor {
             },
         };
         Ok(Response::new(response))
+    }
+
+    async fn verify(
+        &self,
+        request: Request<ToolExecutorServiceVerifyRequest>,
+    ) -> Result<Response<ToolExecutorServiceVerifyResponse>, Status> {
+        let request = request.into_inner();
+        if request.verifier != TRANSFER_RECORDED {
+            return Err(DemoError::UnknownVerifier(request.verifier).into());
+        }
+        let claim = request
+            .claim
+            .ok_or_else(|| DemoError::InvalidRequest("claim is required".to_owned()))?;
+        // Held for in-memory lookups only, like Reconcile's.
+        let record = self
+            .inner
+            .record
+            .lock()
+            .map_err(|_| DemoError::RecordUnavailable("record lock poisoned".to_owned()))?;
+        Ok(Response::new(verifier::transfer_recorded(&record, &claim)))
     }
 }
 

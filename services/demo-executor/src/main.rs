@@ -1,4 +1,5 @@
-//! `agentloop-demo-executor`: serves the demo tools (lookup, sleep, transfer).
+//! `agentloop-demo-executor`: serves the demo tools (lookup, sleep, transfer) and the
+//! `transfer_recorded` verifier.
 //!
 //! Flags, configuration layers and exit codes are those of every agentloop service
 //! (`agentloop_server::Service::start`); fault probabilities out of range, or a lookup

@@ -16,6 +16,10 @@
 //! It is dropped with a warning and cut off the file, so the next append starts on a
 //! clean line. A bad line *before* the last one is real damage and stops the start.
 //!
+//! The same record answers `Verify` (see [`crate::verifier`]): a transfer the ledger
+//! says was committed, or a receipt a cited result carries, is confirmed only if its
+//! line is here.
+//!
 //! It is *not* a database: the whole record is held in memory, so it is bounded by
 //! [`MAX_RECORDS`] entries of at most [`MAX_RECORD_LINE_BYTES`] each.
 
@@ -152,6 +156,8 @@ pub(crate) struct EffectRecord {
     /// Bytes of complete lines in the file; the rollback point if an append fails.
     len: u64,
     by_key: HashMap<String, AppliedTransfer>,
+    /// Effect key of each receipt, so a verifier can confirm a receipt a result cites.
+    by_receipt: HashMap<String, String>,
     /// Set when a failed append could not be rolled back: the file may hold a line we
     /// never acknowledged, so neither "applied" nor "not applied" can be promised.
     in_doubt: Option<String>,
@@ -194,13 +200,26 @@ impl EffectRecord {
                 .map_err(io("cannot cut the torn tail of the effect record", &path))?;
         }
         let mut by_key = HashMap::with_capacity(parsed.entries.len());
+        let mut by_receipt = HashMap::with_capacity(parsed.entries.len());
         for (index, entry) in parsed.entries.into_iter().enumerate() {
             let key = entry.effect_key.clone();
+            let receipt = entry.receipt.clone();
             if by_key.insert(key.clone(), entry).is_some() {
                 return Err(DemoError::CorruptRecord {
                     path,
                     line: index + 1,
                     reason: format!("effect key {key:?} recorded twice"),
+                });
+            }
+            // Receipts are numbered by this record, so one given twice is damage too: a
+            // verifier could not tell which transfer it names.
+            if let Some(earlier) = by_receipt.insert(receipt.clone(), key.clone()) {
+                return Err(DemoError::CorruptRecord {
+                    path,
+                    line: index + 1,
+                    reason: format!(
+                        "receipt {receipt:?} recorded for effect keys {earlier:?} and {key:?}"
+                    ),
                 });
             }
         }
@@ -209,6 +228,7 @@ impl EffectRecord {
             file,
             len: parsed.valid_len,
             by_key,
+            by_receipt,
             in_doubt: None,
         })
     }
@@ -218,6 +238,17 @@ impl EffectRecord {
         match &self.in_doubt {
             Some(reason) => Err(reason.clone()),
             None => Ok(self.by_key.get(effect_key)),
+        }
+    }
+
+    /// The recorded transfer with `receipt`, or why the record cannot tell.
+    pub(crate) fn lookup_receipt(&self, receipt: &str) -> Result<Option<&AppliedTransfer>, String> {
+        match &self.in_doubt {
+            Some(reason) => Err(reason.clone()),
+            None => Ok(self
+                .by_receipt
+                .get(receipt)
+                .and_then(|key| self.by_key.get(key))),
         }
     }
 
@@ -265,8 +296,10 @@ impl EffectRecord {
             return Err(self.roll_back(&error));
         }
         self.len += line.len() as u64;
-        // The map changes only after the line is durable, so memory never claims more
+        // The maps change only after the line is durable, so memory never claims more
         // than the file does.
+        self.by_receipt
+            .insert(entry.receipt.clone(), entry.effect_key.clone());
         self.by_key.insert(entry.effect_key.clone(), entry.clone());
         Ok(Applied::New(entry))
     }
@@ -362,8 +395,28 @@ mod tests {
         drop(record);
         let record = EffectRecord::open(dir.path()).unwrap();
         assert_eq!(record.lookup("k1").unwrap(), Some(&entry("k1", 1)));
+        assert_eq!(
+            record.lookup_receipt("txn-00000001").unwrap(),
+            Some(&entry("k1", 1))
+        );
+        assert_eq!(record.lookup_receipt("txn-00000002").unwrap(), None);
         assert_eq!(record.len(), 1);
         assert_eq!(read_record(dir.path()).unwrap(), vec![entry("k1", 1)]);
+    }
+
+    #[test]
+    fn a_receipt_given_twice_in_the_file_is_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut lines = Vec::new();
+        for key in ["k1", "k2"] {
+            lines.extend(serde_json::to_vec(&entry(key, 1)).unwrap());
+            lines.push(b'\n');
+        }
+        std::fs::write(dir.path().join(RECORD_FILE_NAME), lines).unwrap();
+        assert!(matches!(
+            EffectRecord::open(dir.path()),
+            Err(DemoError::CorruptRecord { line: 2, .. })
+        ));
     }
 
     #[test]

@@ -17,6 +17,29 @@ pub const LOOKUP: &str = "lookup";
 pub const SLEEP: &str = "sleep";
 /// Name of the transfer tool, the one write.
 pub const TRANSFER: &str = "transfer";
+/// Name of the one verifier: each transfer a final answer rests on is in the record.
+pub const TRANSFER_RECORDED: &str = "transfer_recorded";
+
+/// A verifier this executor serves. `Describe` lists tools only, so whoever registers
+/// the executor at a gateway (a `[[verifiers]]` entry, or a stack built in code) takes
+/// the names from here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VerifierInfo {
+    /// The name to register it under; `Verify` refuses any other.
+    pub name: &'static str,
+    /// What it confirms.
+    pub description: &'static str,
+}
+
+/// The verifiers of the demo executor.
+pub fn verifiers() -> Vec<VerifierInfo> {
+    vec![VerifierInfo {
+        name: TRANSFER_RECORDED,
+        description: "Confirms that every transfer the invocation committed, and every \
+                      transfer receipt the answer cites, is in the demo executor's record \
+                      as claimed.",
+    }]
+}
 
 /// Longest sleep the `sleep` tool accepts, in milliseconds (ten minutes).
 pub const MAX_SLEEP_MS: u64 = 600_000;
@@ -151,6 +174,16 @@ pub(crate) fn check_transfer(args: &TransferArgs) -> Result<(), ToolError> {
             )));
         }
     }
+    // A business refusal, not a malformed call: the write is rejected, and the effect
+    // ledger says so (the case an answer claiming "moved" must not get past).
+    if args.from == args.to {
+        return Err(tool_error(
+            ErrorType::Rejected,
+            "from and to are the same account: there is nothing to move".to_owned(),
+            false,
+            NextAction::Stop,
+        ));
+    }
     Ok(())
 }
 
@@ -217,6 +250,10 @@ mod tests {
             extra.unwrap_err().error_type,
             ErrorType::InvalidArguments as i32
         );
+        let same =
+            parse_args::<TransferArgs>(TRANSFER, r#"{"from":"a","to":"a","amount":1}"#).unwrap();
+        let refused = check_transfer(&same).unwrap_err();
+        assert_eq!(refused.error_type(), ErrorType::Rejected);
         let negative = parse_args::<TransferArgs>(TRANSFER, r#"{"from":"a","to":"b","amount":-1}"#);
         assert!(negative.is_err());
         let zero =

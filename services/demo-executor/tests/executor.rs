@@ -16,8 +16,10 @@ use agentloop_proto::client::{self, ClientConfig};
 use agentloop_proto::v1::tool_executor_service_client::ToolExecutorServiceClient;
 use agentloop_proto::v1::tool_result::Outcome;
 use agentloop_proto::v1::{
-    DescribeRequest, ErrorType, NextAction, ReconcileStatus, ToolCall,
-    ToolExecutorServiceExecuteRequest, ToolExecutorServiceReconcileRequest,
+    CheckVerdict, CitedResult, Claim, DescribeRequest, EffectEntry, EffectState, ErrorType,
+    NextAction, ReconcileStatus, ToolCall, ToolExecutorServiceExecuteRequest,
+    ToolExecutorServiceReconcileRequest, ToolExecutorServiceVerifyRequest,
+    ToolExecutorServiceVerifyResponse, ToolOutput, ToolResult,
 };
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -594,4 +596,230 @@ async fn faults_follow_the_seed() {
         "{first:?}"
     );
     assert_ne!(first, fault_pattern(43).await);
+}
+
+// ---- Verify: the transfer_recorded verifier ------------------------------------------
+
+fn committed(effect_key: &str, receipt: &str) -> EffectEntry {
+    EffectEntry {
+        invocation_id: "inv-1".into(),
+        call_id: "c1".into(),
+        effect_key: effect_key.into(),
+        attempt: 1,
+        tool: "transfer".into(),
+        state: EffectState::Committed as i32,
+        receipt: receipt.into(),
+        ..EffectEntry::default()
+    }
+}
+
+fn cited(tool: &str, args: &str, receipt: &str) -> CitedResult {
+    CitedResult {
+        call_id: "c1".into(),
+        turn: 1,
+        tool: tool.into(),
+        arguments_json: args.into(),
+        result: Some(ToolResult {
+            call_id: "c1".into(),
+            outcome: Some(Outcome::Output(ToolOutput {
+                output_json: "{}".into(),
+                receipt: receipt.into(),
+            })),
+        }),
+    }
+}
+
+fn claim(effects: Vec<EffectEntry>, cited: Vec<CitedResult>) -> Claim {
+    Claim {
+        invocation_id: "inv-1".into(),
+        tenant: "demo".into(),
+        answer: "Moved 42.00 from alice to bob.".into(),
+        evidence: vec!["c1".into()],
+        cited,
+        effects,
+        ..Claim::default()
+    }
+}
+
+async fn verify(
+    client: &mut ToolExecutorServiceClient<Transport>,
+    verifier: &str,
+    claim: Option<Claim>,
+) -> Result<ToolExecutorServiceVerifyResponse, tonic::Status> {
+    let request = ToolExecutorServiceVerifyRequest {
+        verifier: verifier.into(),
+        claim,
+    };
+    Ok(client.verify(request).await?.into_inner())
+}
+
+/// Runs a transfer under effect key `key` and returns its receipt.
+async fn transfer(client: &mut ToolExecutorServiceClient<Transport>, key: &str) -> String {
+    let (_, receipt) = output(
+        execute(client, request("transfer", TRANSFER_ARGS, key))
+            .await
+            .unwrap(),
+    );
+    assert!(!receipt.is_empty());
+    receipt
+}
+
+#[tokio::test]
+async fn the_verifier_accepts_a_transfer_made_through_execute_even_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(config(dir.path())).await;
+    let receipt = transfer(&mut server.client, "e1").await;
+    let backed = claim(
+        vec![committed("e1", &receipt)],
+        vec![cited("transfer", TRANSFER_ARGS, &receipt)],
+    );
+    let verdict = verify(
+        &mut server.client,
+        "transfer_recorded",
+        Some(backed.clone()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(verdict.verdict(), CheckVerdict::Accepted, "{verdict:?}");
+    assert!(verdict.reasons.is_empty());
+    assert_eq!(verdict.evidence, std::slice::from_ref(&receipt));
+    server.stop().await;
+
+    // The verdict rests on the durable record, not on this process's memory.
+    let mut server = Server::start(config(dir.path())).await;
+    let verdict = verify(&mut server.client, "transfer_recorded", Some(backed))
+        .await
+        .unwrap();
+    assert_eq!(verdict.verdict(), CheckVerdict::Accepted, "{verdict:?}");
+    assert_eq!(verdict.evidence, [receipt]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_verifier_rejects_made_up_receipts_and_effect_keys_naming_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(config(dir.path())).await;
+    let receipt = transfer(&mut server.client, "e1").await;
+    let c = &mut server.client;
+
+    let unknown_key = verify(
+        c,
+        "transfer_recorded",
+        Some(claim(vec![committed("e-made-up", &receipt)], vec![])),
+    )
+    .await
+    .unwrap();
+    assert_eq!(unknown_key.verdict(), CheckVerdict::Rejected);
+    assert_eq!(unknown_key.reasons.len(), 1, "{unknown_key:?}");
+    assert!(
+        unknown_key.reasons[0].contains("\"e-made-up\""),
+        "{unknown_key:?}"
+    );
+
+    let wrong_receipt = verify(
+        c,
+        "transfer_recorded",
+        Some(claim(vec![committed("e1", "txn-12345678")], vec![])),
+    )
+    .await
+    .unwrap();
+    assert_eq!(wrong_receipt.verdict(), CheckVerdict::Rejected);
+    assert!(
+        wrong_receipt.reasons[0].contains("\"txn-12345678\""),
+        "{wrong_receipt:?}"
+    );
+
+    let made_up_citation = verify(
+        c,
+        "transfer_recorded",
+        Some(claim(
+            vec![committed("e1", &receipt)],
+            vec![cited("transfer", TRANSFER_ARGS, "txn-99999999")],
+        )),
+    )
+    .await
+    .unwrap();
+    assert_eq!(made_up_citation.verdict(), CheckVerdict::Rejected);
+    assert_eq!(made_up_citation.reasons.len(), 1, "{made_up_citation:?}");
+    assert!(made_up_citation.reasons[0].contains("\"txn-99999999\""));
+    // What did check out is still named.
+    assert_eq!(made_up_citation.evidence, std::slice::from_ref(&receipt));
+
+    // A real receipt cited for another transfer than the one it records.
+    let other_transfer = verify(
+        c,
+        "transfer_recorded",
+        Some(claim(
+            vec![],
+            vec![cited(
+                "transfer",
+                r#"{"from":"alice","to":"mallory","amount":4200}"#,
+                &receipt,
+            )],
+        )),
+    )
+    .await
+    .unwrap();
+    assert_eq!(other_transfer.verdict(), CheckVerdict::Rejected);
+    assert!(
+        other_transfer.reasons[0].contains("not the one the call asked for"),
+        "{other_transfer:?}"
+    );
+
+    // Another invocation's claim to this invocation's transfer.
+    let mut elsewhere = claim(vec![committed("e1", &receipt)], vec![]);
+    elsewhere.invocation_id = "inv-2".into();
+    let elsewhere = verify(c, "transfer_recorded", Some(elsewhere))
+        .await
+        .unwrap();
+    assert_eq!(elsewhere.verdict(), CheckVerdict::Rejected);
+    assert!(elsewhere.reasons[0].contains("another invocation"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_verifier_rejects_a_claim_that_rests_on_no_transfer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(config(dir.path())).await;
+    let receipt = transfer(&mut server.client, "e1").await;
+    let c = &mut server.client;
+    let not_committed = EffectEntry {
+        state: EffectState::OutcomeUnknown as i32,
+        ..committed("e1", &receipt)
+    };
+    for nothing in [
+        claim(vec![], vec![]),
+        claim(
+            vec![not_committed],
+            vec![cited("lookup", r#"{"key":"policy"}"#, "")],
+        ),
+    ] {
+        let verdict = verify(c, "transfer_recorded", Some(nothing)).await.unwrap();
+        assert_eq!(verdict.verdict(), CheckVerdict::Rejected, "{verdict:?}");
+        assert_eq!(verdict.reasons, ["no committed transfer to confirm"]);
+        assert!(verdict.evidence.is_empty());
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn verify_refuses_unknown_verifiers_and_requests_without_a_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(config(dir.path())).await;
+    let c = &mut server.client;
+    let unknown = verify(c, "balance_ok", Some(claim(vec![], vec![])))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
+    assert!(unknown.message().contains("balance_ok"));
+    let no_claim = verify(c, "transfer_recorded", None).await.unwrap_err();
+    assert_eq!(no_claim.code(), Code::InvalidArgument);
+    assert_eq!(
+        agentloop_demo_executor::verifiers()
+            .iter()
+            .map(|v| v.name)
+            .collect::<Vec<_>>(),
+        ["transfer_recorded"]
+    );
+    server.stop().await;
 }

@@ -4,7 +4,9 @@
 //! *prepares* it here under a stable effect key, marks it *dispatched*, and records the
 //! outcome (*committed*, *rejected* or *outcome unknown*). After a crash, the entries
 //! still unresolved tell a resuming worker which effects it must reconcile with their
-//! executor before going on, so no change is applied twice or silently lost.
+//! executor before going on, so no change is applied twice or silently lost. Before an
+//! invocation's final answer, all of its entries (ListByInvocation) tell the orchestrator
+//! whether every write the answer rests on was committed.
 //!
 //! - [`state`]: the transition rules, a pure function;
 //! - [`store`]: [`LedgerStore`], one type over SQLite (WAL, `synchronous=FULL`, the

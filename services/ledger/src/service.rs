@@ -125,4 +125,22 @@ impl EffectLedgerService for LedgerService {
             next_page_token: page.next_page_token.unwrap_or_default(),
         }))
     }
+
+    async fn list_by_invocation(
+        &self,
+        request: Request<pb::ListByInvocationRequest>,
+    ) -> Result<Response<pb::ListByInvocationResponse>, Status> {
+        let request = request.into_inner();
+        // An empty invocation_id is passed on, not dropped as in ListUnresolved: here it
+        // is required, and the store refuses it as INVALID_ARGUMENT.
+        let token = Some(request.page_token.as_str()).filter(|t| !t.is_empty());
+        let page = self
+            .store
+            .list_by_invocation(&request.invocation_id, request.page_size, token)
+            .await?;
+        Ok(Response::new(pb::ListByInvocationResponse {
+            entries: page.entries.iter().map(|e| e.to_proto()).collect(),
+            next_page_token: page.next_page_token.unwrap_or_default(),
+        }))
+    }
 }

@@ -33,9 +33,10 @@ use crate::state::{self, Action, EffectState, Outcome};
 pub const MAX_ID_BYTES: usize = 1024;
 /// Longest `detail`, in bytes: room for an error text, not for a tool's output.
 pub const MAX_DETAIL_BYTES: usize = 64 * 1024;
-/// Page size used when a ListUnresolved request asks for 0.
+/// Page size used when a listing (ListUnresolved, ListByInvocation) asks for 0.
 pub const DEFAULT_PAGE_SIZE: u32 = 100;
-/// Largest page ListUnresolved returns, whatever the request asks.
+/// Largest page a listing returns, whatever the request asks: bounds the memory and the
+/// response size of one call, however many entries an invocation or a backlog has.
 pub const MAX_PAGE_SIZE: u32 = 1000;
 /// The table of applied PostgreSQL migrations. Not sqlx's default, so the ledger can
 /// share a database with the event store, whose migrations are numbered independently.
@@ -120,10 +121,12 @@ pub struct NewEffect {
     pub tool: String,
 }
 
-/// One page of ListUnresolved.
+/// One page of a listing ([`LedgerStore::list_unresolved`],
+/// [`LedgerStore::list_by_invocation`]). Both page the same way, by a cursor on the
+/// preparation order, so a caller pages through either with the same loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Page {
-    /// Unresolved entries, oldest first.
+    /// The listed entries, oldest first.
     pub entries: Vec<Entry>,
     /// Pass back to get the next page; `None` on the last page.
     pub next_page_token: Option<String>,
@@ -176,6 +179,58 @@ macro_rules! unresolved_states {
     () => {
         "('PREPARED', 'DISPATCHED', 'OUTCOME_UNKNOWN', 'RECONCILIATION_REQUIRED')"
     };
+}
+
+/// A page of entries after a cursor, oldest first, narrowed by `$filter`. Every listing
+/// binds the cursor as `$1` and the limit as `$2`, and an invocation (if any) as `$3`,
+/// so the statements differ only in their filter.
+macro_rules! page_after_cursor {
+    ($($filter:tt)*) => {
+        concat!(
+            "SELECT ",
+            columns!(),
+            " FROM effects WHERE seq > $1",
+            $($filter)*,
+            " ORDER BY seq LIMIT $2"
+        )
+    };
+}
+
+/// What a listing returns. One enum rather than one function each, so the listings
+/// cannot drift apart in validation, paging or page sizes. An index serves each (see the
+/// migrations), so none scans the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listing<'a> {
+    /// Unresolved entries of every invocation (`effects_unresolved_by_seq`).
+    Unresolved,
+    /// Unresolved entries of one invocation (`effects_unresolved_by_invocation`; SQLite's
+    /// planner, which has no statistics to tell the two apart, takes
+    /// `effects_by_invocation`, and skips the resolved entries row by row).
+    UnresolvedOf(&'a str),
+    /// Every entry of one invocation, in every state (`effects_by_invocation`).
+    AllOf(&'a str),
+}
+
+impl<'a> Listing<'a> {
+    /// The statement, with the binds [`page_after_cursor!`] describes.
+    fn sql(self) -> &'static str {
+        match self {
+            Listing::Unresolved => page_after_cursor!(" AND state IN ", unresolved_states!()),
+            Listing::UnresolvedOf(_) => page_after_cursor!(
+                " AND invocation_id = $3 AND state IN ",
+                unresolved_states!()
+            ),
+            Listing::AllOf(_) => page_after_cursor!(" AND invocation_id = $3"),
+        }
+    }
+
+    /// The invocation the listing is narrowed to, bound as `$3`.
+    fn invocation_id(self) -> Option<&'a str> {
+        match self {
+            Listing::Unresolved => None,
+            Listing::UnresolvedOf(id) | Listing::AllOf(id) => Some(id),
+        }
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -417,7 +472,37 @@ impl LedgerStore {
         page_size: u32,
         page_token: Option<&str>,
     ) -> Result<Page, LedgerError> {
-        if let Some(invocation_id) = invocation_id {
+        let listing = match invocation_id {
+            Some(invocation_id) => Listing::UnresolvedOf(invocation_id),
+            None => Listing::Unresolved,
+        };
+        self.list(listing, page_size, page_token).await
+    }
+
+    /// Lists every entry of one invocation, whatever its state, oldest first: what a
+    /// final answer is checked against, so a write that is not COMMITTED shows up rather
+    /// than being filtered away. Pages like [`Self::list_unresolved`] (same sizes, same
+    /// tokens); an unknown invocation is an empty page, not an error, since an
+    /// invocation that made no writes has no entries. The PostgreSQL caveat there holds
+    /// here too, and the orchestrator is not affected by it for the same reason: it
+    /// checks an invocation whose lease it holds.
+    pub async fn list_by_invocation(
+        &self,
+        invocation_id: &str,
+        page_size: u32,
+        page_token: Option<&str>,
+    ) -> Result<Page, LedgerError> {
+        self.list(Listing::AllOf(invocation_id), page_size, page_token)
+            .await
+    }
+
+    async fn list(
+        &self,
+        listing: Listing<'_>,
+        page_size: u32,
+        page_token: Option<&str>,
+    ) -> Result<Page, LedgerError> {
+        if let Some(invocation_id) = listing.invocation_id() {
             validate_id("invocation_id", invocation_id)?;
         }
         let after = match page_token {
@@ -430,31 +515,15 @@ impl LedgerStore {
         };
         // One extra row tells whether another page follows.
         let limit = i64::from(size) + 1;
-        let mut rows: Vec<Row> = match invocation_id {
-            Some(invocation_id) => on_pool!(self, |pool| sqlx::query_as(concat!(
-                "SELECT ",
-                columns!(),
-                " FROM effects WHERE invocation_id = $1 AND state IN ",
-                unresolved_states!(),
-                " AND seq > $2 ORDER BY seq LIMIT $3"
-            ))
-            .bind(invocation_id)
-            .bind(after)
-            .bind(limit)
+        let mut rows: Vec<Row> = on_pool!(self, |pool| {
+            let query = sqlx::query_as(listing.sql()).bind(after).bind(limit);
+            match listing.invocation_id() {
+                Some(invocation_id) => query.bind(invocation_id),
+                None => query,
+            }
             .fetch_all(pool)
-            .await?),
-            None => on_pool!(self, |pool| sqlx::query_as(concat!(
-                "SELECT ",
-                columns!(),
-                " FROM effects WHERE state IN ",
-                unresolved_states!(),
-                " AND seq > $1 ORDER BY seq LIMIT $2"
-            ))
-            .bind(after)
-            .bind(limit)
-            .fetch_all(pool)
-            .await?),
-        };
+            .await?
+        });
         let more = rows.len() > size as usize;
         rows.truncate(size as usize);
         let next_page_token = match (more, rows.last()) {
@@ -656,6 +725,78 @@ mod tests {
         ] {
             assert_eq!(schema.matches(predicate).count(), 2, "{schema}");
         }
+    }
+
+    /// The plan the database picks for `listing`, one step a line.
+    async fn plan(store: &LedgerStore, listing: Listing<'_>) -> String {
+        let invocation_id = listing.invocation_id().unwrap_or_default();
+        let steps: Vec<String> = match &store.pool {
+            Pool::Sqlite(pool) => {
+                // Our own statement behind a fixed prefix; the values are bound.
+                let sql = sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {}", listing.sql()));
+                let mut query = sqlx::query_as::<_, (i64, i64, i64, String)>(sql)
+                    .bind(0_i64)
+                    .bind(101_i64);
+                if listing.invocation_id().is_some() {
+                    query = query.bind(invocation_id);
+                }
+                let rows = query.fetch_all(pool).await.unwrap();
+                rows.into_iter().map(|(_, _, _, step)| step).collect()
+            }
+            Pool::Postgres(pool) => {
+                let mut conn = pool.acquire().await.unwrap();
+                // An empty table is cheapest to scan; the question is whether an index
+                // serves the statement once the table is not empty.
+                sqlx::query("SET enable_seqscan = off")
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap();
+                let sql = sqlx::AssertSqlSafe(format!("EXPLAIN {}", listing.sql()));
+                let mut query = sqlx::query_scalar::<_, String>(sql)
+                    .bind(0_i64)
+                    .bind(101_i64);
+                if listing.invocation_id().is_some() {
+                    query = query.bind(invocation_id);
+                }
+                query.fetch_all(&mut *conn).await.unwrap()
+            }
+        };
+        steps.join("\n")
+    }
+
+    /// The orchestrator lists an invocation once per final answer, so that listing must
+    /// be an index range in `seq` order, not a scan or a sort, on both backends.
+    async fn assert_by_invocation_uses_its_index(store: &LedgerStore) {
+        let plan = plan(store, Listing::AllOf("inv")).await;
+        assert!(plan.contains("effects_by_invocation"), "{plan}");
+        for unwanted in ["Seq Scan", "Sort", "TEMP B-TREE"] {
+            assert!(!plan.contains(unwanted), "{plan}");
+        }
+    }
+
+    #[tokio::test]
+    async fn listing_an_invocation_is_served_by_its_index_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            LedgerStore::open_sqlite(&dir.path().join("ledger.sqlite3"), &StoreOptions::default())
+                .await
+                .unwrap();
+        assert_by_invocation_uses_its_index(&store).await;
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn listing_an_invocation_is_served_by_its_index_on_postgres() {
+        let test = "listing_an_invocation_is_served_by_its_index_on_postgres";
+        let Some(server) = agentloop_store::testing::PostgresServer::for_test(test).await else {
+            return;
+        };
+        let database = server.create_database().await.unwrap();
+        let store = LedgerStore::connect_postgres(database.url(), &StoreOptions::default())
+            .await
+            .unwrap();
+        assert_by_invocation_uses_its_index(&store).await;
+        store.close().await;
     }
 
     #[test]

@@ -12,8 +12,8 @@ use std::net::SocketAddr;
 use agentloop_ledger::{LedgerConfig, LedgerStore, StoreOptions, effect_key};
 use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
 use agentloop_proto::v1::{
-    EffectState, GetRequest, ListUnresolvedRequest, MarkDispatchedRequest, PrepareRequest,
-    RecordRequest,
+    EffectState, GetRequest, ListByInvocationRequest, ListUnresolvedRequest, MarkDispatchedRequest,
+    PrepareRequest, RecordRequest,
 };
 use agentloop_store::testing::PostgresServer;
 use tokio::net::TcpListener;
@@ -333,6 +333,109 @@ async fn list_unresolved_pages_through_grpc() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
+    ledger.stop().await;
+}
+
+/// What the orchestrator asks before a final answer: every entry of one invocation,
+/// resolved or not, page by page; an empty ID is the caller's mistake, not an empty list.
+#[tokio::test]
+async fn list_by_invocation_pages_through_grpc() {
+    let mut ledger = start().await;
+    for i in 0..5 {
+        ledger
+            .client
+            .prepare(prepare("inv-1", &format!("call-{i}")))
+            .await
+            .unwrap();
+    }
+    ledger
+        .client
+        .prepare(prepare("inv-2", "call-x"))
+        .await
+        .unwrap();
+    let committed = effect_key("inv-1", "call-1");
+    ledger
+        .client
+        .mark_dispatched(MarkDispatchedRequest {
+            effect_key: committed.clone(),
+            expected_state: EffectState::Prepared as i32,
+        })
+        .await
+        .unwrap();
+    ledger
+        .client
+        .record(RecordRequest {
+            receipt: "rcpt-1".into(),
+            ..record(
+                &committed,
+                EffectState::Dispatched,
+                EffectState::Committed,
+                "",
+            )
+        })
+        .await
+        .unwrap();
+
+    let mut listed = Vec::new();
+    let mut token = String::new();
+    for _ in 0..10 {
+        let page = ledger
+            .client
+            .list_by_invocation(ListByInvocationRequest {
+                invocation_id: "inv-1".into(),
+                page_size: 2,
+                page_token: token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.entries.len() <= 2);
+        listed.extend(page.entries.into_iter().map(|e| (e.call_id, e.state)));
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    let prepared = EffectState::Prepared as i32;
+    assert_eq!(
+        listed,
+        [
+            ("call-0".to_owned(), prepared),
+            ("call-1".to_owned(), EffectState::Committed as i32),
+            ("call-2".to_owned(), prepared),
+            ("call-3".to_owned(), prepared),
+            ("call-4".to_owned(), prepared),
+        ]
+    );
+
+    let status = ledger
+        .client
+        .list_by_invocation(ListByInvocationRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("invocation_id"), "{status:?}");
+    let status = ledger
+        .client
+        .list_by_invocation(ListByInvocationRequest {
+            invocation_id: "inv-1".into(),
+            page_token: "not-a-token".into(),
+            ..ListByInvocationRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let none = ledger
+        .client
+        .list_by_invocation(ListByInvocationRequest {
+            invocation_id: "inv-unknown".into(),
+            ..ListByInvocationRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(none.entries.is_empty());
+    assert!(none.next_page_token.is_empty());
     ledger.stop().await;
 }
 

@@ -63,19 +63,49 @@ impl ModelContext {
         }
     }
 
-    /// The successful tool results in the window, as `seq:call_id` references.
-    pub(crate) fn outputs(&self) -> Vec<String> {
-        use pb::tool_result::Outcome;
-        let mut refs = Vec::new();
-        for event in &self.0.history {
-            if let Some(pb::event::Body::Turn(turn)) = &event.body {
-                for result in &turn.results {
-                    if matches!(result.outcome, Some(Outcome::Output(_))) {
-                        refs.push(format!("{}:{}", event.seq, result.call_id));
-                    }
-                }
-            }
+    /// Adds to `cited` the committed results of the calls in `evidence` that the window
+    /// holds and `cited` lacks. `Some(seq)` when some are still missing and the log has
+    /// events before `seq`, the first the window holds, to look in.
+    pub(crate) fn cite(
+        &self,
+        evidence: &[String],
+        cited: &mut Vec<pb::CitedResult>,
+    ) -> Option<u64> {
+        cite(&self.0.history, evidence, cited);
+        let first = self.0.history.first().map_or(1, |event| event.seq);
+        (cited.len() < evidence.len() && first > 1).then_some(first)
+    }
+}
+
+/// Adds to `cited` the results in `events` of the calls in `evidence` that `cited`
+/// lacks, the newest first: a model may reuse a call ID in a later turn, and a turn
+/// reopened by an approval is committed again with its results.
+pub(crate) fn cite(events: &[pb::Event], evidence: &[String], cited: &mut Vec<pb::CitedResult>) {
+    for event in events.iter().rev() {
+        if cited.len() == evidence.len() {
+            return;
         }
-        refs
+        let Some(pb::event::Body::Turn(turn)) = &event.body else {
+            continue;
+        };
+        let calls: &[pb::ToolCall] = match turn.decision.as_ref().and_then(|d| d.kind.as_ref()) {
+            Some(pb::decision::Kind::ToolCalls(batch)) => &batch.calls,
+            Some(pb::decision::Kind::RequestApproval(request)) => &request.calls,
+            _ => continue,
+        };
+        for result in &turn.results {
+            let id = &result.call_id;
+            if !evidence.contains(id) || cited.iter().any(|c| &c.call_id == id) {
+                continue;
+            }
+            let call = calls.iter().find(|call| &call.call_id == id);
+            cited.push(pb::CitedResult {
+                call_id: id.clone(),
+                turn: turn.turn,
+                tool: call.map(|c| c.tool.clone()).unwrap_or_default(),
+                arguments_json: call.map(|c| c.arguments_json.clone()).unwrap_or_default(),
+                result: Some(result.clone()),
+            });
+        }
     }
 }

@@ -21,6 +21,7 @@ pub mod ports;
 mod runner;
 mod service;
 mod spec;
+mod verify;
 mod waits;
 pub mod wire;
 mod workers;

@@ -70,6 +70,11 @@ pub trait ToolsPort: Send + Sync + 'static {
         &self,
         request: pb::ToolGatewayServiceReconcileRequest,
     ) -> Result<pb::ToolGatewayServiceReconcileResponse, Status>;
+    /// Has a verifier judge a final answer. Dropping the future cancels it.
+    async fn verify(
+        &self,
+        request: pb::ToolGatewayServiceVerifyRequest,
+    ) -> Result<pb::ToolGatewayServiceVerifyResponse, Status>;
     /// Whether a stage of several read-only calls goes as one `execute_stage` rather
     /// than one `execute` per call. Across a network that saves a round trip per call
     /// but one. In the same process there is no round trip to save, and a future per
@@ -94,6 +99,11 @@ pub trait LedgerPort: Send + Sync + 'static {
         &self,
         request: pb::ListUnresolvedRequest,
     ) -> Result<pb::ListUnresolvedResponse, Status>;
+    /// A page of one invocation's entries in every state, for checking a final answer.
+    async fn list_by_invocation(
+        &self,
+        request: pb::ListByInvocationRequest,
+    ) -> Result<pb::ListByInvocationResponse, Status>;
 }
 
 /// The ports one orchestrator uses.
@@ -280,6 +290,17 @@ impl ToolsPort for GrpcTools {
             .map(tonic::Response::into_inner)
     }
 
+    async fn verify(
+        &self,
+        request: pb::ToolGatewayServiceVerifyRequest,
+    ) -> Result<pb::ToolGatewayServiceVerifyResponse, Status> {
+        self.client
+            .clone()
+            .verify(request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
     fn sends_stages(&self) -> bool {
         self.stages.load(Relaxed)
     }
@@ -327,6 +348,16 @@ impl<S: ToolGatewayService> ToolsPort for InProcess<S> {
             .map(tonic::Response::into_inner)
     }
 
+    async fn verify(
+        &self,
+        request: pb::ToolGatewayServiceVerifyRequest,
+    ) -> Result<pb::ToolGatewayServiceVerifyResponse, Status> {
+        self.0
+            .verify(Request::new(request))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
     fn sends_stages(&self) -> bool {
         false
     }
@@ -360,6 +391,15 @@ impl LedgerPort for EffectLedgerServiceClient<Transport> {
         request: pb::ListUnresolvedRequest,
     ) -> Result<pb::ListUnresolvedResponse, Status> {
         EffectLedgerServiceClient::list_unresolved(&mut self.clone(), request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn list_by_invocation(
+        &self,
+        request: pb::ListByInvocationRequest,
+    ) -> Result<pb::ListByInvocationResponse, Status> {
+        EffectLedgerServiceClient::list_by_invocation(&mut self.clone(), request)
             .await
             .map(tonic::Response::into_inner)
     }
@@ -397,6 +437,16 @@ impl<S: EffectLedgerService> LedgerPort for InProcess<S> {
     ) -> Result<pb::ListUnresolvedResponse, Status> {
         self.0
             .list_unresolved(Request::new(request))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn list_by_invocation(
+        &self,
+        request: pb::ListByInvocationRequest,
+    ) -> Result<pb::ListByInvocationResponse, Status> {
+        self.0
+            .list_by_invocation(Request::new(request))
             .await
             .map(tonic::Response::into_inner)
     }

@@ -22,8 +22,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use agentloop_engine::{
-    Action, Event, EventBody, Fingerprint, Input, Invocation, Outcome, Refusal, SideEffect,
-    TerminalReason, ToolCall, Totals, UnixMillis, Verdict, Verification, WaitEnd,
+    Action, CallId, Event, EventBody, Fingerprint, Input, Invocation, Outcome, Refusal, SideEffect,
+    TerminalReason, ToolCall, Totals, UnixMillis, Verdict, WaitEnd,
 };
 use agentloop_lease::{Keeper, KeeperExit};
 use agentloop_proto::MAX_STAGE_CALLS;
@@ -39,7 +39,7 @@ use crate::context::ModelContext;
 use crate::intern::Descriptors;
 use crate::spec::InvocationSpec;
 use crate::{Progress, Shared, Taken};
-use crate::{effects, wire};
+use crate::{effects, verify, wire};
 
 /// An operation in flight; it resolves to the inputs that report it.
 type Op = Pin<Box<dyn Future<Output = Done> + Send>>;
@@ -318,8 +318,10 @@ impl Runner {
                             ops.push(self.reconcile(turn, call));
                         }
                     }
-                    Action::Verify { answer, .. } => {
-                        ops.push(self.verify(answer));
+                    Action::Verify {
+                        answer, evidence, ..
+                    } => {
+                        ops.push(self.verify(answer, evidence));
                     }
                     Action::Commit {
                         expected_version,
@@ -422,29 +424,35 @@ impl Runner {
         })
     }
 
-    fn verify(&self, answer: String) -> Op {
-        let request = pb::ValidateFinalRequest {
-            invocation_id: self.id.to_string(),
+    /// Checks `answer`, citing `evidence`, against the committed state; see
+    /// [`crate::verify`].
+    fn verify(&self, answer: String, evidence: Vec<CallId>) -> Op {
+        let evidence: Vec<String> = evidence.iter().map(|id| id.as_str().to_owned()).collect();
+        let mut cited = Vec::new();
+        let older = self.context.cite(&evidence, &mut cited);
+        let within = self
+            .engine
+            .deadline()
+            .map(|at| Duration::from_millis(at.0.saturating_sub(self.shared.clock.now().0)));
+        let verify = verify::Verify {
+            shared: self.shared.clone(),
+            id: self.id,
             profile: self.spec.profile.clone(),
-            goal: self.context.goal().to_owned(),
-            answer,
-            evidence_refs: self.context.outputs(),
+            claim: pb::Claim {
+                invocation_id: self.id.to_string(),
+                actor: self.spec.actor.clone(),
+                tenant: self.spec.tenant.clone(),
+                goal: self.context.goal().to_owned(),
+                answer,
+                evidence,
+                cited,
+                effects: Vec::new(),
+            },
+            older,
+            writes: self.engine.protocol().wrote,
+            within,
         };
-        let port = self.shared.ports.policy.clone();
-        Box::pin(async move {
-            // Fail closed: an answer nobody could check is not accepted.
-            let verification = match port.validate_final(request).await {
-                Ok(response) => wire::verification(response),
-                Err(status) => Verification::Rejected {
-                    reason: format!(
-                        "the validators failed: {:?}: {}",
-                        status.code(),
-                        status.message()
-                    ),
-                },
-            };
-            Done::One(Input::Verified(verification))
-        })
+        Box::pin(async move { Done::One(Input::Verified(verify.run().await)) })
     }
 
     fn reconcile(&self, turn: u32, call: ToolCall) -> Op {

@@ -543,6 +543,9 @@ fn invocation(record: &InvocationRecord, spec: &InvocationSpec) -> pb::Invocatio
         calls_in_flight: 0,
         waiting_since: wait.map(|wait| wire::timestamp(wait.since)),
         wait_until: wait.map(|wait| wire::timestamp(wait.until)),
+        accepted_by: end
+            .map(|end| wire::checks(&end.accepted_by))
+            .unwrap_or_default(),
     }
 }
 

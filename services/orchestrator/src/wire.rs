@@ -5,10 +5,10 @@
 //! so a new engine variant fails to compile here until it has a wire form.
 
 use agentloop_engine::{
-    Authorization, CallId, CallOutcome, EndRecord, ErrorType, Event, EventBody, Limits, MicroUsd,
-    NextAction, ProposedCall, ProposedDecision, Refusal, Rejection, RejectionKind, SideEffect,
-    TerminalReason, ToolCall, ToolError, Totals, TurnRecord, UnixMillis, Usage, Verdict,
-    Verification,
+    Authorization, CallId, CallOutcome, Check, CheckKind, CheckVerdict, EndRecord, ErrorType,
+    Event, EventBody, Limits, MicroUsd, NextAction, ProposedCall, ProposedDecision, Refusal,
+    Rejection, RejectionKind, SideEffect, TerminalReason, ToolCall, ToolError, Totals, TurnRecord,
+    UnixMillis, Usage, Verdict,
 };
 use agentloop_proto::v1 as pb;
 
@@ -79,8 +79,9 @@ fn proposed_call_from(call: pb::ToolCall) -> ProposedCall {
 pub fn decision(decision: &ProposedDecision) -> Option<pb::Decision> {
     use pb::decision::Kind;
     let kind = match decision {
-        ProposedDecision::Final { answer } => Kind::Final(pb::decision::Final {
+        ProposedDecision::Final { answer, evidence } => Kind::Final(pb::decision::Final {
             answer: answer.clone(),
+            evidence: evidence.clone(),
         }),
         ProposedDecision::ToolCalls { calls } => Kind::ToolCalls(pb::decision::ToolCalls {
             calls: calls.iter().map(proposed_call).collect(),
@@ -114,7 +115,10 @@ pub fn decided(response: pb::DecideResponse) -> agentloop_engine::Input {
     let usage = response.usage.map(usage_from).unwrap_or_default();
     let decision = match response.outcome {
         Some(Outcome::Decision(pb::Decision { kind: Some(kind) })) => match kind {
-            Kind::Final(f) => ProposedDecision::Final { answer: f.answer },
+            Kind::Final(f) => ProposedDecision::Final {
+                answer: f.answer,
+                evidence: f.evidence,
+            },
             Kind::ToolCalls(t) => ProposedDecision::ToolCalls {
                 calls: t.calls.into_iter().map(proposed_call_from).collect(),
             },
@@ -215,19 +219,50 @@ fn verdict(response: pb::EvaluateResponse) -> Verdict {
     }
 }
 
-/// The validators' answer -> the engine's verification.
-pub fn verification(response: pb::ValidateFinalResponse) -> Verification {
-    if response.accepted {
-        Verification::Accepted
-    } else if response.reasons.is_empty() {
-        Verification::Rejected {
-            reason: "rejected by the validators".into(),
-        }
-    } else {
-        Verification::Rejected {
-            reason: response.reasons.join("; "),
-        }
+/// A check on the wire -> the engine's. Anything but an explicit verdict is undecided,
+/// which fails closed.
+pub fn check_from(check: pb::Check) -> Check {
+    let verdict = match check.verdict() {
+        pb::CheckVerdict::Accepted => CheckVerdict::Accepted,
+        pb::CheckVerdict::Rejected => CheckVerdict::Rejected,
+        pb::CheckVerdict::Undecided | pb::CheckVerdict::Unspecified => CheckVerdict::Undecided,
+    };
+    let kind = match check.kind() {
+        pb::CheckKind::Verifier => CheckKind::Verifier,
+        pb::CheckKind::Rule | pb::CheckKind::Unspecified => CheckKind::Rule,
+    };
+    Check {
+        name: check.name,
+        kind,
+        verdict,
+        reasons: check.reasons,
+        evidence: check.evidence,
     }
+}
+
+/// The engine's check -> the wire's.
+fn check(check: &Check) -> pb::Check {
+    let verdict = match check.verdict {
+        CheckVerdict::Accepted => pb::CheckVerdict::Accepted,
+        CheckVerdict::Rejected => pb::CheckVerdict::Rejected,
+        CheckVerdict::Undecided => pb::CheckVerdict::Undecided,
+    };
+    let kind = match check.kind {
+        CheckKind::Rule => pb::CheckKind::Rule,
+        CheckKind::Verifier => pb::CheckKind::Verifier,
+    };
+    pb::Check {
+        name: check.name.clone(),
+        kind: kind.into(),
+        verdict: verdict.into(),
+        reasons: check.reasons.clone(),
+        evidence: check.evidence.clone(),
+    }
+}
+
+/// The checks that accepted an answer -> the wire's.
+pub fn checks(checks: &[Check]) -> Vec<pb::Check> {
+    checks.iter().map(check).collect()
 }
 
 fn error_type(error_type: ErrorType) -> pb::ErrorType {
@@ -381,6 +416,7 @@ fn turn(record: &TurnRecord) -> pb::TurnCommitted {
         rejection: record.rejection.as_ref().map(rejection),
         plan_digest: record.plan.map(|p| p.to_string()).unwrap_or_default(),
         policy_version: record.policy.clone().unwrap_or_default(),
+        checks: checks(&record.checks),
     }
 }
 
@@ -392,6 +428,7 @@ pub fn ended(end: &EndRecord) -> pb::InvocationEnded {
         answer: end.answer.clone(),
         proposal_digest: end.proposal.map(|p| p.to_string()).unwrap_or_default(),
         wait_until: end.wait.map(|wait| timestamp(wait.until)),
+        accepted_by: checks(&end.accepted_by),
     }
 }
 
@@ -528,7 +565,10 @@ mod tests {
     #[test]
     fn decisions_survive_the_wire_and_garbage_is_unparseable() {
         let proposals = [
-            ProposedDecision::Final { answer: "a".into() },
+            ProposedDecision::Final {
+                answer: "a".into(),
+                evidence: vec!["c".into()],
+            },
             ProposedDecision::ToolCalls {
                 calls: vec![ProposedCall {
                     call_id: "c".into(),

@@ -150,6 +150,13 @@ impl ToolsPort for FaultyTools {
         self.sends_stages
     }
 
+    async fn verify(
+        &self,
+        _request: pb::ToolGatewayServiceVerifyRequest,
+    ) -> Result<pb::ToolGatewayServiceVerifyResponse, Status> {
+        Err(Status::unimplemented("no verifier in these tests"))
+    }
+
     async fn reconcile(
         &self,
         _request: pb::ToolGatewayServiceReconcileRequest,

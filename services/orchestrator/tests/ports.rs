@@ -48,6 +48,13 @@ impl ToolGatewayService for Failing {
     ) -> Result<Response<pb::ToolGatewayServiceReconcileResponse>, Status> {
         Err(Status::unavailable("not in this test"))
     }
+
+    async fn verify(
+        &self,
+        _request: Request<pb::ToolGatewayServiceVerifyRequest>,
+    ) -> Result<Response<pb::ToolGatewayServiceVerifyResponse>, Status> {
+        Err(Status::unavailable("not in this test"))
+    }
 }
 
 /// The port, over gRPC, to a gateway that fails stages with `code`.

@@ -57,6 +57,14 @@ pub enum PolicyError {
         /// Every problem, one per line, with file, position and policy ID.
         detail: String,
     },
+    /// A profile's acceptance rules are invalid (setup).
+    #[error("the acceptance rules of profile {profile:?} are invalid: {detail}")]
+    Acceptance {
+        /// The profile.
+        profile: String,
+        /// What is wrong.
+        detail: String,
+    },
     /// `tools_file` could not be loaded (setup).
     #[error("cannot load tools_file {path}: {detail}")]
     ToolsFile {
@@ -78,6 +86,7 @@ impl From<PolicyError> for tonic::Status {
             | PolicyError::ConflictingToolSources
             | PolicyError::ToolsFile { .. }
             | PolicyError::Policies { .. }
+            | PolicyError::Acceptance { .. }
             | PolicyError::ServiceToken(_) => tonic::Status::failed_precondition(message),
             PolicyError::ToolsUnavailable { .. } => tonic::Status::unavailable(message),
         }

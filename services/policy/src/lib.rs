@@ -9,7 +9,8 @@
 //! asks for approval when a gated tool is called or a policy gates a call (the digest is
 //! the engine's [`agentloop_engine::Fingerprint`] of the calls' canonical arguments);
 //! otherwise it allows the batch. Which calls of an allowed batch run together is the
-//! engine's plan, not policy's. `ValidateFinal` runs the answer validators.
+//! engine's plan, not policy's. `ValidateFinal` runs the profile's acceptance rules on a
+//! final answer (see [`AcceptanceRules`]).
 //!
 //! It is *not* an executor and keeps no invocation state: every answer depends only on
 //! the request, the tool descriptors loaded at startup, the policy sets in force (see
@@ -18,8 +19,8 @@
 
 #![warn(missing_docs)]
 
+mod acceptance;
 mod error;
-mod final_answer;
 mod profiles;
 mod tools;
 
@@ -39,8 +40,11 @@ use agentloop_proto::v1::{
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
+pub use acceptance::{
+    Acceptance, AcceptanceRules, Condition, Json, MAX_EVIDENCE_REFS, MAX_REQUIREMENTS, Requirement,
+    Writes,
+};
 pub use error::PolicyError;
-pub use final_answer::{FinalValidators, MAX_EVIDENCE_REFS};
 pub use profiles::{ProfilePolicies, Profiles, compile_policies, tool_facts};
 pub use tools::{
     MAX_ARGUMENTS_BYTES, MAX_CALLS, MAX_INVOCATION_ID_BYTES, MAX_SCHEMA_VIOLATIONS_PER_CALL,
@@ -79,8 +83,9 @@ pub struct PolicyConfig {
     pub tools_backoff_ms: u64,
     /// Tools whose calls need a human approval bound to the proposal digest.
     pub require_approval_for: Vec<String>,
-    /// Final-answer validators of the default profile.
-    pub validators: FinalValidators,
+    /// The acceptance rules of final answers, by profile (`[acceptance.default]`); a
+    /// profile without an entry gets [`Acceptance::default`].
+    pub acceptance: BTreeMap<String, Acceptance>,
     /// The Cedar policy files of each profile (`[policies] default = ["a.cedar"]`). With
     /// none, authorization is off: every call that passes its schema is allowed. With
     /// some, a profile that has none is refused every call.
@@ -104,7 +109,7 @@ impl Default for PolicyConfig {
             tools_attempts: 40,
             tools_backoff_ms: 250,
             require_approval_for: Vec::new(),
-            validators: FinalValidators::default(),
+            acceptance: BTreeMap::new(),
             policies: BTreeMap::new(),
             policy_watch_ms: 2000,
         }
@@ -205,29 +210,30 @@ fn with_sources(error: &dyn std::error::Error) -> String {
 pub struct PolicyServer {
     tools: Arc<ToolPolicy>,
     profiles: Arc<Profiles>,
-    validators: Arc<FinalValidators>,
+    acceptance: Arc<AcceptanceRules>,
     watch_every: Option<Duration>,
 }
 
 impl PolicyServer {
     /// A server judging calls with `tools` and the policies of `profiles`, and answers
-    /// with `validators`.
-    pub fn new(tools: ToolPolicy, profiles: Profiles, validators: FinalValidators) -> PolicyServer {
+    /// by the `acceptance` rules.
+    pub fn new(tools: ToolPolicy, profiles: Profiles, acceptance: AcceptanceRules) -> PolicyServer {
         PolicyServer {
             tools: Arc::new(tools),
             profiles: Arc::new(profiles),
-            validators: Arc::new(validators),
+            acceptance: Arc::new(acceptance),
             watch_every: None,
         }
     }
 
     /// A server for `config` over the given descriptors (approval gates, policies and
-    /// validators from `config`; `tools_endpoint` is not used).
+    /// acceptance rules from `config`; `tools_endpoint` is not used).
     ///
     /// # Errors
     ///
     /// [`PolicyError::InvalidSchema`] or [`PolicyError::DuplicateTool`] from
-    /// [`ToolPolicy::new`], [`PolicyError::Policies`] for policies that do not load.
+    /// [`ToolPolicy::new`], [`PolicyError::Policies`] for policies that do not load,
+    /// [`PolicyError::Acceptance`] for invalid acceptance rules.
     pub fn from_descriptors(
         descriptors: &[ToolDescriptor],
         config: &PolicyConfig,
@@ -239,7 +245,9 @@ impl PolicyServer {
         } else {
             Profiles::load(config.policies.clone(), descriptors.to_vec())?
         };
-        let mut server = PolicyServer::new(tools, profiles, config.validators.clone());
+        let names = descriptors.iter().map(|d| d.name.as_str());
+        let acceptance = AcceptanceRules::compile(&config.acceptance, names)?;
+        let mut server = PolicyServer::new(tools, profiles, acceptance);
         server.watch_every =
             (config.policy_watch_ms > 0).then(|| Duration::from_millis(config.policy_watch_ms));
         Ok(server)
@@ -311,7 +319,7 @@ impl PolicyServer {
             .evaluate(request, &self.profiles.get(&request.profile))
     }
 
-    /// `ValidateFinal` without the gRPC wrapping; see [`FinalValidators::validate`].
+    /// `ValidateFinal` without the gRPC wrapping; see [`AcceptanceRules::validate`].
     ///
     /// # Errors
     ///
@@ -320,7 +328,7 @@ impl PolicyServer {
         &self,
         request: &ValidateFinalRequest,
     ) -> Result<ValidateFinalResponse, PolicyError> {
-        self.validators.validate(request)
+        self.acceptance.validate(request)
     }
 }
 

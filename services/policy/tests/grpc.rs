@@ -52,6 +52,14 @@ impl ToolGatewayService for FakeGateway {
     ) -> Result<tonic::Response<ToolGatewayServiceReconcileResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("fake"))
     }
+
+    async fn verify(
+        &self,
+        _request: tonic::Request<agentloop_proto::v1::ToolGatewayServiceVerifyRequest>,
+    ) -> Result<tonic::Response<agentloop_proto::v1::ToolGatewayServiceVerifyResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented("fake"))
+    }
 }
 
 async fn listen() -> (TcpListener, String) {
@@ -171,9 +179,12 @@ async fn evaluate_and_validate_over_grpc_with_tools_from_the_gateway() {
     assert!(status.message().contains("invocation_id"));
 
     let answer = |text: &str| ValidateFinalRequest {
-        invocation_id: "inv-1".into(),
-        answer: text.into(),
-        ..ValidateFinalRequest::default()
+        profile: "default".into(),
+        claim: Some(agentloop_proto::v1::Claim {
+            invocation_id: "inv-1".into(),
+            answer: text.into(),
+            ..Default::default()
+        }),
     };
     let accepted = client
         .validate_final(answer("42"))
@@ -187,11 +198,11 @@ async fn evaluate_and_validate_over_grpc_with_tools_from_the_gateway() {
         .unwrap()
         .into_inner();
     assert!(!refused.accepted);
-    assert_eq!(refused.reasons, vec!["non_empty: the answer is empty"]);
+    assert_eq!(refused.reasons, vec!["answer: the answer is empty"]);
     let status = client
         .validate_final(ValidateFinalRequest {
-            answer: "42".into(),
-            ..ValidateFinalRequest::default()
+            profile: "default".into(),
+            claim: None,
         })
         .await
         .unwrap_err();

@@ -4,19 +4,18 @@
     clippy::panic,
     clippy::wildcard_enum_match_arm
 )]
-//! ToolPolicy and FinalValidators as a library: violations, approvals, answers.
+//! ToolPolicy as a library: violations, approvals, gates.
 
 use agentloop_engine::{Fingerprint, canonical_json};
 use agentloop_policy::{
-    FinalValidators, MAX_CALLS, MAX_SCHEMA_VIOLATIONS_PER_CALL, PolicyConfig, PolicyError,
-    PolicyServer, ProfilePolicies, ToolPolicy,
+    MAX_CALLS, MAX_SCHEMA_VIOLATIONS_PER_CALL, PolicyConfig, PolicyError, PolicyServer,
+    ProfilePolicies, ToolPolicy,
 };
 
 /// Authorization off: these tests judge structure, schemas and gates.
 const OFF: ProfilePolicies = ProfilePolicies::Off;
 use agentloop_proto::v1::{
-    self, EvaluateRequest, EvaluateResponse, ToolCall, ToolDescriptor, ValidateFinalRequest,
-    Verdict,
+    self, EvaluateRequest, EvaluateResponse, ToolCall, ToolDescriptor, Verdict,
 };
 
 const LOOKUP_SCHEMA: &str = r#"{
@@ -398,59 +397,10 @@ fn bad_descriptors_fail_construction_naming_the_tool() {
     );
 }
 
-fn answer(text: &str, evidence: &[&str]) -> ValidateFinalRequest {
-    ValidateFinalRequest {
-        invocation_id: "inv-1".into(),
-        answer: text.into(),
-        evidence_refs: evidence.iter().map(|s| (*s).to_owned()).collect(),
-        ..ValidateFinalRequest::default()
-    }
-}
-
 #[test]
-fn final_answers_are_validated() {
-    let defaults = FinalValidators::default();
-    assert_eq!(defaults.max_answer_bytes, 64 * 1024);
-    assert!(!defaults.require_evidence);
-    let ok = defaults.validate(&answer("42", &[])).unwrap();
-    assert!(ok.accepted && ok.reasons.is_empty());
-
-    let empty = defaults.validate(&answer("  \n", &[])).unwrap();
-    assert!(!empty.accepted);
-    assert_eq!(empty.reasons, vec!["non_empty: the answer is empty"]);
-
-    let small = FinalValidators {
-        max_answer_bytes: 4,
-        require_evidence: true,
-    };
-    let refused = small.validate(&answer("12345", &[])).unwrap();
-    assert!(!refused.accepted);
-    assert_eq!(refused.reasons.len(), 2, "{:?}", refused.reasons);
-    assert!(refused.reasons[0].contains("5 bytes; at most 4"));
-    assert!(refused.reasons[1].contains("no evidence, no success"));
-    assert!(
-        small
-            .validate(&answer("1234", &["call:c1"]))
-            .unwrap()
-            .accepted
-    );
-
-    let mut no_id = answer("42", &[]);
-    no_id.invocation_id.clear();
-    assert!(matches!(
-        defaults.validate(&no_id),
-        Err(PolicyError::InvalidRequest(_))
-    ));
-}
-
-#[test]
-fn config_wires_gates_and_validators() {
+fn config_wires_gates() {
     let config = PolicyConfig {
         require_approval_for: vec!["write".into()],
-        validators: FinalValidators {
-            max_answer_bytes: 10,
-            require_evidence: true,
-        },
         ..PolicyConfig::default()
     };
     let server = PolicyServer::from_descriptors(&descriptors(), &config).unwrap();
@@ -463,12 +413,6 @@ fn config_wires_gates_and_validators() {
         .evaluate(&request(vec![call("p", "pay", r#"{"amount":1}"#)]))
         .unwrap();
     assert_eq!(response.verdict(), Verdict::Allow);
-    assert!(
-        !server
-            .validate_final(&answer("fine", &[]))
-            .unwrap()
-            .accepted
-    );
 }
 
 #[test]

@@ -1,6 +1,11 @@
-//! The tool registry as configuration: a TOML file of `[[tools]]`, or the `Describe`
-//! output of an executor. Public because the policy service and the CLI load the same
-//! file.
+//! The tool registry as configuration: a TOML file of `[[tools]]` and `[[verifiers]]`,
+//! or the `Describe` output of an executor. Public because the policy service and the
+//! CLI load the same file.
+//!
+//! Verifiers are registered beside tools because they are served by the same executors
+//! (over the same channel, under the same concurrency slots) and owned by the same
+//! people; their names are a namespace of their own, so a verifier may share its name
+//! with a tool.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -24,6 +29,11 @@ pub const MAX_ENDPOINT_BYTES: usize = 2048;
 pub const MAX_CONFIG_FILE_BYTES: u64 = 16 * 1024 * 1024;
 /// Longest per-call timeout a tool may declare, in milliseconds (ten minutes).
 pub const MAX_TIMEOUT_MS: u64 = 600_000;
+/// Most verifiers one registry holds.
+pub const MAX_VERIFIERS: usize = 256;
+/// How long a verifier that declares no `timeout_ms` may take, in milliseconds. A
+/// verifier reads its own records, so seconds are plenty; a final answer waits for it.
+pub const DEFAULT_VERIFIER_TIMEOUT_MS: u64 = 10_000;
 
 /// Why a tool registry could not be loaded. Every variant names the tool or file, so
 /// an operator can fix it without reading code.
@@ -65,6 +75,26 @@ pub enum ConfigError {
     InvalidTool {
         /// The tool's name.
         tool: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// More than [`MAX_VERIFIERS`] verifiers.
+    #[error("too many verifiers: {count} (at most {MAX_VERIFIERS})")]
+    TooManyVerifiers {
+        /// How many there were.
+        count: usize,
+    },
+    /// Two verifiers share a name.
+    #[error("verifier {0:?} is registered twice")]
+    DuplicateVerifier(String),
+    /// A verifier's name is empty, too long or has characters outside `[a-zA-Z0-9_.-]`.
+    #[error("invalid verifier name {0:?}: expected 1 to 64 characters of [a-zA-Z0-9_.-]")]
+    InvalidVerifierName(String),
+    /// Some other field of a verifier is invalid.
+    #[error("verifier {verifier:?}: {reason}")]
+    InvalidVerifier {
+        /// The verifier's name.
+        verifier: String,
         /// What is wrong.
         reason: String,
     },
@@ -118,13 +148,7 @@ impl ToolEntry {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.name.is_empty()
-            || self.name.len() > MAX_TOOL_NAME_BYTES
-            || !self
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-        {
+        if !valid_name(&self.name) {
             return Err(ConfigError::InvalidName(self.name.clone()));
         }
         let invalid = |reason: String| ConfigError::InvalidTool {
@@ -137,12 +161,7 @@ impl ToolEntry {
                 "description longer than {MAX_DESCRIPTION_BYTES} bytes"
             )));
         }
-        if !(1..=MAX_TIMEOUT_MS).contains(&self.timeout_ms) {
-            return Err(invalid(format!(
-                "timeout_ms must be 1..={MAX_TIMEOUT_MS}, got {}",
-                self.timeout_ms
-            )));
-        }
+        validate_timeout_ms(self.timeout_ms).map_err(invalid)?;
         if self.input_schema.len() > MAX_SCHEMA_BYTES {
             return Err(invalid(format!(
                 "input_schema larger than {MAX_SCHEMA_BYTES} bytes"
@@ -157,6 +176,84 @@ impl ToolEntry {
             ));
         }
         Ok(())
+    }
+}
+
+/// One registered verifier: an executor's check of a final answer against its own
+/// records, as written in the registry file (`[[verifiers]]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifierEntry {
+    /// Unique name among the verifiers, as profiles name it.
+    pub name: String,
+    /// `http://host:port` or `https://...` of the executor that serves it; an endpoint
+    /// that also serves tools is reached over the same channel.
+    pub endpoint: String,
+    /// What it confirms, for operators and for the checks a final answer lists.
+    pub description: String,
+    /// Longest one verification may take, in milliseconds (1..=600000); unset is
+    /// [`DEFAULT_VERIFIER_TIMEOUT_MS`].
+    #[serde(default = "default_verifier_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_verifier_timeout_ms() -> u64 {
+    DEFAULT_VERIFIER_TIMEOUT_MS
+}
+
+impl VerifierEntry {
+    /// A verifier served at `endpoint`, with the default timeout: what a stack that
+    /// registers an executor's verifiers in code (not from a file) starts from.
+    pub fn new(name: &str, endpoint: &str, description: &str) -> VerifierEntry {
+        VerifierEntry {
+            name: name.to_owned(),
+            endpoint: endpoint.to_owned(),
+            description: description.to_owned(),
+            timeout_ms: DEFAULT_VERIFIER_TIMEOUT_MS,
+        }
+    }
+
+    /// The longest one verification may take.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !valid_name(&self.name) {
+            return Err(ConfigError::InvalidVerifierName(self.name.clone()));
+        }
+        let invalid = |reason: String| ConfigError::InvalidVerifier {
+            verifier: self.name.clone(),
+            reason,
+        };
+        validate_endpoint(&self.endpoint).map_err(invalid)?;
+        if self.description.len() > MAX_DESCRIPTION_BYTES {
+            return Err(invalid(format!(
+                "description longer than {MAX_DESCRIPTION_BYTES} bytes"
+            )));
+        }
+        validate_timeout_ms(self.timeout_ms).map_err(invalid)
+    }
+}
+
+/// Tool and verifier names: `[a-zA-Z0-9_.-]{1,64}`, so they fit in logs, metrics and
+/// prompts unquoted.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_TOOL_NAME_BYTES
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// 0 would fail every call at once and more than ten minutes holds a turn hostage.
+fn validate_timeout_ms(timeout_ms: u64) -> Result<(), String> {
+    if (1..=MAX_TIMEOUT_MS).contains(&timeout_ms) {
+        Ok(())
+    } else {
+        Err(format!(
+            "timeout_ms must be 1..={MAX_TIMEOUT_MS}, got {timeout_ms}"
+        ))
     }
 }
 
@@ -196,13 +293,16 @@ pub fn side_effect_from_proto(value: i32) -> SideEffect {
     }
 }
 
-/// The tool registry: every tool, its executor and its limits.
+/// The tool registry: every tool and verifier, its executor and its limits.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolsConfig {
     /// The registered tools.
     #[serde(default)]
     pub tools: Vec<ToolEntry>,
+    /// The registered verifiers (`[[verifiers]]`); profiles name them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub verifiers: Vec<VerifierEntry>,
 }
 
 impl ToolsConfig {
@@ -241,7 +341,8 @@ impl ToolsConfig {
 
     /// Registers the tools an executor describes (its `Describe` output), all served
     /// at `endpoint`. An unspecified side effect becomes `write`; a missing timeout is
-    /// an error (the contract requires one).
+    /// an error (the contract requires one). `Describe` says nothing of verifiers, so
+    /// there are none; push [`VerifierEntry`]s onto `verifiers` to add them.
     ///
     /// # Errors
     ///
@@ -275,23 +376,28 @@ impl ToolsConfig {
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
-        let config = ToolsConfig { tools };
+        let config = ToolsConfig {
+            tools,
+            verifiers: Vec::new(),
+        };
         config.validate()?;
         Ok(config)
     }
 
-    /// Adds the tools of `other` (e.g. a second executor's `Describe`).
+    /// Adds the tools and verifiers of `other` (e.g. a second executor's `Describe`).
     ///
     /// # Errors
     ///
     /// The validation errors of [`ToolsConfig::validate`], notably a duplicate name.
     pub fn merge(mut self, other: ToolsConfig) -> Result<ToolsConfig, ConfigError> {
         self.tools.extend(other.tools);
+        self.verifiers.extend(other.verifiers);
         self.validate()?;
         Ok(self)
     }
 
-    /// Checks every rule: at most [`MAX_TOOLS`], unique names of `[a-zA-Z0-9_.-]{1,64}`,
+    /// Checks every rule: at most [`MAX_TOOLS`] tools and [`MAX_VERIFIERS`] verifiers,
+    /// names of `[a-zA-Z0-9_.-]{1,64}` unique among the tools and among the verifiers,
     /// http(s) endpoints, schemas that are JSON, timeouts in 1..=600000 ms.
     ///
     /// # Errors
@@ -308,6 +414,18 @@ impl ToolsConfig {
             tool.validate()?;
             if !names.insert(tool.name.as_str()) {
                 return Err(ConfigError::DuplicateName(tool.name.clone()));
+            }
+        }
+        if self.verifiers.len() > MAX_VERIFIERS {
+            return Err(ConfigError::TooManyVerifiers {
+                count: self.verifiers.len(),
+            });
+        }
+        let mut verifiers = BTreeSet::new();
+        for verifier in &self.verifiers {
+            verifier.validate()?;
+            if !verifiers.insert(verifier.name.as_str()) {
+                return Err(ConfigError::DuplicateVerifier(verifier.name.clone()));
             }
         }
         Ok(())
@@ -462,5 +580,138 @@ input_schema = '''{ "type": "object", "additionalProperties": false }'''
             back.clone().merge(back),
             Err(ConfigError::DuplicateName(_))
         ));
+    }
+
+    fn verifier(fields: &[(&str, &str)]) -> String {
+        let mut text = with("", "");
+        text.push_str("[[verifiers]]\n");
+        for (key, value) in fields {
+            text.push_str(&format!("{key} = {value}\n"));
+        }
+        text
+    }
+
+    const VERIFIER: [(&str, &str); 3] = [
+        ("name", "\"transfer_recorded\""),
+        ("endpoint", "\"http://127.0.0.1:1\""),
+        ("description", "\"Confirms transfers.\""),
+    ];
+
+    fn verifier_with(field: &str, value: &str) -> String {
+        let mut fields: Vec<(&str, &str)> = VERIFIER
+            .iter()
+            .map(|&(key, default)| (key, if key == field { value } else { default }))
+            .collect();
+        if !VERIFIER.iter().any(|(key, _)| *key == field) {
+            fields.push((field, value));
+        }
+        verifier(&fields)
+    }
+
+    #[test]
+    fn verifiers_load_beside_tools_with_a_default_timeout() {
+        let config = ToolsConfig::parse(&verifier(&VERIFIER)).unwrap();
+        assert_eq!(config.tools.len(), 1);
+        assert_eq!(
+            config.verifiers,
+            [VerifierEntry::new(
+                "transfer_recorded",
+                "http://127.0.0.1:1",
+                "Confirms transfers."
+            )]
+        );
+        assert_eq!(
+            config.verifiers[0].timeout(),
+            Duration::from_millis(DEFAULT_VERIFIER_TIMEOUT_MS)
+        );
+        let timed = ToolsConfig::parse(&verifier_with("timeout_ms", "250")).unwrap();
+        assert_eq!(timed.verifiers[0].timeout_ms, 250);
+        // A verifier may share a tool's name: they are looked up apart.
+        assert!(ToolsConfig::parse(&verifier_with("name", "\"lookup\"")).is_ok());
+        // A registry without verifiers serializes as before.
+        let plain = ToolsConfig::parse(GOOD).unwrap();
+        assert!(!toml::to_string(&plain).unwrap().contains("verifiers"));
+    }
+
+    #[test]
+    fn every_verifier_rule_is_enforced() {
+        let invalid = |text: &str| match ToolsConfig::parse(text) {
+            Err(ConfigError::InvalidVerifier { verifier, reason }) => {
+                assert_eq!(verifier, "transfer_recorded");
+                reason
+            }
+            other => panic!("{other:?}"),
+        };
+        assert!(invalid(&verifier_with("timeout_ms", "0")).contains("timeout_ms"));
+        assert!(invalid(&verifier_with("timeout_ms", "600001")).contains("timeout_ms"));
+        assert!(ToolsConfig::parse(&verifier_with("timeout_ms", "600000")).is_ok());
+        assert!(invalid(&verifier_with("endpoint", "\"ftp://host\"")).contains("endpoint"));
+        assert!(invalid(&verifier_with("endpoint", "\"not a url\"")).contains("endpoint"));
+        let long = format!("\"{}\"", "d".repeat(MAX_DESCRIPTION_BYTES + 1));
+        assert!(invalid(&verifier_with("description", &long)).contains("description"));
+        for name in ["\"\"", "\"has space\"", &format!("\"{}\"", "v".repeat(65))] {
+            assert!(
+                matches!(
+                    ToolsConfig::parse(&verifier_with("name", name)),
+                    Err(ConfigError::InvalidVerifierName(_))
+                ),
+                "{name}"
+            );
+        }
+        assert!(matches!(
+            ToolsConfig::parse(&verifier_with("color", "\"red\"")),
+            Err(ConfigError::Parse(_))
+        ));
+        assert!(matches!(
+            ToolsConfig::parse(&verifier(&VERIFIER[..2])),
+            Err(ConfigError::Parse(_))
+        ));
+
+        let twice = format!(
+            "{}[[verifiers]]\nname = \"transfer_recorded\"\nendpoint = \"http://127.0.0.1:2\"\ndescription = \"again\"\n",
+            verifier(&VERIFIER)
+        );
+        let error = ToolsConfig::parse(&twice).unwrap_err();
+        assert!(
+            matches!(&error, ConfigError::DuplicateVerifier(n) if n == "transfer_recorded"),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("transfer_recorded"), "{error}");
+
+        let many = ToolsConfig {
+            tools: Vec::new(),
+            verifiers: (0..=MAX_VERIFIERS)
+                .map(|i| VerifierEntry::new(&format!("v{i}"), "http://h:1", ""))
+                .collect(),
+        };
+        assert!(matches!(
+            many.validate(),
+            Err(ConfigError::TooManyVerifiers { .. })
+        ));
+        let one = ToolsConfig::parse(&verifier(&VERIFIER)).unwrap();
+        let only_verifiers = ToolsConfig {
+            tools: Vec::new(),
+            verifiers: one.verifiers.clone(),
+        };
+        assert!(matches!(
+            one.merge(only_verifiers),
+            Err(ConfigError::DuplicateVerifier(_))
+        ));
+    }
+
+    #[test]
+    fn the_example_registry_registers_the_demo_verifier() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/tools.example.toml");
+        let config = ToolsConfig::load(&path).unwrap();
+        let verifier = &config.verifiers[..];
+        assert_eq!(verifier.len(), 1);
+        assert_eq!(verifier[0].name, "transfer_recorded");
+        // The same endpoint as its tools: one channel for both.
+        assert!(
+            config
+                .tools
+                .iter()
+                .all(|t| t.endpoint == verifier[0].endpoint)
+        );
     }
 }

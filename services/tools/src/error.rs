@@ -5,7 +5,8 @@ use crate::config::ConfigError;
 /// Why the gateway could not start or could not accept a request.
 ///
 /// A call that was accepted never fails with this: its failures become the call's
-/// `ToolResult` (see [`crate::outcome`]). These errors are returned before anything
+/// `ToolResult` (see [`crate::outcome`]), and a verification's become an UNDECIDED
+/// check (see [`crate::verdict`]). These errors are returned before anything
 /// is dispatched, so for them a gRPC error is safe even for writes.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -27,6 +28,11 @@ pub enum GatewayError {
     /// unknown name here means the registries disagree, which an operator must fix.
     #[error("tool {0:?} is not registered")]
     UnknownTool(String),
+    /// The request names a verifier that is not registered. NOT_FOUND, not an UNDECIDED
+    /// check: the profile and the registry disagree, which an operator must fix, and a
+    /// check that can never pass would only burn the model's repair turn.
+    #[error("verifier {0:?} is not registered")]
+    UnknownVerifier(String),
     /// A write was sent as part of a stage. Writes go through `Execute` one by one, each
     /// prepared in the effect ledger before it is sent.
     #[error(
@@ -49,7 +55,9 @@ impl From<GatewayError> for tonic::Status {
             GatewayError::InvalidRequest(_)
             | GatewayError::NotReconcilable(_)
             | GatewayError::WriteInStage(_) => tonic::Status::invalid_argument(message),
-            GatewayError::UnknownTool(_) => tonic::Status::not_found(message),
+            GatewayError::UnknownTool(_) | GatewayError::UnknownVerifier(_) => {
+                tonic::Status::not_found(message)
+            }
             GatewayError::Executor(status) => tonic::Status::new(status.code(), message),
             GatewayError::Config(_) | GatewayError::InvalidLimits(_) | GatewayError::Connect(_) => {
                 tonic::Status::internal(message)
@@ -79,6 +87,7 @@ mod tests {
                 Code::InvalidArgument,
             ),
             (GatewayError::UnknownTool("nope".into()), Code::NotFound),
+            (GatewayError::UnknownVerifier("nope".into()), Code::NotFound),
             (
                 GatewayError::Executor(tonic::Status::unavailable("down")),
                 Code::Unavailable,

@@ -1,6 +1,8 @@
-//! The gateway service: routes each call to the executor that owns its tool.
+//! The gateway service: routes each call to the executor that owns its tool, and each
+//! verification to the executor that serves its verifier.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,10 +14,12 @@ use agentloop_proto::v1::tool_executor_service_client::ToolExecutorServiceClient
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use agentloop_proto::v1::{
-    ExecuteStageRequest, ExecuteStageResponse, ListToolsRequest, ListToolsResponse, StageAnswer,
-    ToolDescriptor, ToolExecutorServiceExecuteRequest, ToolExecutorServiceReconcileRequest,
+    Check, ExecuteStageRequest, ExecuteStageResponse, ListToolsRequest, ListToolsResponse,
+    StageAnswer, ToolDescriptor, ToolExecutorServiceExecuteRequest,
+    ToolExecutorServiceReconcileRequest, ToolExecutorServiceVerifyRequest,
     ToolGatewayServiceExecuteRequest, ToolGatewayServiceExecuteResponse,
-    ToolGatewayServiceReconcileRequest, ToolGatewayServiceReconcileResponse, ToolResult,
+    ToolGatewayServiceReconcileRequest, ToolGatewayServiceReconcileResponse,
+    ToolGatewayServiceVerifyRequest, ToolGatewayServiceVerifyResponse, ToolResult,
 };
 use futures::future::join_all;
 use serde::{Deserialize, Serialize};
@@ -23,9 +27,10 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
-use crate::config::{ToolEntry, ToolsConfig};
+use crate::config::{ToolEntry, ToolsConfig, VerifierEntry};
 use crate::error::GatewayError;
 use crate::outcome::{CallFailure, classify_status, failure_outcome};
+use crate::verdict;
 
 /// Longest invocation ID, call ID or effect key the gateway forwards, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
@@ -93,6 +98,13 @@ struct Tool {
     executor: Arc<Executor>,
 }
 
+/// A verifier shares its executor (channel and slots) with the tools at its endpoint.
+#[derive(Debug)]
+struct Verifier {
+    entry: VerifierEntry,
+    executor: Arc<Executor>,
+}
+
 /// The tool gateway. Cheap to clone; serve it with
 /// [`agentloop_proto::server::tool_gateway`] or [`crate::run`].
 #[derive(Debug, Clone)]
@@ -103,13 +115,15 @@ pub struct Gateway {
 #[derive(Debug)]
 struct Inner {
     tools: BTreeMap<String, Tool>,
+    verifiers: BTreeMap<String, Verifier>,
     limits: GatewayLimits,
 }
 
 impl Gateway {
     /// Builds the gateway over a validated registry: one channel per distinct endpoint,
-    /// created now but connected on first use, so the gateway can start before its
-    /// executors. Must be called inside a tokio runtime.
+    /// whether it serves tools, verifiers or both, created now but connected on first
+    /// use, so the gateway can start before its executors. Must be called inside a
+    /// tokio runtime.
     ///
     /// # Errors
     ///
@@ -158,29 +172,15 @@ impl Gateway {
             // Each call carries its own deadline (the smaller of the tool's timeout and
             // the request's), so the channel adds none.
             .with_request_timeout(None);
-        let mut executors: HashMap<String, Arc<Executor>> = HashMap::new();
+        let mut executors = Executors {
+            by_endpoint: HashMap::new(),
+            in_process,
+            client_config,
+            slots: limits.max_concurrent_calls_per_executor,
+        };
         let mut registry = BTreeMap::new();
         for entry in tools.tools {
-            let executor = match executors.get(&entry.endpoint) {
-                Some(executor) => Arc::clone(executor),
-                None => {
-                    let local = in_process
-                        .iter()
-                        .find(|(endpoint, _)| *endpoint == entry.endpoint);
-                    let route = match local {
-                        Some((_, service)) => Route::InProcess(Arc::clone(service)),
-                        None => Route::Grpc(client::tool_executor(
-                            client::connect(&entry.endpoint, client_config.clone()).await?,
-                        )),
-                    };
-                    let executor = Arc::new(Executor {
-                        route,
-                        slots: Arc::new(Semaphore::new(limits.max_concurrent_calls_per_executor)),
-                    });
-                    executors.insert(entry.endpoint.clone(), Arc::clone(&executor));
-                    executor
-                }
-            };
+            let executor = executors.at(&entry.endpoint).await?;
             registry.insert(
                 entry.name.clone(),
                 Tool {
@@ -190,9 +190,15 @@ impl Gateway {
                 },
             );
         }
+        let mut verifiers = BTreeMap::new();
+        for entry in tools.verifiers {
+            let executor = executors.at(&entry.endpoint).await?;
+            verifiers.insert(entry.name.clone(), Verifier { entry, executor });
+        }
         Ok(Gateway {
             inner: Arc::new(Inner {
                 tools: registry,
+                verifiers,
                 limits,
             }),
         })
@@ -255,21 +261,15 @@ impl Gateway {
                 call.tool
             )));
         }
-        let timeout = match request.timeout {
-            None => tool.entry.timeout(),
-            Some(requested) => {
-                let requested = Duration::try_from(requested).map_err(|_| {
-                    GatewayError::InvalidRequest("timeout must not be negative".to_owned())
-                })?;
-                requested.min(tool.entry.timeout())
-            }
-        };
+        let timeout = effective_timeout(request.timeout, tool.entry.timeout())?;
         let deadline = Instant::now() + timeout;
         let call_id = call.call_id.clone();
 
-        let outcome = match self
+        let route = &tool.executor.route;
+        let forwarded = self
             .forward(
-                tool,
+                &tool.executor,
+                &tool.entry.name,
                 deadline,
                 timeout,
                 ToolExecutorServiceExecuteRequest {
@@ -278,9 +278,15 @@ impl Gateway {
                     effect_key: request.effect_key,
                     attempt: request.attempt,
                 },
+                |request| async move {
+                    match route {
+                        Route::Grpc(client) => client.clone().execute(request).await,
+                        Route::InProcess(service) => service.execute(request).await,
+                    }
+                },
             )
-            .await
-        {
+            .await;
+        let outcome = match forwarded {
             Ok(reply) => match reply.result {
                 Some(ToolResult {
                     call_id: reply_id,
@@ -345,28 +351,34 @@ impl Gateway {
         }
     }
 
-    /// Sends the request to the tool's executor, under `deadline`.
+    /// Sends `request` to `executor` through `send`, in one of the executor's slots and
+    /// under `deadline`; `name` is the tool or verifier, for the failure's detail.
     ///
     /// Cancellation needs no code: this future is awaited inside the gRPC handler, so
     /// when the gateway's caller goes away tonic drops the handler, which drops this
     /// future, the in-flight client call and its HTTP/2 stream; the executor sees the
-    /// reset and drops its own handler.
-    async fn forward(
+    /// reset and drops its own handler. An in-process executor's future is dropped
+    /// with it.
+    async fn forward<Req, Resp, Sent>(
         &self,
-        tool: &Tool,
+        executor: &Executor,
+        name: &str,
         deadline: Instant,
         timeout: Duration,
-        request: ToolExecutorServiceExecuteRequest,
-    ) -> Result<agentloop_proto::v1::ToolExecutorServiceExecuteResponse, CallFailure> {
+        request: Req,
+        send: impl FnOnce(Request<Req>) -> Sent,
+    ) -> Result<Resp, CallFailure>
+    where
+        Sent: Future<Output = Result<Response<Resp>, Status>>,
+    {
         // Waiting for a slot sends nothing, so running out of time here is `not_started`.
         let Ok(slot) =
-            tokio::time::timeout_at(deadline, Arc::clone(&tool.executor.slots).acquire_owned())
-                .await
+            tokio::time::timeout_at(deadline, Arc::clone(&executor.slots).acquire_owned()).await
         else {
             return Err(CallFailure::NotSent {
                 detail: format!(
-                    "the executor of {:?} was busy ({} calls in flight) until the deadline",
-                    tool.entry.name, self.inner.limits.max_concurrent_calls_per_executor
+                    "the executor of {name:?} was busy ({} calls in flight) until the deadline",
+                    self.inner.limits.max_concurrent_calls_per_executor
                 ),
             });
         };
@@ -383,20 +395,65 @@ impl Gateway {
                 .saturating_duration_since(Instant::now())
                 .min(timeout),
         );
-        let result = match &tool.executor.route {
-            Route::Grpc(client) => {
-                tokio::time::timeout_at(deadline, client.clone().execute(grpc_request)).await
-            }
-            Route::InProcess(service) => {
-                tokio::time::timeout_at(deadline, service.execute(grpc_request)).await
-            }
-        };
+        let result = tokio::time::timeout_at(deadline, send(grpc_request)).await;
         drop(slot);
         match result {
             Err(_elapsed) => Err(CallFailure::DeadlineExceeded),
             Ok(Err(status)) => Err(classify_status(&status)),
             Ok(Ok(response)) => Ok(response.into_inner()),
         }
+    }
+
+    /// Asks the verifier's executor to judge the claim. Only a request the gateway
+    /// cannot route is an error; whatever happens once it is routed is a check.
+    async fn verify_claim(
+        &self,
+        request: ToolGatewayServiceVerifyRequest,
+    ) -> Result<Check, GatewayError> {
+        let verifier = self
+            .inner
+            .verifiers
+            .get(&request.verifier)
+            .ok_or_else(|| GatewayError::UnknownVerifier(request.verifier.clone()))?;
+        let claim = request
+            .claim
+            .ok_or_else(|| GatewayError::InvalidRequest("claim is required".to_owned()))?;
+        let timeout = effective_timeout(request.timeout, verifier.entry.timeout())?;
+        let deadline = Instant::now() + timeout;
+        let name = verifier.entry.name.as_str();
+        let route = &verifier.executor.route;
+        let forwarded = self
+            .forward(
+                &verifier.executor,
+                name,
+                deadline,
+                timeout,
+                ToolExecutorServiceVerifyRequest {
+                    verifier: request.verifier,
+                    claim: Some(claim),
+                },
+                |request| async move {
+                    match route {
+                        Route::Grpc(client) => client.clone().verify(request).await,
+                        Route::InProcess(service) => service.verify(request).await,
+                    }
+                },
+            )
+            .await;
+        let check = match forwarded {
+            Ok(reply) => verdict::answered(name, reply),
+            // The executor enforces the same deadline (grpc-timeout) and may answer
+            // first, with CANCELLED or DEADLINE_EXCEEDED: past the deadline, whatever
+            // failed, it ran out of time.
+            Err(CallFailure::Status { .. }) if Instant::now() >= deadline => {
+                verdict::unanswered(name, timeout, &CallFailure::DeadlineExceeded)
+            }
+            Err(failure) => {
+                tracing::info!(verifier = %name, ?failure, "verifier call failed");
+                verdict::unanswered(name, timeout, &failure)
+            }
+        };
+        Ok(check)
     }
 
     async fn reconcile_effect(
@@ -437,6 +494,54 @@ impl Gateway {
             output_json: reply.output_json,
             detail: reply.detail,
         })
+    }
+}
+
+/// The smaller of the request's timeout (if any) and the registered one.
+fn effective_timeout(
+    requested: Option<prost_types::Duration>,
+    registered: Duration,
+) -> Result<Duration, GatewayError> {
+    match requested {
+        None => Ok(registered),
+        Some(requested) => {
+            let requested = Duration::try_from(requested).map_err(|_| {
+                GatewayError::InvalidRequest("timeout must not be negative".to_owned())
+            })?;
+            Ok(requested.min(registered))
+        }
+    }
+}
+
+/// The executors of the registry being built, one per endpoint.
+struct Executors {
+    by_endpoint: HashMap<String, Arc<Executor>>,
+    in_process: InProcessExecutors,
+    client_config: ClientConfig,
+    slots: usize,
+}
+
+impl Executors {
+    /// The executor at `endpoint`, created on first mention: every tool and verifier it
+    /// serves shares its channel and its slots.
+    async fn at(&mut self, endpoint: &str) -> Result<Arc<Executor>, GatewayError> {
+        if let Some(executor) = self.by_endpoint.get(endpoint) {
+            return Ok(Arc::clone(executor));
+        }
+        let local = self.in_process.iter().find(|(at, _)| at == endpoint);
+        let route = match local {
+            Some((_, service)) => Route::InProcess(Arc::clone(service)),
+            None => Route::Grpc(client::tool_executor(
+                client::connect(endpoint, self.client_config.clone()).await?,
+            )),
+        };
+        let executor = Arc::new(Executor {
+            route,
+            slots: Arc::new(Semaphore::new(self.slots)),
+        });
+        self.by_endpoint
+            .insert(endpoint.to_owned(), Arc::clone(&executor));
+        Ok(executor)
     }
 }
 
@@ -501,5 +606,82 @@ impl ToolGatewayService for Gateway {
         Ok(Response::new(
             self.reconcile_effect(request.into_inner()).await?,
         ))
+    }
+
+    /// Covered by the same caller check as `Execute`: the guard in front of this
+    /// service admits a caller to every method or to none.
+    async fn verify(
+        &self,
+        request: Request<ToolGatewayServiceVerifyRequest>,
+    ) -> Result<Response<ToolGatewayServiceVerifyResponse>, Status> {
+        let check = self.verify_claim(request.into_inner()).await?;
+        Ok(Response::new(ToolGatewayServiceVerifyResponse {
+            check: Some(check),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::config::VerifierEntry;
+
+    /// A verifier at a tool's endpoint is reached over the tool's channel and slots, not
+    /// a second connection.
+    #[tokio::test]
+    async fn a_verifier_shares_the_executor_of_its_endpoint() {
+        let mut tools = ToolsConfig::parse(
+            r#"
+[[tools]]
+name = "lookup"
+endpoint = "http://127.0.0.1:1"
+description = "d"
+side_effect = "read_only"
+timeout_ms = 5000
+input_schema = '{}'
+"#,
+        )
+        .unwrap();
+        tools.verifiers = vec![
+            VerifierEntry::new("same", "http://127.0.0.1:1", "d"),
+            VerifierEntry::new("other", "http://127.0.0.1:2", "d"),
+        ];
+        let gateway = Gateway::new(tools, GatewayLimits::default()).await.unwrap();
+        let inner = &gateway.inner;
+        let tool = &inner.tools["lookup"].executor;
+        assert!(Arc::ptr_eq(tool, &inner.verifiers["same"].executor));
+        assert!(!Arc::ptr_eq(tool, &inner.verifiers["other"].executor));
+    }
+
+    #[test]
+    fn the_smaller_timeout_wins_and_a_negative_one_is_refused() {
+        let registered = Duration::from_secs(5);
+        let short = prost_types::Duration {
+            seconds: 1,
+            nanos: 0,
+        };
+        let long = prost_types::Duration {
+            seconds: 60,
+            nanos: 0,
+        };
+        assert_eq!(effective_timeout(None, registered).unwrap(), registered);
+        assert_eq!(
+            effective_timeout(Some(short), registered).unwrap(),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            effective_timeout(Some(long), registered).unwrap(),
+            registered
+        );
+        let negative = prost_types::Duration {
+            seconds: -1,
+            nanos: 0,
+        };
+        assert!(matches!(
+            effective_timeout(Some(negative), registered),
+            Err(GatewayError::InvalidRequest(_))
+        ));
     }
 }

@@ -12,8 +12,14 @@
 //!   which go one by one under the effect ledger. Executors in the same process can be
 //!   called without a network ([`InProcessExecutors`]), with the same limits and
 //!   results.
+//!   `Verify` asks a registered verifier's executor to judge a final answer, over the
+//!   same channel and slots as the tools of that executor, under the smaller of the
+//!   verifier's and the request's timeout.
 //! - [`outcome`]: how a failed forward becomes the call's one terminal result. A write
 //!   whose request may have reached the executor is `unknown`, never a plain error.
+//! - [`verdict`]: how a verifier's answer, or the lack of one, becomes its check. Every
+//!   failure (unreachable, error status, timeout, no verdict, an answer beyond bounds)
+//!   is an UNDECIDED check, never an error: verifiers fail closed.
 //!
 //! It is *not* a policy engine (schemas and authorization are checked by the policy
 //! service before a call gets here), not an executor, and it keeps no state of its
@@ -25,13 +31,14 @@ pub mod config;
 mod error;
 mod gateway;
 pub mod outcome;
+pub mod verdict;
 
 use std::future::Future;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use config::{ConfigError, ToolEntry, ToolsConfig};
+pub use config::{ConfigError, ToolEntry, ToolsConfig, VerifierEntry};
 pub use error::GatewayError;
 pub use gateway::{Gateway, GatewayLimits, InProcessExecutors, MAX_ID_BYTES, MAX_LIST_NAMES};
 
@@ -50,7 +57,7 @@ pub struct ToolsServiceConfig {
     /// TLS on the listener; with `client_ca_file`, mutual TLS, and `auth.callers` may name
     /// callers by the SPIFFE ID of their certificates.
     pub server_tls: Option<agentloop_server::ServerTls>,
-    /// The tool registry file (TOML, `[[tools]]`); required to start.
+    /// The tool registry file (TOML, `[[tools]]` and `[[verifiers]]`); required to start.
     pub tools: Option<PathBuf>,
     /// Gateway limits.
     pub limits: GatewayLimits,

@@ -25,7 +25,7 @@ struct Flags {
     #[command(flatten)]
     #[serde(flatten)]
     common: CommonFlags,
-    /// The tool registry (TOML with [[tools]] entries).
+    /// The tool registry (TOML with [[tools]] and [[verifiers]] entries).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     tools: Option<PathBuf>,
@@ -48,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
         listener,
     } = SERVICE.start(&flags.common, &flags, registry).await;
     let count = registry.tools.len();
+    let verifiers = registry.verifiers.len();
     let client = SERVICE.client(
         config.service_token_file.as_deref(),
         config.client_tls.as_ref(),
@@ -55,7 +56,7 @@ async fn main() -> anyhow::Result<()> {
     let gateway = Gateway::with_in_process(registry, config.limits.clone(), Vec::new(), client)
         .await
         .unwrap_or_else(|error| SERVICE.exit_bad_config(&error));
-    tracing::info!(tools = count, "serving");
+    tracing::info!(tools = count, verifiers, "serving");
     let access = SERVICE.access(&config.auth, config.server_tls.as_ref());
     run(
         listener,

@@ -4,9 +4,11 @@
     clippy::panic,
     clippy::wildcard_enum_match_arm
 )]
-//! The gateway over real gRPC on 127.0.0.1 port 0, in front of a real demo executor.
+//! The gateway over real gRPC on 127.0.0.1 port 0, in front of a real demo executor
+//! and, for `Verify`, of in-test verifier executors.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentloop_server::Access;
@@ -16,14 +18,21 @@ use agentloop_proto::MAX_STAGE_CALLS;
 use agentloop_proto::client::Transport;
 use agentloop_proto::client::{self, ClientConfig};
 use agentloop_proto::v1::stage_answer::Answer;
+use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_proto::v1::tool_gateway_service_client::ToolGatewayServiceClient;
+use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use agentloop_proto::v1::tool_result::Outcome;
 use agentloop_proto::v1::{
-    ErrorType, ExecuteStageRequest, ListToolsRequest, ReconcileStatus, ToolCall,
+    Check, CheckKind, CheckVerdict, CitedResult, Claim, DescribeRequest, DescribeResponse,
+    EffectEntry, EffectState, ErrorType, ExecuteStageRequest, ListToolsRequest, ReconcileStatus,
+    ToolCall, ToolExecutorServiceExecuteRequest, ToolExecutorServiceExecuteResponse,
+    ToolExecutorServiceReconcileRequest, ToolExecutorServiceReconcileResponse,
+    ToolExecutorServiceVerifyRequest, ToolExecutorServiceVerifyResponse,
     ToolGatewayServiceExecuteRequest, ToolGatewayServiceReconcileRequest,
+    ToolGatewayServiceVerifyRequest, ToolOutput, ToolResult,
 };
-use agentloop_tools::{Gateway, GatewayError, GatewayLimits, ToolsConfig};
-use tokio::sync::oneshot;
+use agentloop_tools::{Gateway, GatewayError, GatewayLimits, ToolsConfig, VerifierEntry};
+use tokio::sync::{oneshot, watch};
 use tonic::Code;
 
 /// A served thing that stops when dropped (the test runtime ends anyway).
@@ -576,4 +585,543 @@ async fn an_in_process_executor_is_called_without_a_network() {
     .await
     .expect("the in-process call was not dropped at the deadline")
     .unwrap();
+}
+
+// ---- Verify -------------------------------------------------------------------------
+
+/// An executor that serves verifiers only, each name a behaviour: `accepts`, `rejects`,
+/// `mute` (rejects without a reason), `unspecified` (no verdict), `verbose` (too many
+/// reasons), `hangs*` (never answers), anything else UNIMPLEMENTED.
+#[derive(Clone, Default)]
+struct TestVerifiers {
+    seen: Arc<Mutex<Vec<ToolExecutorServiceVerifyRequest>>>,
+    /// How many `hangs*` calls were dropped (the gateway gave up on them).
+    dropped: Arc<watch::Sender<u32>>,
+}
+
+struct CountsDrop(Arc<watch::Sender<u32>>);
+
+impl Drop for CountsDrop {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n += 1);
+    }
+}
+
+fn reply(
+    verdict: CheckVerdict,
+    reasons: &[&str],
+    evidence: &[&str],
+) -> Result<tonic::Response<ToolExecutorServiceVerifyResponse>, tonic::Status> {
+    Ok(tonic::Response::new(ToolExecutorServiceVerifyResponse {
+        verdict: verdict as i32,
+        reasons: reasons.iter().map(|r| (*r).to_owned()).collect(),
+        evidence: evidence.iter().map(|e| (*e).to_owned()).collect(),
+    }))
+}
+
+#[tonic::async_trait]
+impl ToolExecutorService for TestVerifiers {
+    async fn describe(
+        &self,
+        _: tonic::Request<DescribeRequest>,
+    ) -> Result<tonic::Response<DescribeResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("no tools"))
+    }
+
+    async fn execute(
+        &self,
+        _: tonic::Request<ToolExecutorServiceExecuteRequest>,
+    ) -> Result<tonic::Response<ToolExecutorServiceExecuteResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("no tools"))
+    }
+
+    async fn reconcile(
+        &self,
+        _: tonic::Request<ToolExecutorServiceReconcileRequest>,
+    ) -> Result<tonic::Response<ToolExecutorServiceReconcileResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("no tools"))
+    }
+
+    async fn verify(
+        &self,
+        request: tonic::Request<ToolExecutorServiceVerifyRequest>,
+    ) -> Result<tonic::Response<ToolExecutorServiceVerifyResponse>, tonic::Status> {
+        let request = request.into_inner();
+        self.seen.lock().unwrap().push(request.clone());
+        match request.verifier.as_str() {
+            "accepts" => reply(CheckVerdict::Accepted, &[], &["rec-1", "rec-2"]),
+            "rejects" => reply(
+                CheckVerdict::Rejected,
+                &["amount differs", "no such account"],
+                &["rec-1"],
+            ),
+            "mute" => reply(CheckVerdict::Rejected, &[], &[]),
+            "unspecified" => reply(CheckVerdict::Unspecified, &["?"], &[]),
+            "verbose" => {
+                let many: Vec<String> = (0..33).map(|i| format!("reason {i}")).collect();
+                let many: Vec<&str> = many.iter().map(String::as_str).collect();
+                reply(CheckVerdict::Rejected, &many, &[])
+            }
+            hangs if hangs.starts_with("hangs") => {
+                let _guard = CountsDrop(Arc::clone(&self.dropped));
+                std::future::pending().await
+            }
+            _ => Err(tonic::Status::unimplemented(
+                "this executor serves no verifier",
+            )),
+        }
+    }
+}
+
+/// Serves `services` on 127.0.0.1 port 0.
+async fn serve_set(services: agentloop_server::ServiceSet) -> Served {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(agentloop_server::serve(listener, services, async {
+        let _ = stopped.await;
+    }));
+    Served { addr, _stop: stop }
+}
+
+async fn serve_verifiers(verifiers: TestVerifiers) -> Served {
+    serve_set(
+        agentloop_server::ServiceSet::new().add(agentloop_proto::server::tool_executor(verifiers)),
+    )
+    .await
+}
+
+fn verifier(name: &str, endpoint: &str, timeout_ms: u64) -> VerifierEntry {
+    VerifierEntry {
+        timeout_ms,
+        ..VerifierEntry::new(name, endpoint, "a test verifier")
+    }
+}
+
+fn registry_of(verifiers: Vec<VerifierEntry>) -> ToolsConfig {
+    ToolsConfig {
+        tools: Vec::new(),
+        verifiers,
+    }
+}
+
+fn claim() -> Claim {
+    Claim {
+        invocation_id: "inv-1".into(),
+        tenant: "t1".into(),
+        answer: "done".into(),
+        ..Claim::default()
+    }
+}
+
+fn verify_request(verifier: &str) -> ToolGatewayServiceVerifyRequest {
+    ToolGatewayServiceVerifyRequest {
+        verifier: verifier.into(),
+        claim: Some(claim()),
+        timeout: None,
+    }
+}
+
+async fn verify(
+    client: &mut ToolGatewayServiceClient<Transport>,
+    request: ToolGatewayServiceVerifyRequest,
+) -> Result<Check, tonic::Status> {
+    Ok(client.verify(request).await?.into_inner().check.unwrap())
+}
+
+fn assert_undecided(check: &Check, says: &str) {
+    assert_eq!(check.verdict(), CheckVerdict::Undecided, "{check:?}");
+    assert_eq!(check.kind(), CheckKind::Verifier);
+    assert_eq!(check.reasons.len(), 1, "{check:?}");
+    assert!(check.reasons[0].contains(says), "{check:?}");
+    assert!(check.evidence.is_empty(), "{check:?}");
+}
+
+struct VerifierSetup {
+    verifiers: TestVerifiers,
+    client: ToolGatewayServiceClient<Transport>,
+    _served: Vec<Served>,
+}
+
+/// The test verifiers behind one endpoint, registered under `names` with `timeout_ms`.
+async fn verifier_setup(names: &[(&str, u64)]) -> VerifierSetup {
+    let verifiers = TestVerifiers::default();
+    let executor = serve_verifiers(verifiers.clone()).await;
+    let endpoint = format!("http://{}", executor.addr);
+    let registry = registry_of(
+        names
+            .iter()
+            .map(|(name, timeout_ms)| verifier(name, &endpoint, *timeout_ms))
+            .collect(),
+    );
+    let gateway = Gateway::new(registry, GatewayLimits::default())
+        .await
+        .unwrap();
+    let (gateway, client) = serve_gateway(gateway).await;
+    VerifierSetup {
+        verifiers,
+        client,
+        _served: vec![executor, gateway],
+    }
+}
+
+#[tokio::test]
+async fn an_accepting_verifier_gives_an_accepted_check_named_after_it() {
+    let mut s = verifier_setup(&[("accepts", 5_000)]).await;
+    let check = verify(&mut s.client, verify_request("accepts"))
+        .await
+        .unwrap();
+    assert_eq!(
+        check,
+        Check {
+            name: "accepts".into(),
+            kind: CheckKind::Verifier as i32,
+            verdict: CheckVerdict::Accepted as i32,
+            reasons: vec![],
+            evidence: vec!["rec-1".into(), "rec-2".into()],
+        }
+    );
+    // The executor was asked about this verifier and this claim.
+    let seen = s.verifiers.seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [ToolExecutorServiceVerifyRequest {
+            verifier: "accepts".into(),
+            claim: Some(claim()),
+        }]
+    );
+}
+
+#[tokio::test]
+async fn a_rejecting_verifier_passes_its_reasons_on_and_a_mute_one_gets_a_reason() {
+    let mut s = verifier_setup(&[("rejects", 5_000), ("mute", 5_000)]).await;
+    let rejected = verify(&mut s.client, verify_request("rejects"))
+        .await
+        .unwrap();
+    assert_eq!(rejected.verdict(), CheckVerdict::Rejected);
+    assert_eq!(rejected.reasons, ["amount differs", "no such account"]);
+    assert_eq!(rejected.evidence, ["rec-1"]);
+    let mute = verify(&mut s.client, verify_request("mute")).await.unwrap();
+    assert_eq!(mute.verdict(), CheckVerdict::Rejected);
+    assert_eq!(mute.reasons.len(), 1);
+    assert!(mute.reasons[0].contains("mute"), "{mute:?}");
+}
+
+#[tokio::test]
+async fn a_verifier_that_never_answers_is_undecided_at_the_smaller_timeout_and_cancelled() {
+    let mut s = verifier_setup(&[("hangs", 200), ("hangs_long", 60_000)]).await;
+    let mut dropped = s.verifiers.dropped.subscribe();
+    // The verifier's own timeout.
+    let check = verify(&mut s.client, verify_request("hangs"))
+        .await
+        .unwrap();
+    assert_eq!(check.name, "hangs");
+    assert_undecided(&check, "verifier hangs timed out after 200 ms");
+    // The request's, when it is the smaller.
+    let mut request = verify_request("hangs_long");
+    request.timeout = Some(prost_types::Duration {
+        seconds: 0,
+        nanos: 150_000_000,
+    });
+    let check = verify(&mut s.client, request).await.unwrap();
+    assert_undecided(&check, "verifier hangs_long timed out after 150 ms");
+    // Both executor calls were dropped, not left running.
+    tokio::time::timeout(Duration::from_secs(10), dropped.wait_for(|n| *n == 2))
+        .await
+        .expect("the executor never saw the gateway give up")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_caller_that_gives_up_cancels_the_verifier_call() {
+    let mut s = verifier_setup(&[("hangs", 60_000)]).await;
+    let mut dropped = s.verifiers.dropped.subscribe();
+    let mut request = tonic::Request::new(verify_request("hangs"));
+    request.set_timeout(Duration::from_millis(300));
+    let status = s.client.verify(request).await.unwrap_err();
+    assert!(
+        matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{status:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(10), dropped.wait_for(|n| *n == 1))
+        .await
+        .expect("the executor never saw the cancellation")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn verifiers_that_cannot_answer_clearly_are_undecided() {
+    let verifiers = TestVerifiers::default();
+    let executor = serve_verifiers(verifiers.clone()).await;
+    let endpoint = format!("http://{}", executor.addr);
+    // Serves health and reflection, and no ToolExecutorService at all.
+    let bare = serve_set(agentloop_server::ServiceSet::new()).await;
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let registry = registry_of(vec![
+        verifier("unimplemented", &endpoint, 5_000),
+        verifier("unspecified", &endpoint, 5_000),
+        verifier("verbose", &endpoint, 5_000),
+        verifier("bare", &format!("http://{}", bare.addr), 5_000),
+        verifier("down", &format!("http://{closed}"), 5_000),
+    ]);
+    let gateway = Gateway::new(registry, GatewayLimits::default())
+        .await
+        .unwrap();
+    let (_served, mut client) = serve_gateway(gateway).await;
+    let cases = [
+        ("unimplemented", "not served by its executor"),
+        ("bare", "not served by its executor"),
+        ("unspecified", "no verdict"),
+        ("verbose", "beyond bounds: 33 reasons"),
+        ("down", "could not be reached"),
+    ];
+    for (name, says) in cases {
+        let check = verify(&mut client, verify_request(name)).await.unwrap();
+        assert_eq!(check.name, name);
+        assert_undecided(&check, says);
+    }
+    assert_eq!(verifiers.seen.lock().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn an_unknown_verifier_is_not_found_and_a_bad_request_is_refused() {
+    let mut s = verifier_setup(&[("accepts", 5_000)]).await;
+    let unknown = verify(&mut s.client, verify_request("nope"))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
+    assert!(unknown.message().contains("nope"));
+    let mut no_claim = verify_request("accepts");
+    no_claim.claim = None;
+    assert_eq!(
+        verify(&mut s.client, no_claim).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    let mut negative = verify_request("accepts");
+    negative.timeout = Some(prost_types::Duration {
+        seconds: -1,
+        nanos: 0,
+    });
+    assert_eq!(
+        verify(&mut s.client, negative).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    assert!(s.verifiers.seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn invalid_verifier_registries_are_refused() {
+    let twice = registry_of(vec![
+        verifier("v", "http://127.0.0.1:1", 5_000),
+        verifier("v", "http://127.0.0.1:2", 5_000),
+    ]);
+    match Gateway::new(twice, GatewayLimits::default()).await {
+        Err(GatewayError::Config(agentloop_tools::ConfigError::DuplicateVerifier(name))) => {
+            assert_eq!(name, "v");
+        }
+        other => panic!("{other:?}"),
+    }
+    for timeout_ms in [0, 600_001] {
+        let bad = registry_of(vec![verifier("v", "http://127.0.0.1:1", timeout_ms)]);
+        assert!(
+            matches!(
+                Gateway::new(bad, GatewayLimits::default()).await,
+                Err(GatewayError::Config(
+                    agentloop_tools::ConfigError::InvalidVerifier { .. }
+                ))
+            ),
+            "{timeout_ms}"
+        );
+    }
+    let bad_endpoint = registry_of(vec![verifier("v", "ftp://127.0.0.1:1", 5_000)]);
+    assert!(
+        Gateway::new(bad_endpoint, GatewayLimits::default())
+            .await
+            .is_err()
+    );
+    let text = "[[verifiers]]\nname = \"v\"\nendpoint = \"http://127.0.0.1:1\"\ndescription = \"d\"\ntimeout_ms = 0\n";
+    assert!(matches!(
+        ToolsConfig::parse(text),
+        Err(agentloop_tools::ConfigError::InvalidVerifier { .. })
+    ));
+}
+
+/// `Verify` is behind the caller check that guards `Execute`: no token, no verdict.
+#[tokio::test]
+async fn verify_is_guarded_like_execute() {
+    let verifiers = TestVerifiers::default();
+    let executor = serve_verifiers(verifiers.clone()).await;
+    let registry = registry_of(vec![verifier(
+        "accepts",
+        &format!("http://{}", executor.addr),
+        5_000,
+    )]);
+    let gateway = Gateway::new(registry, GatewayLimits::default())
+        .await
+        .unwrap();
+    let token = "orchestrator-token-0123456789abcdef";
+    let access = Access {
+        callers: Some(
+            agentloop_auth::Callers::from_tokens([("orchestrator".to_owned(), token.to_owned())])
+                .unwrap(),
+        ),
+        tls: None,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(agentloop_tools::run(listener, gateway, access, async {
+        let _ = stopped.await;
+    }));
+    let endpoint = format!("http://{addr}");
+    let mut anonymous = client::tool_gateway(
+        client::connect(&endpoint, ClientConfig::default())
+            .await
+            .unwrap(),
+    );
+    let refused = verify(&mut anonymous, verify_request("accepts"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    let execute_refused = anonymous
+        .execute(request("lookup", "{}", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(execute_refused.code(), Code::Unauthenticated);
+    assert!(verifiers.seen.lock().unwrap().is_empty());
+
+    let as_orchestrator = ClientConfig::default().with_bearer(Some(token)).unwrap();
+    let mut orchestrator =
+        client::tool_gateway(client::connect(&endpoint, as_orchestrator).await.unwrap());
+    let check = verify(&mut orchestrator, verify_request("accepts"))
+        .await
+        .unwrap();
+    assert_eq!(check.verdict(), CheckVerdict::Accepted);
+}
+
+/// The orchestrator may call the gateway in its own process, and the gateway may call
+/// the executor in its own: the same checks, the same timeout, the same cancellation.
+#[tokio::test]
+async fn an_in_process_verifier_is_called_through_the_trait_without_a_network() {
+    let verifiers = TestVerifiers::default();
+    let mut dropped = verifiers.dropped.subscribe();
+    let endpoint = "http://in-process.localhost";
+    let service: Arc<dyn ToolExecutorService> = Arc::new(verifiers.clone());
+    let gateway = Gateway::with_in_process(
+        registry_of(vec![
+            verifier("accepts", endpoint, 5_000),
+            verifier("hangs", endpoint, 100),
+        ]),
+        GatewayLimits::default(),
+        vec![(endpoint.to_owned(), service)],
+        ClientConfig::default(),
+    )
+    .await
+    .unwrap();
+    let accepted =
+        ToolGatewayService::verify(&gateway, tonic::Request::new(verify_request("accepts")))
+            .await
+            .unwrap()
+            .into_inner()
+            .check
+            .unwrap();
+    assert_eq!(accepted.verdict(), CheckVerdict::Accepted);
+    let hung = ToolGatewayService::verify(&gateway, tonic::Request::new(verify_request("hangs")))
+        .await
+        .unwrap()
+        .into_inner()
+        .check
+        .unwrap();
+    assert_undecided(&hung, "timed out after 100 ms");
+    tokio::time::timeout(Duration::from_secs(10), dropped.wait_for(|n| *n == 1))
+        .await
+        .expect("the in-process verifier was not dropped at the deadline")
+        .unwrap();
+    let unknown = ToolGatewayService::verify(&gateway, tonic::Request::new(verify_request("nope")))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+}
+
+/// The demo executor's verifier, registered at the endpoint of its tools, confirms a
+/// transfer made through the gateway and rejects one it never made.
+#[tokio::test]
+async fn the_demo_verifier_confirms_a_transfer_made_through_the_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let executor = DemoExecutor::open(DemoConfig {
+        data_dir: dir.path().to_owned(),
+        ..DemoConfig::default()
+    })
+    .unwrap();
+    let served = serve_executor(executor.clone()).await;
+    let endpoint = format!("http://{}", served.addr);
+    let mut registry =
+        ToolsConfig::from_descriptors(&endpoint, agentloop_demo_executor::descriptors()).unwrap();
+    registry.verifiers = agentloop_demo_executor::verifiers()
+        .into_iter()
+        .map(|v| VerifierEntry::new(v.name, &endpoint, v.description))
+        .collect();
+    let gateway = Gateway::new(registry, GatewayLimits::default())
+        .await
+        .unwrap();
+    let (_gateway, mut client) = serve_gateway(gateway).await;
+
+    let receipt = match execute(&mut client, request("transfer", TRANSFER_ARGS, "e1"))
+        .await
+        .unwrap()
+    {
+        Outcome::Output(out) => out.receipt,
+        other => panic!("{other:?}"),
+    };
+    let made = |receipt: &str| Claim {
+        effects: vec![EffectEntry {
+            invocation_id: "inv-1".into(),
+            call_id: "c1".into(),
+            effect_key: "e1".into(),
+            attempt: 1,
+            tool: "transfer".into(),
+            state: EffectState::Committed as i32,
+            receipt: receipt.into(),
+            ..EffectEntry::default()
+        }],
+        cited: vec![CitedResult {
+            call_id: "c1".into(),
+            turn: 1,
+            tool: "transfer".into(),
+            arguments_json: TRANSFER_ARGS.into(),
+            result: Some(ToolResult {
+                call_id: "c1".into(),
+                outcome: Some(Outcome::Output(ToolOutput {
+                    output_json: "{}".into(),
+                    receipt: receipt.into(),
+                })),
+            }),
+        }],
+        ..claim()
+    };
+    let ask = |claim: Claim| ToolGatewayServiceVerifyRequest {
+        verifier: agentloop_demo_executor::TRANSFER_RECORDED.into(),
+        claim: Some(claim),
+        timeout: None,
+    };
+    let accepted = verify(&mut client, ask(made(&receipt))).await.unwrap();
+    assert_eq!(accepted.verdict(), CheckVerdict::Accepted, "{accepted:?}");
+    assert_eq!(accepted.name, "transfer_recorded");
+    assert_eq!(accepted.evidence, std::slice::from_ref(&receipt));
+    let rejected = verify(&mut client, ask(made("txn-99999999")))
+        .await
+        .unwrap();
+    assert_eq!(rejected.verdict(), CheckVerdict::Rejected, "{rejected:?}");
+    assert_eq!(rejected.reasons.len(), 2, "{rejected:?}");
+    // Tools and verifiers are looked up apart: a tool is not a verifier.
+    let mut tool = ask(made(&receipt));
+    tool.verifier = "transfer".into();
+    assert_eq!(
+        verify(&mut client, tool).await.unwrap_err().code(),
+        Code::NotFound
+    );
 }

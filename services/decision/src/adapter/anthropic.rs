@@ -175,13 +175,13 @@ pub(crate) fn parse(
         invalid("the output was cut off at max_tokens", &text)
     } else if !uses.is_empty() {
         tool_calls(request, &uses)
-    } else if text.trim().is_empty() {
-        invalid(
-            format!("no tool call and no text (stop_reason {stop:?})"),
-            "",
-        )
     } else {
-        final_answer(text)
+        final_answer(&text).unwrap_or_else(|| {
+            invalid(
+                format!("no tool call and no text (stop_reason {stop:?})"),
+                &text,
+            )
+        })
     };
     let usage = body.get("usage").unwrap_or(&Value::Null);
     Ok(ModelReply {

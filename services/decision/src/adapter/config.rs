@@ -74,7 +74,8 @@ pub struct ModelConfig {
     pub keep_last_turns: usize,
     /// Longest tool output (or note) put into the prompt, in bytes; the rest is elided.
     pub max_observation_bytes: usize,
-    /// Replaces the built-in system prompt.
+    /// Replaces the built-in system prompt; the instruction to close an answer with its
+    /// `Evidence:` line is still added, as the adapters depend on it.
     pub system_prompt: Option<String>,
 }
 

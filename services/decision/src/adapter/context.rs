@@ -7,7 +7,8 @@
 use std::collections::HashSet;
 use std::fmt::Write as _;
 
-use agentloop_proto::v1::decision::Kind;
+use agentloop_engine::DecisionBounds;
+use agentloop_proto::v1::decision::{Final, Kind};
 use agentloop_proto::v1::event::Body;
 use agentloop_proto::v1::tool_result::Outcome as ResultOutcome;
 use agentloop_proto::v1::{
@@ -18,14 +19,17 @@ use agentloop_proto::v1::{
 /// Most history events read from one request, whatever the caller sends.
 pub const MAX_HISTORY_EVENTS: usize = 64;
 
-/// Longest call ID taken from a provider; longer ones are replaced.
-const MAX_CALL_ID_BYTES: usize = 128;
-
 const DEFAULT_SYSTEM_PROMPT: &str = "You are an agent working towards the user's goal. \
 Use the provided tools when you need information or need to act; you may call several \
 independent tools at once. Tool results come back in the following messages. When the goal \
 is reached, reply with the final answer as plain text and no tool call. If the goal cannot \
 be reached, say why in plain text.";
+
+/// Added to every system prompt, a configured one too: the adapters parse this line
+/// (`super::split_evidence`), and an answer that cites nothing may not be accepted.
+const EVIDENCE_INSTRUCTION: &str = "End a final answer with one last line \
+`Evidence: <call IDs, comma-separated>` naming the tool calls whose results the answer \
+rests on, by their call IDs, or `Evidence: none` when it rests on none.";
 
 /// How the prompt is bounded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,11 +179,12 @@ pub(crate) fn build(request: &DecideRequest, config: &ContextConfig) -> Prompt {
     if !matches!(items.last(), Some(Item::User(_) | Item::Calls { .. })) {
         items.push(Item::User("Continue towards the goal.".into()));
     }
+    let system = config
+        .system_prompt
+        .as_deref()
+        .unwrap_or(DEFAULT_SYSTEM_PROMPT);
     Prompt {
-        system: config
-            .system_prompt
-            .clone()
-            .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_owned()),
+        system: format!("{}\n\n{EVIDENCE_INSTRUCTION}", system.trim_end()),
         items,
     }
 }
@@ -307,10 +312,7 @@ fn render_turn(items: &mut Vec<Item>, turn: &TurnCommitted, limit: usize) {
         Some(Kind::ToolCalls(_)) => {
             items.push(Item::Assistant("(an empty batch of tool calls)".into()))
         }
-        Some(Kind::Final(f)) => items.push(Item::Assistant(non_empty(
-            &truncate(&f.answer, limit),
-            "(empty answer)",
-        ))),
+        Some(Kind::Final(f)) => items.push(Item::Assistant(answer_with_evidence(f, limit))),
         Some(Kind::RequestApproval(a)) => {
             let names: Vec<&str> = a.calls.iter().map(|c| c.tool.as_str()).collect();
             items.push(Item::Assistant(format!(
@@ -332,6 +334,22 @@ fn render_turn(items: &mut Vec<Item>, turn: &TurnCommitted, limit: usize) {
     if let Some(rejection) = &turn.rejection {
         items.push(Item::User(rejection_note(rejection, limit)));
     }
+}
+
+/// An earlier answer as the model wrote it, `Evidence:` line included, so that a repair
+/// turn shows what it cited.
+fn answer_with_evidence(answer: &Final, limit: usize) -> String {
+    let cited = if answer.evidence.is_empty() {
+        "none".to_owned()
+    } else {
+        answer.evidence.join(", ")
+    };
+    format!(
+        "{}\n{} {}",
+        non_empty(&truncate(&answer.answer, limit), "(empty answer)"),
+        super::EVIDENCE_LABEL,
+        truncate(&cited, limit)
+    )
 }
 
 /// The call IDs already used in the request's window; a provider may not reuse them.
@@ -366,12 +384,13 @@ pub(crate) fn assign_ids(
     provider_ids: &[Option<&str>],
     used: &HashSet<&str>,
 ) -> Vec<String> {
+    let max_call_id_bytes = DecisionBounds::default().max_call_id_bytes;
     let mut seen: HashSet<String> = HashSet::new();
     let mut out = Vec::with_capacity(provider_ids.len());
     for (index, id) in provider_ids.iter().enumerate() {
         let usable = id.filter(|id| {
             !id.trim().is_empty()
-                && id.len() <= MAX_CALL_ID_BYTES
+                && id.len() <= max_call_id_bytes
                 && !used.contains(id)
                 && !seen.contains(*id)
                 && provider_ids
@@ -567,6 +586,47 @@ mod tests {
         assert_eq!(refusal["policies"], serde_json::json!(["reserve"]));
         assert!(observations[0].is_error);
         assert_eq!(observations[1].content, "not executed");
+    }
+
+    #[test]
+    fn an_earlier_answer_comes_back_with_its_evidence_line() {
+        use agentloop_proto::v1::{Decision, event};
+        let answered = |evidence: Vec<String>| DecideRequest {
+            goal: "tier?".into(),
+            turn: 2,
+            history: vec![agentloop_proto::v1::Event {
+                seq: 1,
+                body: Some(event::Body::Turn(TurnCommitted {
+                    turn: 1,
+                    decision: Some(Decision {
+                        kind: Some(Kind::Final(Final {
+                            answer: "Gold.".into(),
+                            evidence,
+                        })),
+                    }),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let assistant = |request: &DecideRequest| {
+            build(request, &test_config())
+                .items
+                .into_iter()
+                .find_map(|item| match item {
+                    Item::Assistant(text) => Some(text),
+                    Item::User(_) | Item::Calls { .. } => None,
+                })
+        };
+        assert_eq!(
+            assistant(&answered(vec!["c1".into(), "c2".into()])).as_deref(),
+            Some("Gold.\nEvidence: c1, c2")
+        );
+        assert_eq!(
+            assistant(&answered(Vec::new())).as_deref(),
+            Some("Gold.\nEvidence: none")
+        );
     }
 
     #[test]

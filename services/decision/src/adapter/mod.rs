@@ -8,6 +8,7 @@ pub(crate) mod context;
 pub(crate) mod http;
 pub(crate) mod openai;
 
+use agentloop_engine::DecisionBounds;
 use agentloop_proto::v1::decide_response::Outcome;
 use agentloop_proto::v1::decision::{CannotContinue, Final, Kind, ToolCalls};
 use agentloop_proto::v1::{DecideRequest, Decision, InvalidOutput, ToolCall};
@@ -43,8 +44,74 @@ pub(crate) fn cannot_continue(reason: &str) -> Outcome {
     }))
 }
 
-pub(crate) fn final_answer(text: String) -> Outcome {
-    decision(Kind::Final(Final { answer: text }))
+/// The decision for a text reply, or `None` when it holds no answer besides its
+/// `Evidence:` line, which each adapter reports as it reports an empty text.
+pub(crate) fn final_answer(text: &str) -> Option<Outcome> {
+    let (answer, evidence) = split_evidence(text);
+    if answer.trim().is_empty() {
+        return None;
+    }
+    Some(decision(Kind::Final(Final { answer, evidence })))
+}
+
+/// The label of the line that closes a final answer (`context` asks for it).
+pub(crate) const EVIDENCE_LABEL: &str = "Evidence:";
+
+/// What models put around an ID on the `Evidence:` line: code ticks, quotes, brackets,
+/// bold, a closing full stop. None of it occurs at either end of a provider's call ID
+/// or of a runtime one.
+const ID_WRAPPING: [char; 17] = [
+    '`', '"', '\'', '“', '”', '‘', '’', '[', ']', '(', ')', '{', '}', '<', '>', '*', '.',
+];
+
+/// Splits the closing `Evidence:` line off a final answer: the answer without it, and
+/// the call IDs it names. Models write that line loosely, so the parser is lenient:
+/// markdown emphasis around the label, any letter case, commas or blanks between the
+/// IDs, IDs in backticks, quotes or brackets. What cannot name a committed call is
+/// dropped instead of failing the answer: `none`, empty items, repeats, IDs longer
+/// than any the engine accepts, and items past the engine's evidence bound. Without
+/// such a line the text is the answer as it came, and it cites nothing.
+pub(crate) fn split_evidence(text: &str) -> (String, Vec<String>) {
+    let body = text.trim_end();
+    let (rest, last) = match body.rfind('\n') {
+        Some(at) => (&body[..at], &body[at + 1..]),
+        None => ("", body),
+    };
+    let Some(list) = evidence_list(last) else {
+        return (text.to_owned(), Vec::new());
+    };
+    let bounds = DecisionBounds::default();
+    let mut evidence: Vec<String> = Vec::new();
+    for item in list.split(|c: char| c == ',' || c.is_whitespace()) {
+        let id = item.trim_matches(&ID_WRAPPING[..]);
+        if id.is_empty()
+            || id.eq_ignore_ascii_case("none")
+            || id.len() > bounds.max_call_id_bytes
+            || evidence.iter().any(|seen| seen == id)
+        {
+            continue;
+        }
+        if evidence.len() == bounds.max_evidence {
+            break;
+        }
+        evidence.push(id.to_owned());
+    }
+    (rest.trim().to_owned(), evidence)
+}
+
+/// What follows the label when `line` is an `Evidence:` line (`**Evidence:**`,
+/// `*evidence*:`, `EVIDENCE:` and the like), else `None`.
+fn evidence_list(line: &str) -> Option<&str> {
+    let emphasis = |c: char| c == '*' || c == '_';
+    let line = line.trim().trim_start_matches(emphasis);
+    let word = EVIDENCE_LABEL.trim_end_matches(':');
+    let head = line.get(..word.len())?;
+    if !head.eq_ignore_ascii_case(word) {
+        return None;
+    }
+    let after = line[word.len()..].trim_start_matches(|c: char| emphasis(c) || c.is_whitespace());
+    let after = after.strip_prefix(':')?;
+    Some(after.trim_start_matches(emphasis))
 }
 
 /// Tool calls become a `ToolCalls` decision; malformed arguments or a missing name make
@@ -104,4 +171,116 @@ pub(crate) fn tokens(value: &serde_json::Value, field: &str) -> u64 {
         .get(field)
         .and_then(serde_json::Value::as_u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+
+    fn split(text: &str) -> (String, Vec<String>) {
+        split_evidence(text)
+    }
+
+    #[test]
+    fn the_closing_line_is_split_off_and_its_ids_kept_in_order() {
+        assert_eq!(
+            split("C-42 is gold.\n\nEvidence: call_1, toolu_01"),
+            (
+                "C-42 is gold.".into(),
+                vec!["call_1".into(), "toolu_01".into()]
+            )
+        );
+        // Blanks as separators, trailing whitespace and blank lines after it.
+        assert_eq!(
+            split("Gold.\nEvidence: call_1 call_2,call_3  \n\n  \t\n"),
+            (
+                "Gold.".into(),
+                vec!["call_1".into(), "call_2".into(), "call_3".into()]
+            )
+        );
+    }
+
+    #[test]
+    fn markdown_case_and_quoting_are_tolerated() {
+        for text in [
+            "Gold.\n**Evidence:** call_1, call_2",
+            "Gold.\n**Evidence**: call_1, call_2",
+            "Gold.\n*evidence:* `call_1`, `call_2`",
+            "Gold.\nEVIDENCE : [\"call_1\", \"call_2\"]",
+            "Gold.\n__Evidence:__ (call_1), 'call_2'.",
+            "Gold.\nEvidence: **call_1**, <call_2>",
+        ] {
+            assert_eq!(
+                split(text),
+                ("Gold.".into(), vec!["call_1".into(), "call_2".into()]),
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn none_empty_items_and_repeats_are_dropped() {
+        assert_eq!(split("Gold.\nEvidence: none"), ("Gold.".into(), Vec::new()));
+        assert_eq!(
+            split("Gold.\n**Evidence:** None"),
+            ("Gold.".into(), Vec::new())
+        );
+        assert_eq!(split("Gold.\nEvidence:"), ("Gold.".into(), Vec::new()));
+        assert_eq!(
+            split("Gold.\nEvidence: a, , a, `b`, b, a, none"),
+            ("Gold.".into(), vec!["a".into(), "b".into()])
+        );
+    }
+
+    #[test]
+    fn a_text_without_the_line_is_the_answer_as_it_came() {
+        for text in [
+            "  Gold, with trailing space.  \n",
+            "Evidence: call_1\nis what the first line says, not the last.",
+            "The evidence: call_1 shows gold.",
+            "Gold.\nEvidenced: call_1",
+            "Évidence: call_1",
+        ] {
+            assert_eq!(split(text), (text.to_owned(), Vec::new()), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn only_the_line_leaves_no_answer_and_so_no_decision() {
+        assert_eq!(
+            split("Evidence: call_1"),
+            (String::new(), vec!["call_1".to_owned()])
+        );
+        assert!(final_answer("\n **Evidence:** call_1 \n").is_none());
+        assert!(final_answer("Evidence: none").is_none());
+        assert!(final_answer("  \n").is_none());
+        match final_answer("Gold.\nEvidence: call_1") {
+            Some(Outcome::Decision(Decision {
+                kind: Some(Kind::Final(f)),
+            })) => {
+                assert_eq!(f.answer, "Gold.");
+                assert_eq!(f.evidence, ["call_1"]);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn citations_beyond_the_engine_bounds_are_dropped() {
+        let bounds = DecisionBounds::default();
+        let ids: Vec<String> = (0..bounds.max_evidence + 5)
+            .map(|i| format!("c{i}"))
+            .collect();
+        let long = "x".repeat(bounds.max_call_id_bytes + 1);
+        let at_limit = "y".repeat(bounds.max_call_id_bytes);
+        let (answer, evidence) = split(&format!(
+            "Gold.\nEvidence: {long}, {at_limit}, {}",
+            ids.join(", ")
+        ));
+        assert_eq!(answer, "Gold.");
+        assert_eq!(evidence.len(), bounds.max_evidence);
+        assert_eq!(evidence[0], at_limit, "the over-long ID is dropped");
+        assert_eq!(evidence[1..], ids[..bounds.max_evidence - 1]);
+    }
 }

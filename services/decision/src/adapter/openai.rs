@@ -161,13 +161,13 @@ pub(crate) fn parse(
         tool_calls(request, &raw)
     } else if finish == "length" {
         invalid("the output was cut off at max_tokens", &text)
-    } else if text.trim().is_empty() {
-        invalid(
-            format!("no tool call and no text (finish_reason {finish:?})"),
-            "",
-        )
     } else {
-        final_answer(text)
+        final_answer(&text).unwrap_or_else(|| {
+            invalid(
+                format!("no tool call and no text (finish_reason {finish:?})"),
+                &text,
+            )
+        })
     };
     let usage = body.get("usage").unwrap_or(&Value::Null);
     Ok(ModelReply {

@@ -5,7 +5,8 @@
 //!
 //! The checks assert only what `LedgerStore` documents, so the same functions hold both
 //! backends to the same guarantees: guarded transitions, idempotent prepare, bounds,
-//! paging, the operator's RECONCILIATION_REQUIRED path, and exactly one winner when many
+//! both listings (unresolved entries; every entry of one invocation) and their paging, the
+//! operator's RECONCILIATION_REQUIRED path, and exactly one winner when many
 //! tasks race the same transition on the same key. They spawn tasks, so they need a
 //! multi-threaded Tokio runtime.
 
@@ -37,6 +38,12 @@ const CHECKS: &[Check<LedgerStore>] = &[
     }),
     ("list_unresolved_pages_oldest_first_and_filters", |s| {
         Box::pin(list_unresolved_pages_oldest_first_and_filters(s))
+    }),
+    ("list_by_invocation_lists_every_state_oldest_first", |s| {
+        Box::pin(list_by_invocation_lists_every_state_oldest_first(s))
+    }),
+    ("list_by_invocation_pages_each_entry_exactly_once", |s| {
+        Box::pin(list_by_invocation_pages_each_entry_exactly_once(s))
     }),
     ("page_sizes_default_and_cap", |s| {
         Box::pin(page_sizes_default_and_cap(s))
@@ -696,6 +703,192 @@ async fn list_unresolved_pages_oldest_first_and_filters(store: LedgerStore) {
     ));
 }
 
+/// Drives the prepared effect `key` into `state` along the shortest legal path.
+async fn move_to(store: &LedgerStore, key: &str, state: EffectState) {
+    let dispatch = async || {
+        store
+            .mark_dispatched(key, EffectState::Prepared)
+            .await
+            .unwrap();
+    };
+    let record = async |expected, outcome, receipt, detail| {
+        store
+            .record(key, expected, outcome, receipt, detail)
+            .await
+            .unwrap();
+    };
+    match state {
+        EffectState::Prepared => {}
+        EffectState::Dispatched => dispatch().await,
+        EffectState::Committed => {
+            dispatch().await;
+            record(EffectState::Dispatched, Outcome::Committed, "rcpt", "").await;
+        }
+        EffectState::Rejected => {
+            dispatch().await;
+            record(EffectState::Dispatched, Outcome::Rejected, "", "no").await;
+        }
+        EffectState::OutcomeUnknown => {
+            dispatch().await;
+            record(EffectState::Dispatched, Outcome::OutcomeUnknown, "", "lost").await;
+        }
+        EffectState::ReconciliationRequired => {
+            dispatch().await;
+            record(EffectState::Dispatched, Outcome::OutcomeUnknown, "", "lost").await;
+            record(
+                EffectState::OutcomeUnknown,
+                Outcome::ReconciliationRequired,
+                "",
+                "cannot tell",
+            )
+            .await;
+        }
+    }
+}
+
+async fn list_by_invocation_lists_every_state_oldest_first(store: LedgerStore) {
+    // Call IDs out of alphabetical order, and another invocation's entries prepared in
+    // between, so only the preparation order and the invocation filter give this list.
+    let states = [
+        ("prepared", EffectState::Prepared),
+        ("dispatched", EffectState::Dispatched),
+        ("committed", EffectState::Committed),
+        ("rejected", EffectState::Rejected),
+        ("unknown", EffectState::OutcomeUnknown),
+        ("flagged", EffectState::ReconciliationRequired),
+    ];
+    for (call, _) in states {
+        store.prepare(&effect("inv", call)).await.unwrap();
+        store.prepare(&effect("other", call)).await.unwrap();
+    }
+    // Moved newest first, so listing by last change would give the reverse order.
+    for (call, state) in states.into_iter().rev() {
+        move_to(&store, &effect("inv", call).effect_key, state).await;
+    }
+    move_to(
+        &store,
+        &effect("other", "committed").effect_key,
+        EffectState::Committed,
+    )
+    .await;
+
+    let page = store.list_by_invocation("inv", 0, None).await.unwrap();
+    assert_eq!(page.next_page_token, None);
+    let listed: Vec<_> = page
+        .entries
+        .iter()
+        .map(|e| (e.call_id.as_str(), e.state))
+        .collect();
+    assert_eq!(listed, states);
+    for entry in &page.entries {
+        assert_eq!(entry.invocation_id, "inv");
+        assert_eq!(&store.get(&entry.effect_key).await.unwrap(), entry);
+    }
+    assert_eq!(page.entries[2].receipt, "rcpt");
+    assert_eq!(page.entries[5].detail, "cannot tell");
+
+    let other = store.list_by_invocation("other", 0, None).await.unwrap();
+    assert!(other.entries.iter().all(|e| e.invocation_id == "other"));
+    assert_eq!(other.entries.len(), states.len());
+
+    let none = store
+        .list_by_invocation("no-such-invocation", 0, None)
+        .await
+        .unwrap();
+    assert!(none.entries.is_empty());
+    assert_eq!(none.next_page_token, None);
+
+    for bad in [
+        String::new(),
+        "x".repeat(MAX_ID_BYTES + 1),
+        "a\nb".to_owned(),
+    ] {
+        assert!(
+            matches!(
+                store.list_by_invocation(&bad, 0, None).await.unwrap_err(),
+                LedgerError::InvalidArgument {
+                    field: "invocation_id",
+                    ..
+                }
+            ),
+            "{bad:?}"
+        );
+    }
+    assert!(matches!(
+        store
+            .list_by_invocation("inv", 2, Some("garbage"))
+            .await
+            .unwrap_err(),
+        LedgerError::InvalidArgument {
+            field: "page_token",
+            ..
+        }
+    ));
+}
+
+async fn list_by_invocation_pages_each_entry_exactly_once(store: LedgerStore) {
+    let mut prepared = Vec::new();
+    for i in 0..7 {
+        let new = effect("inv", &format!("c{i}"));
+        store.prepare(&new).await.unwrap();
+        store
+            .prepare(&effect("other", &format!("c{i}")))
+            .await
+            .unwrap();
+        prepared.push(new.call_id);
+    }
+    move_to(
+        &store,
+        &effect("inv", "c1").effect_key,
+        EffectState::Committed,
+    )
+    .await;
+
+    let mut seen = Vec::new();
+    let mut token: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let page = store
+            .list_by_invocation("inv", 2, token.as_deref())
+            .await
+            .unwrap();
+        assert!(page.entries.len() <= 2);
+        pages += 1;
+        if pages == 1 {
+            // Entries changing state between pages neither vanish nor come back: this
+            // listing does not filter on state, and the cursor is the preparation order.
+            move_to(
+                &store,
+                &effect("inv", "c0").effect_key,
+                EffectState::Rejected,
+            )
+            .await;
+            move_to(
+                &store,
+                &effect("inv", "c4").effect_key,
+                EffectState::Committed,
+            )
+            .await;
+        }
+        seen.extend(page.entries.into_iter().map(|e| e.call_id));
+        match page.next_page_token {
+            Some(next) => token = Some(next),
+            None => break,
+        }
+        assert!(pages < 10, "paging does not end");
+    }
+    assert_eq!(seen, prepared);
+    assert_eq!(pages, 4);
+
+    // A page that ends exactly at the last entry says so: no token for an empty page.
+    let whole = store
+        .list_by_invocation("inv", prepared.len() as u32, None)
+        .await
+        .unwrap();
+    assert_eq!(whole.entries.len(), prepared.len());
+    assert_eq!(whole.next_page_token, None);
+}
+
 async fn page_sizes_default_and_cap(store: LedgerStore) {
     let total = DEFAULT_PAGE_SIZE as usize + 1;
     for i in 0..total {
@@ -715,6 +908,23 @@ async fn page_sizes_default_and_cap(store: LedgerStore) {
     assert_eq!(rest.next_page_token, None);
     // A huge page size is capped, not an error.
     let all = store.list_unresolved(None, u32::MAX, None).await.unwrap();
+    assert_eq!(all.entries.len(), total);
+    assert_eq!(all.next_page_token, None);
+
+    // ListByInvocation pages by the same sizes.
+    let first = store.list_by_invocation("many", 0, None).await.unwrap();
+    assert_eq!(first.entries.len(), DEFAULT_PAGE_SIZE as usize);
+    let rest = store
+        .list_by_invocation("many", 0, first.next_page_token.as_deref())
+        .await
+        .unwrap();
+    assert_eq!(rest.entries.len(), 1);
+    assert_eq!(rest.entries[0].call_id, format!("c{}", total - 1));
+    assert_eq!(rest.next_page_token, None);
+    let all = store
+        .list_by_invocation("many", u32::MAX, None)
+        .await
+        .unwrap();
     assert_eq!(all.entries.len(), total);
     assert_eq!(all.next_page_token, None);
 }

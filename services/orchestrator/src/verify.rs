@@ -1,0 +1,212 @@
+//! Verification of a final answer: the runner gathers the committed state the answer is
+//! checked against (the results it cites, from the log; the invocation's writes, from
+//! the effect ledger), has policy run the profile's acceptance rules on it, and then has
+//! each of the profile's verifiers judge it. Whatever cannot be asked or read fails
+//! closed: the answer is not accepted, and the model hears why in its repair turn.
+//!
+//! It runs as one of the runner's operations, so a cancel, a lost lease or the deadline
+//! drops it, and the RPCs in flight with it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentloop_engine::{Check, CheckKind, CheckVerdict, Verification};
+use agentloop_proto::v1 as pb;
+use agentloop_proto::{MAX_CLAIM_EFFECTS, MAX_PROFILE_VERIFIERS};
+use futures::future::join_all;
+use tonic::Status;
+use uuid::Uuid;
+
+use crate::Shared;
+use crate::context::cite;
+use crate::wire;
+
+/// Events read per page when cited results lie before the runner's window.
+const LOG_PAGE: u32 = 256;
+/// Ledger entries asked for per page.
+const LEDGER_PAGE: u32 = 256;
+
+/// One answer to verify, and where to look for what it cites.
+pub(crate) struct Verify {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) id: Uuid,
+    pub(crate) profile: String,
+    /// The answer and its citations, with the cited results the runner's window holds.
+    pub(crate) claim: pb::Claim,
+    /// Set when some citations are not in the window: the log's events before this seq
+    /// are read for them.
+    pub(crate) older: Option<u64>,
+    /// Whether a batch with writes started in the invocation: only then can the ledger
+    /// have entries for it, and only then is it asked.
+    pub(crate) writes: bool,
+    /// How long the verifiers may take, at most: the time left to the deadline.
+    pub(crate) within: Option<Duration>,
+}
+
+impl Verify {
+    pub(crate) async fn run(mut self) -> Verification {
+        if let Some(before) = self.older
+            && let Err(why) = self.cite_older(before).await
+        {
+            return closed(format!(
+                "the log could not be read to check the citations: {why}"
+            ));
+        }
+        if self.writes
+            && let Err(why) = self.effects().await
+        {
+            return closed(why);
+        }
+        let request = pb::ValidateFinalRequest {
+            profile: self.profile.clone(),
+            claim: Some(self.claim.clone()),
+        };
+        let response = match self.shared.ports.policy.validate_final(request).await {
+            Ok(response) => response,
+            Err(status) => {
+                return closed(format!(
+                    "the acceptance rules could not be run: {}",
+                    status_text(&status)
+                ));
+            }
+        };
+        let mut checks: Vec<Check> = response.checks.into_iter().map(wire::check_from).collect();
+        if !response.accepted {
+            let reason = if response.reasons.is_empty() {
+                "the acceptance rules did not accept the answer".to_owned()
+            } else {
+                response.reasons.join("; ")
+            };
+            return Verification::Rejected { reason, checks };
+        }
+        let verifiers = response.verifiers.iter().take(MAX_PROFILE_VERIFIERS);
+        let verdicts = join_all(verifiers.map(|name| self.verifier(name.as_str()))).await;
+        let reasons: Vec<String> = verdicts
+            .iter()
+            .filter(|check| !check.accepted())
+            .map(|check| match check.reasons.as_slice() {
+                [] => format!("{}: did not accept the answer", check.name),
+                reasons => format!("{}: {}", check.name, reasons.join("; ")),
+            })
+            .collect();
+        checks.extend(verdicts);
+        if reasons.is_empty() {
+            Verification::Accepted { checks }
+        } else {
+            Verification::Rejected {
+                reason: reasons.join("; "),
+                checks,
+            }
+        }
+    }
+
+    /// Looks for the citations the window lacked in the events before `before`.
+    async fn cite_older(&mut self, before: u64) -> Result<(), String> {
+        let id = self.id.to_string();
+        let mut events = Vec::new();
+        let mut from = 1;
+        while from < before {
+            let page = self
+                .shared
+                .store
+                .events(self.id, from, LOG_PAGE)
+                .await
+                .map_err(|error| error.to_string())?;
+            let Some(last) = page.last().map(|stored| stored.event.seq) else {
+                break;
+            };
+            events.extend(
+                page.iter()
+                    .filter(|stored| stored.event.seq < before)
+                    .map(|stored| wire::event(&id, stored.committed_at, &stored.event)),
+            );
+            from = last + 1;
+        }
+        cite(&events, &self.claim.evidence, &mut self.claim.cited);
+        Ok(())
+    }
+
+    /// Every ledger entry of the invocation, into the claim.
+    async fn effects(&mut self) -> Result<(), String> {
+        let mut page_token = String::new();
+        loop {
+            let request = pb::ListByInvocationRequest {
+                invocation_id: self.claim.invocation_id.clone(),
+                page_size: LEDGER_PAGE,
+                page_token,
+            };
+            let page = self
+                .shared
+                .ports
+                .ledger
+                .list_by_invocation(request)
+                .await
+                .map_err(|status| {
+                    format!(
+                        "the effect ledger could not be asked: {}",
+                        status_text(&status)
+                    )
+                })?;
+            self.claim.effects.extend(page.entries);
+            if self.claim.effects.len() > MAX_CLAIM_EFFECTS {
+                return Err(format!(
+                    "the invocation has more than {MAX_CLAIM_EFFECTS} writes in the effect ledger, more than an answer can be checked against"
+                ));
+            }
+            if page.next_page_token.is_empty() {
+                return Ok(());
+            }
+            page_token = page.next_page_token;
+        }
+    }
+
+    /// One verifier's verdict; a verifier that cannot be asked has not accepted.
+    async fn verifier(&self, name: &str) -> Check {
+        let request = pb::ToolGatewayServiceVerifyRequest {
+            verifier: name.to_owned(),
+            claim: Some(self.claim.clone()),
+            timeout: self
+                .within
+                .map(|left| wire::duration(left.as_millis() as u64)),
+        };
+        match self.shared.ports.tools.verify(request).await {
+            Ok(pb::ToolGatewayServiceVerifyResponse { check: Some(check) }) => {
+                Check {
+                    // The gateway names the check; the verifier asked is the one recorded.
+                    name: name.to_owned(),
+                    kind: CheckKind::Verifier,
+                    ..wire::check_from(check)
+                }
+            }
+            Ok(pb::ToolGatewayServiceVerifyResponse { check: None }) => {
+                undecided(name, "the tool gateway gave no verdict".to_owned())
+            }
+            Err(status) => undecided(
+                name,
+                format!("it could not be asked: {}", status_text(&status)),
+            ),
+        }
+    }
+}
+
+fn undecided(name: &str, reason: String) -> Check {
+    Check {
+        name: name.to_owned(),
+        kind: CheckKind::Verifier,
+        verdict: CheckVerdict::Undecided,
+        reasons: vec![reason],
+        evidence: Vec::new(),
+    }
+}
+
+/// Not accepted because nothing could check it.
+fn closed(reason: String) -> Verification {
+    Verification::Rejected {
+        reason,
+        checks: Vec::new(),
+    }
+}
+
+fn status_text(status: &Status) -> String {
+    format!("{:?}: {}", status.code(), status.message())
+}
