@@ -355,10 +355,7 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(dispatch(cli)) {
         Ok(code) => ExitCode::from(code),
-        Err(error) => {
-            eprintln!("agentloop: {error:#}");
-            ExitCode::from(exit::FAILURE)
-        }
+        Err(error) => ExitCode::from(failed(&error)),
     }
 }
 
@@ -372,15 +369,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             policies,
             acceptance,
         } => {
-            let mut options = match embedded(
+            let mut options = embedded(
                 cli.data_dir,
                 tools.as_deref(),
                 policies,
                 acceptance.as_deref(),
-            ) {
-                Ok(options) => options,
-                Err(error) => return refused_policies(error),
-            };
+            )?;
             options.listen = listen.to_string();
             // A configuration `dev` cannot serve is the operator's to fix: exit 78, as the
             // orchestrator binary does.
@@ -408,10 +402,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                     return Ok(exit::BAD_CONFIG);
                 }
             };
-            let stack = match Stack::start(options).await {
-                Ok(stack) => stack,
-                Err(error) => return refused_policies(error),
-            };
+            let stack = Stack::start(options).await?;
             println!("agentloop dev: the orchestrator on {}", stack.endpoint());
             println!("press Ctrl-C to stop");
             agentloop_server::shutdown_signal().await;
@@ -469,25 +460,19 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 None => {
                     let data_dir_flags =
                         embedded_flags(&cli.data_dir, &args.policies, args.acceptance.as_deref());
-                    let mut stack_options = match embedded(
+                    let mut stack_options = embedded(
                         cli.data_dir,
                         args.tools.as_deref(),
                         args.policies,
                         args.acceptance.as_deref(),
-                    ) {
-                        Ok(options) => options,
-                        Err(error) => return refused_policies(error),
-                    };
+                    )?;
                     if model.is_some() {
                         // A real model gets one repair turn: an output that breaks the
                         // protocol is fed back once before the run ends `invalid_decision`.
                         stack_options.orchestrator.limits.decision_repairs = 1;
                     }
                     stack_options.services.model = model;
-                    let stack = match Stack::start(stack_options).await {
-                        Ok(stack) => stack,
-                        Err(error) => return refused_policies(error),
-                    };
+                    let stack = Stack::start(stack_options).await?;
                     // Attached, the reply reaches this process's port; after it exits,
                     // the embedded orchestrator the reply starts over the data directory.
                     let resume_flags = match on_wait {
@@ -534,18 +519,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             actor,
             reply,
         } => {
-            let target = match Target::open(
+            let target = Target::open(
                 reply.server,
                 cli.token,
                 &cli.data_dir,
                 reply.policies,
                 reply.acceptance,
             )
-            .await
-            {
-                Ok(target) => target,
-                Err(error) => return refused_policies(error),
-            };
+            .await?;
             let request = humans::Approve {
                 id,
                 deny,
@@ -565,18 +546,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             actor,
             reply,
         } => {
-            let target = match Target::open(
+            let target = Target::open(
                 reply.server,
                 cli.token,
                 &cli.data_dir,
                 reply.policies,
                 reply.acceptance,
             )
-            .await
-            {
-                Ok(target) => target,
-                Err(error) => return refused_policies(error),
-            };
+            .await?;
             let follow = target.follow(reply.json, reply.on_wait);
             let actor = target.actor(actor);
             let result = humans::answer(target.server(), &id, &text, actor, follow).await;
@@ -822,17 +799,21 @@ fn embedded(
     Ok(options)
 }
 
-/// A start that failed: policies or acceptance rules that do not load are the
-/// operator's to fix (exit 78, every problem printed), anything else fails the command.
-fn refused_policies(error: anyhow::Error) -> anyhow::Result<u8> {
+/// The exit code of a command that failed: policies or acceptance rules that do not
+/// load are the operator's to fix (exit 78, every problem printed), whichever command
+/// started the stack that loads them; anything else fails the command.
+fn failed(error: &anyhow::Error) -> u8 {
     match error.downcast_ref::<agentloop_policy::PolicyError>() {
         Some(
             refused @ (agentloop_policy::PolicyError::Policies { .. }
             | agentloop_policy::PolicyError::Acceptance { .. }),
         ) => {
             eprintln!("agentloop: {refused}");
-            Ok(exit::BAD_CONFIG)
+            exit::BAD_CONFIG
         }
-        Some(_) | None => Err(error),
+        Some(_) | None => {
+            eprintln!("agentloop: {error:#}");
+            exit::FAILURE
+        }
     }
 }
