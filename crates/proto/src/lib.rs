@@ -80,14 +80,21 @@ pub fn bounded_message(message: String) -> String {
     if message.len() <= MAX_STATUS_MESSAGE_BYTES {
         return message;
     }
-    let mut end = MAX_STATUS_MESSAGE_BYTES - MARK.len();
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
+    let end = prefix(&message, MAX_STATUS_MESSAGE_BYTES - MARK.len()).len();
     let mut bounded = message;
     bounded.truncate(end);
     bounded.push_str(MARK);
     bounded
+}
+
+/// The longest start of `text` of at most `max_bytes` bytes that ends at a character
+/// boundary: what every message quoting untrusted text keeps of it.
+pub fn prefix(text: &str, max_bytes: usize) -> &str {
+    let mut end = text.len().min(max_bytes);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default()
 }
 
 #[cfg(test)]

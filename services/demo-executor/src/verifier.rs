@@ -192,7 +192,7 @@ fn in_doubt(reason: &str) -> ToolExecutorServiceVerifyResponse {
         verdict: CheckVerdict::Undecided as i32,
         reasons: vec![format!(
             "the executor's record is in doubt and can confirm nothing: {}",
-            cut(reason, 1024)
+            agentloop_proto::prefix(reason, 1024)
         )],
         evidence: Vec::new(),
     }
@@ -201,15 +201,7 @@ fn in_doubt(reason: &str) -> ToolExecutorServiceVerifyResponse {
 /// `text` in quotes, cut to [`MAX_QUOTED_BYTES`]: the claim's keys are not bounded by
 /// this executor, and a reason must stay short.
 fn quote(text: &str) -> String {
-    format!("{:?}", cut(text, MAX_QUOTED_BYTES))
-}
-
-fn cut(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.get(..end).unwrap_or_default()
+    format!("{:?}", agentloop_proto::prefix(text, MAX_QUOTED_BYTES))
 }
 
 #[cfg(test)]

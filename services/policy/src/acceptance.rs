@@ -485,12 +485,7 @@ fn bounded(value: &serde_json::Value) -> String {
     const MAX: usize = 200;
     let mut text = value.to_string();
     if text.len() > MAX {
-        let mut end = MAX;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push('…');
+        text = format!("{}…", agentloop_proto::prefix(&text, MAX));
     }
     text
 }

@@ -133,51 +133,42 @@ fn failure_reason(verifier: &str, timeout: Duration, failure: &CallFailure) -> S
 
 /// The first bound the reply breaks, if any.
 fn beyond_bounds(reply: &ToolExecutorServiceVerifyResponse) -> Option<String> {
-    if reply.reasons.len() > MAX_VERIFIER_REASONS {
-        return Some(format!(
-            "{} reasons (at most {MAX_VERIFIER_REASONS})",
-            reply.reasons.len()
-        ));
+    beyond(
+        &reply.reasons,
+        ("reasons", "a reason"),
+        MAX_VERIFIER_REASONS,
+        MAX_VERIFIER_REASON_BYTES,
+    )
+    .or_else(|| {
+        beyond(
+            &reply.evidence,
+            ("evidence references", "an evidence reference"),
+            MAX_VERIFIER_EVIDENCE,
+            MAX_VERIFIER_EVIDENCE_BYTES,
+        )
+    })
+}
+
+/// The bound `items` break, if any: more than `most` of them, or one longer than
+/// `longest` bytes; `(many, one)` name them in the message.
+fn beyond(
+    items: &[String],
+    (many, one): (&str, &str),
+    most: usize,
+    longest: usize,
+) -> Option<String> {
+    if items.len() > most {
+        return Some(format!("{} {many} (at most {most})", items.len()));
     }
-    if let Some(long) = reply
-        .reasons
-        .iter()
-        .find(|r| r.len() > MAX_VERIFIER_REASON_BYTES)
-    {
-        return Some(format!(
-            "a reason of {} bytes (at most {MAX_VERIFIER_REASON_BYTES})",
-            long.len()
-        ));
-    }
-    if reply.evidence.len() > MAX_VERIFIER_EVIDENCE {
-        return Some(format!(
-            "{} evidence references (at most {MAX_VERIFIER_EVIDENCE})",
-            reply.evidence.len()
-        ));
-    }
-    if let Some(long) = reply
-        .evidence
-        .iter()
-        .find(|e| e.len() > MAX_VERIFIER_EVIDENCE_BYTES)
-    {
-        return Some(format!(
-            "an evidence reference of {} bytes (at most {MAX_VERIFIER_EVIDENCE_BYTES})",
-            long.len()
-        ));
-    }
-    None
+    let long = items.iter().find(|item| item.len() > longest)?;
+    Some(format!("{one} of {} bytes (at most {longest})", long.len()))
 }
 
 /// `text` cut to at most `max` bytes, at a character boundary; the executor's status
 /// message is quoted in a reason and may be of any length.
 fn truncate(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
+    let end = agentloop_proto::prefix(&text, max).len();
+    text.truncate(end);
     text
 }
 

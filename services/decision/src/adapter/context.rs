@@ -73,11 +73,8 @@ pub(crate) fn truncate(text: &str, limit: usize) -> String {
     if text.len() <= limit {
         return text.to_owned();
     }
-    let mut end = limit;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…[{} more bytes elided]", &text[..end], text.len() - end)
+    let kept = agentloop_proto::prefix(text, limit);
+    format!("{kept}…[{} more bytes elided]", text.len() - kept.len())
 }
 
 fn non_empty(text: &str, fallback: &str) -> String {
