@@ -43,6 +43,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use uuid::Uuid;
 
+/// The caller name under which the distributed gateway admits a registrar (its token is
+/// [`ServiceTokens::registrar`]).
+pub const REGISTRAR: &str = "registrar";
+
 /// The effect ledger's directory inside the data directory.
 pub const LEDGER_DIR: &str = "ledger";
 /// The demo executor's directory inside the data directory.
@@ -62,15 +66,31 @@ pub fn demo_tools() -> anyhow::Result<ToolsConfig> {
     demo_tools_at(IN_PROCESS_EXECUTOR)
 }
 
-/// The policy service over `tools`, and its watcher, which reloads the policy files when
-/// they change for as long as the handle lives (not on SIGHUP: in the CLI that means its
-/// terminal closed).
+/// The policy service over the gateway's tools, and its watcher, which for as long as
+/// the handle lives reloads the policy files when they change (not on SIGHUP: in the CLI
+/// that means its terminal closed) and follows the gateway's registry every
+/// `tools_refresh_ms`.
 fn policy_service(
-    tools: &ToolsConfig,
+    gateway: &Gateway,
     config: &PolicyConfig,
 ) -> anyhow::Result<(PolicyServer, AbortOnDropHandle<()>)> {
-    let policy = PolicyServer::from_descriptors(&tools.descriptors(), config)?;
-    let watch = AbortOnDropHandle::new(tokio::spawn(policy.watch(false)));
+    let policy = PolicyServer::from_listed(&gateway.list(), config)?;
+    let files = policy.watch(false);
+    let follow = (config.tools_refresh_ms > 0).then(|| {
+        let gateway = gateway.clone();
+        policy.follow(
+            std::time::Duration::from_millis(config.tools_refresh_ms),
+            move || std::future::ready(Ok(gateway.list())),
+        )
+    });
+    let watch = AbortOnDropHandle::new(tokio::spawn(async move {
+        match follow {
+            Some(follow) => {
+                tokio::join!(files, follow);
+            }
+            None => files.await,
+        }
+    }));
     Ok((policy, watch))
 }
 
@@ -147,6 +167,9 @@ pub struct ServiceTokens {
     pub orchestrator: String,
     /// The tool gateway's, which the demo executor accepts.
     pub tools: String,
+    /// A registrar's, which the gateway accepts for `RegisterExecutor` and
+    /// `DeregisterExecutor` alone ([`REGISTRAR`]).
+    pub registrar: String,
 }
 
 impl std::fmt::Debug for ServiceTokens {
@@ -164,6 +187,7 @@ impl ServiceTokens {
         ServiceTokens {
             orchestrator: token(),
             tools: token(),
+            registrar: token(),
         }
     }
 }
@@ -187,6 +211,10 @@ pub struct Endpoints {
 
 /// How the services are reached, by wiring.
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per running stack, never moved on a hot path"
+)]
 enum Reached {
     /// Embedded: in-process, through the ports alone.
     InProcess,
@@ -247,13 +275,13 @@ impl Services {
                 let tools = tools_for(IN_PROCESS_EXECUTOR)?;
                 let executor: Arc<dyn ToolExecutorService> = Arc::new(demo.clone());
                 let gateway = Gateway::with_in_process(
-                    tools.clone(),
+                    tools,
                     options.gateway,
                     vec![(IN_PROCESS_EXECUTOR.to_owned(), executor)],
                     ClientConfig::default(),
                 )
                 .await?;
-                let (policy, policy_watch) = policy_service(&tools, &options.policy)?;
+                let (policy, policy_watch) = policy_service(&gateway, &options.policy)?;
                 let policies = Arc::clone(policy.profiles());
                 let ports = Ports {
                     decision: Arc::new(decision),
@@ -288,22 +316,32 @@ impl Services {
                 };
                 let orchestrator = accept("orchestrator", &tokens.orchestrator)?;
                 let gateway_caller = accept("tools", &tokens.tools)?;
+                // The gateway also admits a registrar, which may register executors and
+                // call nothing else.
+                let gateway_access = Access {
+                    callers: Some(Callers::from_tokens([
+                        ("orchestrator".to_owned(), tokens.orchestrator.clone()),
+                        (REGISTRAR.to_owned(), tokens.registrar.clone()),
+                    ])?),
+                    tls: None,
+                };
                 let (listener, demo_executor) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
                     ServiceSet::new().add_for(server::tool_executor(demo.clone()), &gateway_caller),
                 );
                 let tools = tools_for(&demo_executor)?;
-                let (policy, policy_watch) = policy_service(&tools, &options.policy)?;
-                let policies = Arc::clone(policy.profiles());
                 let as_gateway = ClientConfig::default().with_bearer(Some(&tokens.tools))?;
                 let gateway =
                     Gateway::with_in_process(tools, options.gateway, Vec::new(), as_gateway)
-                        .await?;
+                        .await?
+                        .with_registrars(vec![REGISTRAR.to_owned()]);
+                let (policy, policy_watch) = policy_service(&gateway, &options.policy)?;
+                let policies = Arc::clone(policy.profiles());
                 let (listener, tools) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
-                    ServiceSet::new().add_for(server::tool_gateway(gateway), &orchestrator),
+                    ServiceSet::new().add_for(server::tool_gateway(gateway), &gateway_access),
                 );
                 let (listener, policy_endpoint) = listen("127.0.0.1:0").await?;
                 serve(

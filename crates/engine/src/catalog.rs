@@ -44,6 +44,62 @@ pub struct ToolSpec {
     /// engine does not read it: the shell sets each call's deadline from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// The version of the tool's contract the invocation plans its calls under (the
+    /// gateway's descriptor digest); each turn that calls the tool records it, and the
+    /// gateway refuses a call planned under another one. `None`: not versioned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<ToolDigest>,
+}
+
+/// A tool contract's version: 128 bits, written as 32 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ToolDigest(pub [u8; 16]);
+
+impl std::fmt::Display for ToolDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for byte in self.0 {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for ToolDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ToolDigest({self})")
+    }
+}
+
+impl std::str::FromStr for ToolDigest {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<ToolDigest, String> {
+        let mut bytes = [0u8; 16];
+        if text.len() != 32 || !text.is_ascii() {
+            return Err(format!("a tool digest is 32 hex digits, not {text:?}"));
+        }
+        for (byte, pair) in bytes.iter_mut().zip(text.as_bytes().chunks(2)) {
+            let pair = std::str::from_utf8(pair).map_err(|e| e.to_string())?;
+            *byte = u8::from_str_radix(pair, 16)
+                .map_err(|_| format!("a tool digest is 32 hex digits, not {text:?}"))?;
+        }
+        Ok(ToolDigest(bytes))
+    }
+}
+
+impl TryFrom<String> for ToolDigest {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<ToolDigest, String> {
+        text.parse()
+    }
+}
+
+impl From<ToolDigest> for String {
+    fn from(digest: ToolDigest) -> String {
+        digest.to_string()
+    }
 }
 
 impl ToolSpec {
@@ -58,6 +114,7 @@ impl ToolSpec {
             side_effect,
             commutative: false,
             timeout_ms: None,
+            digest: None,
         }
     }
 }

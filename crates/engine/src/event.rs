@@ -4,10 +4,12 @@
 //! [`crate::Invocation::restore`]), so the live path and a resume after a crash share
 //! one piece of code and cannot drift apart.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::canonical::Fingerprint;
-use crate::catalog::ToolCatalog;
+use crate::catalog::{ToolCatalog, ToolDigest};
 use crate::check::Check;
 use crate::decision::{
     CallId, Decision, DecisionBounds, ProposedDecision, Usage, ValidBatch, validate,
@@ -103,6 +105,11 @@ pub struct TurnRecord {
     /// (an accepted answer's checks are its end's [`EndRecord::accepted_by`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checks: Vec<Check>,
+    /// The contract version (descriptor digest) of each versioned tool the executed
+    /// batch called, by name: what the calls ran under, kept so a resume and an audit
+    /// know it without the gateway.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tools: BTreeMap<String, ToolDigest>,
 }
 
 impl TurnRecord {

@@ -44,7 +44,7 @@ mod terminal;
 mod time;
 
 pub use canonical::{BadFingerprint, Fingerprint, canonical_json};
-pub use catalog::{SideEffect, ToolCatalog, ToolSpec};
+pub use catalog::{SideEffect, ToolCatalog, ToolDigest, ToolSpec};
 pub use check::{Check, CheckKind, CheckVerdict};
 pub use decision::{
     CallId, Decision, DecisionBounds, DecisionError, FinalAnswer, ProposedCall, ProposedDecision,

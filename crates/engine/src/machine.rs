@@ -13,6 +13,7 @@
 //!   stops for a human ends; the reply, committed by the shell, starts the next one from
 //!   the log: [`Invocation::restore`]).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -481,6 +482,7 @@ impl Draft {
             rejection,
             policy: self.checked.and_then(|checked| checked.policy),
             checks: Vec::new(),
+            tools: BTreeMap::new(),
         }
     }
 
@@ -1413,6 +1415,14 @@ impl Invocation {
     ) -> Vec<Action> {
         let mut record = draft.record(None);
         record.plan = Some(batch.fingerprint);
+        record.tools = batch
+            .calls
+            .iter()
+            .filter_map(|call| {
+                let digest = self.catalog.get(&call.tool)?.digest?;
+                Some((call.tool.clone(), digest))
+            })
+            .collect();
         record.results = batch
             .calls
             .into_iter()

@@ -84,6 +84,7 @@ mod tests {
                     side_effect: SideEffect::IdempotentWrite,
                     commutative: true,
                     timeout_ms: None,
+                    digest: None,
                 },
             )
     }

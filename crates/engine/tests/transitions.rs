@@ -1515,3 +1515,40 @@ fn a_cancel_while_a_resumed_batch_is_checked_still_settles_the_batch() {
         "{actions:?}"
     );
 }
+
+/// A turn that ran calls records the contract version of each versioned tool it called,
+/// and only of those: what the calls ran under, kept in the log.
+#[test]
+fn a_turn_records_the_contract_versions_of_the_tools_it_called() {
+    let (lookup_v, transfer_v) = (ToolDigest([0xab; 16]), ToolDigest([0xcd; 16]));
+    let versioned = |digest| ToolSpec {
+        digest: Some(digest),
+        ..ToolSpec::read_only()
+    };
+    let catalog = ToolCatalog::new().with("lookup", versioned(lookup_v)).with(
+        "transfer",
+        ToolSpec {
+            side_effect: SideEffect::Write,
+            ..versioned(transfer_v)
+        },
+    );
+    let run = drive(
+        Invocation::new(limits(), std::sync::Arc::new(catalog)),
+        World::scripted(vec![
+            tools(vec![lookup("call-a", "profile")]),
+            final_answer("done"),
+        ]),
+    );
+    assert_eq!(run.outcome.reason, TerminalReason::Completed);
+    let turns = turns(&run.log);
+    assert_eq!(
+        turns[0].tools,
+        [("lookup".to_owned(), lookup_v)].into_iter().collect()
+    );
+    // The final turn ran no calls and records none.
+    assert!(turns[1].tools.is_empty());
+    assert_eq!(lookup_v.to_string(), "ab".repeat(16));
+    assert_eq!(lookup_v.to_string().parse::<ToolDigest>(), Ok(lookup_v));
+    assert!("abc".parse::<ToolDigest>().is_err());
+    assert!("zz".repeat(16).parse::<ToolDigest>().is_err());
+}

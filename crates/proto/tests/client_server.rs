@@ -34,6 +34,7 @@ fn descriptor() -> ToolDescriptor {
             seconds: 2,
             nanos: 0,
         }),
+        ..ToolDescriptor::default()
     }
 }
 
@@ -45,6 +46,7 @@ impl ToolExecutorService for OneTool {
     ) -> Result<Response<DescribeResponse>, Status> {
         Ok(Response::new(DescribeResponse {
             tools: vec![descriptor()],
+            ..DescribeResponse::default()
         }))
     }
 

@@ -165,6 +165,8 @@ pub fn lookup_turn(seq: u64, turn: u32) -> Event {
             rejection: None,
             policy: None,
             checks: Vec::new(),
+            // The contract version of the tool the calls ran under, kept as written.
+            tools: [("lookup".to_owned(), agentloop_engine::ToolDigest([7; 16]))].into(),
         }),
     }
 }
@@ -181,6 +183,7 @@ fn turn(seq: u64, decision: ProposedDecision) -> Event {
             rejection: None,
             policy: None,
             checks: Vec::new(),
+            tools: std::collections::BTreeMap::new(),
         }),
     }
 }
@@ -259,6 +262,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
             rejection: None,
             policy: None,
             checks: Vec::new(),
+            tools: std::collections::BTreeMap::new(),
         }),
     });
     events.push(Event {
@@ -278,6 +282,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
             }),
             policy: None,
             checks: Vec::new(),
+            tools: std::collections::BTreeMap::new(),
         }),
     });
     let decisions = [
@@ -323,6 +328,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
             }),
             policy: None,
             checks: Vec::new(),
+            tools: std::collections::BTreeMap::new(),
         }),
     });
     let seq = events.len() as u64 + 1;

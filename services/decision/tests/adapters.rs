@@ -1016,6 +1016,43 @@ fn a_configured_system_prompt_still_asks_for_the_evidence_line() {
     }
 }
 
+/// A tool the gateway lists unavailable is still offered (its calls are planned against
+/// its schema), but both providers' models read that its calls fail until it is back;
+/// the others read their descriptions unchanged.
+#[test]
+fn the_model_is_told_which_tools_are_unavailable() {
+    let mut request = request();
+    request.tools[1].unavailable = true;
+    let env = MapEnv::new([("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")]);
+    let deps = AdapterDeps::default();
+    let spec = |spec: &str| ModelConfig::from_spec(spec).unwrap();
+    let openai = OpenAiModel::from_config(&spec("openai:m"), &env, &deps)
+        .unwrap()
+        .request_body(&request, &request.tools);
+    let anthropic = AnthropicModel::from_config(&spec("anthropic:m"), &env, &deps)
+        .unwrap()
+        .request_body(&request, &request.tools);
+    let descriptions = [
+        (
+            &openai["tools"][0]["function"]["description"],
+            &openai["tools"][1]["function"]["description"],
+        ),
+        (
+            &anthropic["tools"][0]["description"],
+            &anthropic["tools"][1]["description"],
+        ),
+    ];
+    for (available, unavailable) in descriptions {
+        assert_eq!(available, "Looks a customer up by ID");
+        let unavailable = unavailable.as_str().unwrap();
+        assert!(unavailable.starts_with("Reads a policy"), "{unavailable}");
+        assert!(
+            unavailable.contains("Unavailable right now"),
+            "{unavailable}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------- configuration
 
 #[tokio::test]

@@ -2,12 +2,14 @@
 
 use std::path::PathBuf;
 
-/// Why the demo executor could not start or could not serve a request.
+use agentloop_executor::{BuildError, RecordError};
+
+/// Why the demo executor could not start, or a fault it injected on purpose.
 ///
 /// Tool failures a model should see (a bad argument, an unknown lookup key) are *not*
 /// errors here: they are `ToolResult`s with a structured `ToolError`, as the contract
-/// asks. These are failures of the executor or of the request itself, which the caller
-/// sees as a gRPC status (see the `From<DemoError> for tonic::Status` impl).
+/// asks. Malformed requests and unknown tools are `agentloop-executor`'s
+/// [`RequestError`](agentloop_executor::RequestError)s; these are the demo's own.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DemoError {
@@ -34,6 +36,19 @@ pub enum DemoError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The data directory holds a record of the old format, which this version does not
+    /// read; starting without it would forget the transfers in it.
+    #[error(
+        "{} is a transfer record of an earlier version, which is not read; move it away to start with an empty record",
+        path.display()
+    )]
+    LegacyRecord {
+        /// The old record file.
+        path: PathBuf,
+    },
+    /// The record cannot tell what it holds (see the detail).
+    #[error("effect record unavailable: {0}")]
+    RecordUnavailable(String),
     /// The lookup data file is not a JSON object of strings, or is too large.
     #[error("lookup data file {}: {reason}", path.display())]
     DataFile {
@@ -45,21 +60,9 @@ pub enum DemoError {
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
-    /// The request itself is malformed (no call, an oversized field, a write without an
-    /// effect key). Nothing was applied.
-    #[error("invalid request: {0}")]
-    InvalidRequest(String),
-    /// The request names a tool this executor does not serve.
-    #[error("unknown tool {0:?}")]
-    UnknownTool(String),
-    /// Verify was asked for a verifier this executor does not serve. NOT_FOUND, like an
-    /// unknown tool: the gateway's registry names the wrong executor, and the gateway
-    /// turns the status into an UNDECIDED check that says so.
-    #[error("unknown verifier {0:?}")]
-    UnknownVerifier(String),
-    /// Reconcile was asked about a read-only tool, which has no effects to reconcile.
-    #[error("tool {0:?} is read-only and has no effects to reconcile")]
-    NotReconcilable(String),
+    /// The demo's tools and verifier do not make a valid executor (a bug of this crate).
+    #[error("cannot build the executor: {0}")]
+    Executor(#[from] BuildError),
     /// Fault injection: the request failed on purpose before anything was applied.
     #[error("injected fault: failed before apply")]
     InjectedFailBeforeApply,
@@ -67,22 +70,36 @@ pub enum DemoError {
     /// this error, as if it had been lost on the way back.
     #[error("injected fault: reply dropped after apply")]
     InjectedDroppedReply,
-    /// The effect record cannot be written (the apply was rolled back) or is in doubt
-    /// after a failed rollback; see the detail.
-    #[error("effect record unavailable: {0}")]
-    RecordUnavailable(String),
+}
+
+impl From<RecordError> for DemoError {
+    fn from(error: RecordError) -> Self {
+        match error {
+            RecordError::Io {
+                action,
+                path,
+                source,
+            } => DemoError::Io {
+                action,
+                path,
+                source,
+            },
+            RecordError::Corrupt { path, line, reason } => {
+                DemoError::CorruptRecord { path, line, reason }
+            }
+            other @ (RecordError::Full
+            | RecordError::EntryTooLarge { .. }
+            | RecordError::ReceiptTaken { .. }
+            | RecordError::AppendFailed(_)
+            | RecordError::InDoubt(_)) => DemoError::RecordUnavailable(other.to_string()),
+        }
+    }
 }
 
 impl From<DemoError> for tonic::Status {
     fn from(error: DemoError) -> Self {
         let message = agentloop_proto::bounded_message(error.to_string());
         match error {
-            DemoError::InvalidRequest(_) | DemoError::NotReconcilable(_) => {
-                tonic::Status::invalid_argument(message)
-            }
-            DemoError::UnknownTool(_) | DemoError::UnknownVerifier(_) => {
-                tonic::Status::not_found(message)
-            }
             // UNAVAILABLE is what a lost connection looks like to the caller; both
             // injected faults imitate exactly that.
             DemoError::InjectedFailBeforeApply | DemoError::InjectedDroppedReply => {
@@ -91,9 +108,11 @@ impl From<DemoError> for tonic::Status {
             // Start-up errors never reach a request; the mapping is total anyway.
             DemoError::Io { .. }
             | DemoError::CorruptRecord { .. }
+            | DemoError::LegacyRecord { .. }
+            | DemoError::RecordUnavailable(_)
             | DemoError::DataFile { .. }
             | DemoError::InvalidConfig(_)
-            | DemoError::RecordUnavailable(_) => tonic::Status::internal(message),
+            | DemoError::Executor(_) => tonic::Status::internal(message),
         }
     }
 }
@@ -107,13 +126,6 @@ mod tests {
     fn every_error_maps_to_its_status_code() {
         let io = || std::io::Error::other("disk");
         let cases = [
-            (DemoError::InvalidRequest("x".into()), Code::InvalidArgument),
-            (
-                DemoError::NotReconcilable("lookup".into()),
-                Code::InvalidArgument,
-            ),
-            (DemoError::UnknownTool("nope".into()), Code::NotFound),
-            (DemoError::UnknownVerifier("nope".into()), Code::NotFound),
             (DemoError::InjectedFailBeforeApply, Code::Unavailable),
             (DemoError::InjectedDroppedReply, Code::Unavailable),
             (DemoError::RecordUnavailable("x".into()), Code::Internal),
@@ -135,6 +147,10 @@ mod tests {
                 Code::Internal,
             ),
             (
+                DemoError::LegacyRecord { path: "/x".into() },
+                Code::Internal,
+            ),
+            (
                 DemoError::DataFile {
                     path: "/x".into(),
                     reason: "r".into(),
@@ -148,5 +164,25 @@ mod tests {
             assert_eq!(status.code(), code, "{text}");
             assert_eq!(status.message(), text);
         }
+    }
+
+    #[test]
+    fn record_errors_keep_their_kind() {
+        let corrupt = DemoError::from(RecordError::Corrupt {
+            path: "/x".into(),
+            line: 3,
+            reason: "r".into(),
+        });
+        assert!(matches!(corrupt, DemoError::CorruptRecord { line: 3, .. }));
+        let io = DemoError::from(RecordError::Io {
+            action: "read",
+            path: "/x".into(),
+            source: std::io::Error::other("disk"),
+        });
+        assert!(matches!(io, DemoError::Io { .. }));
+        assert!(matches!(
+            DemoError::from(RecordError::Full),
+            DemoError::RecordUnavailable(_)
+        ));
     }
 }

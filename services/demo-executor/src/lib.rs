@@ -1,27 +1,29 @@
 //! A demo tool executor: the example to copy when you write your own.
 //!
-//! It serves three tools over the `ToolExecutorService` contract
-//! (`proto/agentloop/v1/tool_executor.proto`): `lookup` (read-only key/value),
-//! `sleep` (read-only; stops as soon as the caller gives up) and `transfer` (a write
-//! that must happen exactly once per effect key). The comments explain the three rules
-//! every executor must keep:
+//! It is built on `agentloop-executor`, which implements the `ToolExecutorService`
+//! contract (`proto/agentloop/v1/tool_executor.proto`) around typed tools, and serves
+//! three of them ([`tools`]): `lookup` (read-only key/value), `sleep` (read-only; stops
+//! as soon as the caller gives up) and `transfer` (a write that must happen exactly once
+//! per effect key). What to copy:
 //!
-//! 1. **Dedupe on the effect key.** The executor owns the data, so it enforces the key:
-//!    a second `Execute` with an applied key returns the *original* result and changes
-//!    nothing (see [`record`]).
-//! 2. **Start no side effect the caller no longer wants.** In tonic, a cancelled or
-//!    timed-out call drops the handler's future, so code after an `.await` simply does
-//!    not run. Everything before the durable append can be abandoned; the append itself
-//!    runs to completion or not at all.
-//! 3. **Answer `Reconcile` from your own records.** Every apply is recorded durably
-//!    before it is acknowledged, so "not in the record" means "not applied".
+//! 1. **A tool is a type.** Its name, description, side effect and timeout are
+//!    constants, its arguments a `Deserialize + JsonSchema` struct (the schema the model
+//!    sees is derived from it), its call an `async fn` that returns an output or a
+//!    structured error ([`tools`]).
+//! 2. **Writes are deduped on the effect key by the library.** The executor records a
+//!    write's output durably before it replies; a second `Execute` with an applied key
+//!    returns the *original* result and does not call the tool ([`record`] reads that
+//!    record back).
+//! 3. **`Reconcile` is answered from the same record**, and so is the one verifier,
+//!    `transfer_recorded` ([`verifier`]), which judges a final answer against it: the
+//!    transfers the answer rests on must be in it, as claimed. Any other verifier name
+//!    is NOT_FOUND.
+//! 4. **One [`run`]** serves it all with health, caller authentication and a drain.
 //!
-//! It also serves one verifier, `transfer_recorded` ([`verifier`]), which judges a
-//! final answer against the same record: the transfers the answer rests on must be in
-//! it, as claimed. Any other verifier name is NOT_FOUND.
-//!
-//! It also injects faults on demand ([`FaultConfig`]) so chaos tests can lose replies
-//! after an apply, fail before one, or delay a reply past the caller's deadline.
+//! Beside the part to copy, it injects faults on demand ([`FaultConfig`]) so chaos
+//! tests can lose replies after an apply, fail before one, or delay a reply past the
+//! caller's deadline: [`DemoExecutor`] wraps the library's executor to do that, which is
+//! also how to add counters or audit around one.
 //!
 //! It is *not* production code for money: balances are not tracked, and the record is
 //! a local file held in memory.
@@ -40,13 +42,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agentloop_executor::{Disposition, Executor, ExecutorService};
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
-use agentloop_proto::v1::tool_result::Outcome;
 use agentloop_proto::v1::{
-    DescribeRequest, DescribeResponse, ErrorType, NextAction, ReconcileStatus, ToolCall,
-    ToolExecutorServiceExecuteRequest, ToolExecutorServiceExecuteResponse,
-    ToolExecutorServiceReconcileRequest, ToolExecutorServiceReconcileResponse,
-    ToolExecutorServiceVerifyRequest, ToolExecutorServiceVerifyResponse, ToolOutput, ToolResult,
+    DescribeRequest, DescribeResponse, ToolExecutorServiceExecuteRequest,
+    ToolExecutorServiceExecuteResponse, ToolExecutorServiceReconcileRequest,
+    ToolExecutorServiceReconcileResponse, ToolExecutorServiceVerifyRequest,
+    ToolExecutorServiceVerifyResponse,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -54,19 +56,14 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+pub use agentloop_executor::{MAX_ARGUMENTS_BYTES, MAX_EFFECT_KEY_BYTES, MAX_ID_BYTES};
 pub use error::DemoError;
 pub use record::{AppliedTransfer, read_record};
 pub use tools::{TRANSFER_RECORDED, VerifierInfo, descriptors, verifiers};
 
-use record::{Applied, EffectRecord};
-use tools::{LOOKUP, SLEEP, TRANSFER};
+use tools::{Lookup, Sleep, TRANSFER, Transfer};
+use verifier::TransferRecorded;
 
-/// Longest effect key accepted, in bytes. Keys are identifiers, not payloads.
-pub const MAX_EFFECT_KEY_BYTES: usize = 256;
-/// Longest invocation ID, call ID or tool name accepted, in bytes.
-pub const MAX_ID_BYTES: usize = 256;
-/// Largest `arguments_json` accepted, in bytes; the demo tools need a few dozen.
-pub const MAX_ARGUMENTS_BYTES: usize = 64 * 1024;
 /// Largest lookup data file accepted, in bytes.
 pub const MAX_DATA_FILE_BYTES: u64 = 1024 * 1024;
 /// Longest reply delay fault accepted, in milliseconds.
@@ -124,9 +121,9 @@ impl agentloop_server::ServiceConfig for DemoConfig {
     }
 }
 
-/// Faults injected into `transfer`, for chaos tests. Each request rolls the dice once,
-/// in arrival order, from one RNG, so a fixed `seed` and a fixed request order give a
-/// fixed sequence of faults.
+/// Faults injected into `transfer`, for chaos tests. Each `transfer` request rolls the
+/// dice once, in arrival order and before the executor looks at it, from one RNG, so a
+/// fixed `seed` and a fixed request order give a fixed sequence of faults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FaultConfig {
@@ -247,22 +244,31 @@ impl Faults {
     }
 }
 
-/// The demo executor. Cheap to clone (shared state behind an `Arc`); serve it with
-/// [`agentloop_proto::server::tool_executor`] or [`run`].
+/// The counters, shared by the executor's wrapper and the `sleep` tool.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Stats(Arc<watch::Sender<DemoStats>>);
+
+impl Stats {
+    pub(crate) fn count(&self, update: impl FnOnce(&mut DemoStats)) {
+        self.0.send_modify(update);
+    }
+}
+
+/// The demo executor: `agentloop-executor`'s [`Executor`] over the demo tools, the
+/// verifier and the record, wrapped to count what it does and to inject faults. Cheap to
+/// clone (shared state behind an `Arc`); serve it with [`run`], or in-process as any
+/// `ToolExecutorService`.
 #[derive(Debug, Clone)]
 pub struct DemoExecutor {
+    executor: Executor,
     inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
 struct Inner {
-    lookup: BTreeMap<String, String>,
-    /// A std mutex: it is only held inside `spawn_blocking` (for the append) or for an
-    /// in-memory read, never across an `.await`.
-    record: Arc<Mutex<EffectRecord>>,
     data_dir: PathBuf,
     faults: Faults,
-    stats: watch::Sender<DemoStats>,
+    stats: Stats,
 }
 
 impl DemoExecutor {
@@ -272,7 +278,8 @@ impl DemoExecutor {
     /// # Errors
     ///
     /// [`DemoError::InvalidConfig`] for out-of-range faults, [`DemoError::DataFile`] for
-    /// a bad lookup file, [`DemoError::Io`] / [`DemoError::CorruptRecord`] for the record.
+    /// a bad lookup file, [`DemoError::Io`] / [`DemoError::CorruptRecord`] /
+    /// [`DemoError::LegacyRecord`] for the record.
     pub fn open(config: DemoConfig) -> Result<DemoExecutor, DemoError> {
         config.faults.validate()?;
         let mut lookup = BTreeMap::from([
@@ -282,27 +289,35 @@ impl DemoExecutor {
         if let Some(path) = &config.data_file {
             lookup.extend(load_data_file(path)?);
         }
-        let record = EffectRecord::open(&config.data_dir)?;
+        let record = record::open(&config.data_dir)?;
+        let stats = Stats::default();
+        // The whole executor: its tools, its verifier and the record they share.
+        let executor = Executor::builder()
+            .record(record.clone())
+            .tool(Lookup::new(lookup))
+            .tool(Sleep::new(stats.clone()))
+            .tool(Transfer::new(&record)?)
+            .verifier(TransferRecorded::new(record))
+            .build()?;
         Ok(DemoExecutor {
+            executor,
             inner: Arc::new(Inner {
-                lookup,
-                record: Arc::new(Mutex::new(record)),
                 data_dir: config.data_dir,
                 faults: Faults::new(config.faults),
-                stats: watch::Sender::new(DemoStats::default()),
+                stats,
             }),
         })
     }
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> DemoStats {
-        *self.inner.stats.borrow()
+        *self.inner.stats.0.borrow()
     }
 
     /// A receiver that sees every change of the counters, so a test can wait for an
     /// event (`wait_for(|s| s.sleeps_cancelled == 1)`) instead of sleeping.
     pub fn watch_stats(&self) -> watch::Receiver<DemoStats> {
-        self.inner.stats.subscribe()
+        self.inner.stats.0.subscribe()
     }
 
     /// The directory holding the transfer record.
@@ -311,221 +326,8 @@ impl DemoExecutor {
     }
 
     fn count(&self, update: impl FnOnce(&mut DemoStats)) {
-        self.inner.stats.send_modify(update);
+        self.inner.stats.count(update);
     }
-
-    fn lookup(&self, call: &ToolCall) -> Outcome {
-        let args: tools::LookupArgs = match tools::parse_args(LOOKUP, &call.arguments_json) {
-            Ok(args) => args,
-            Err(error) => return Outcome::Error(error),
-        };
-        match self.inner.lookup.get(&args.key) {
-            Some(value) => output(serde_json::json!({ "key": args.key, "value": value }), ""),
-            None => Outcome::Error(tools::tool_error(
-                ErrorType::NotFound,
-                format!("no entry for key {:?}", args.key),
-                false,
-                NextAction::FixArguments,
-            )),
-        }
-    }
-
-    async fn sleep(&self, call: &ToolCall) -> Outcome {
-        let args: tools::SleepArgs = match tools::parse_args(SLEEP, &call.arguments_json)
-            .and_then(|args| tools::check_sleep(&args).map(|()| args))
-        {
-            Ok(args) => args,
-            Err(error) => return Outcome::Error(error),
-        };
-        // The guard counts a cancellation when it is dropped unfinished: tonic drops
-        // this whole future when the caller goes away, and the guard with it.
-        let mut guard = SleepGuard {
-            executor: self,
-            finished: false,
-        };
-        self.count(|s| s.sleeps_started += 1);
-        // A plain `tokio::time::sleep`: no thread is parked, and dropping the future
-        // stops it at once. Nothing else is needed to honour cancellation.
-        tokio::time::sleep(Duration::from_millis(args.ms)).await;
-        guard.finished = true;
-        output(serde_json::json!({ "slept_ms": args.ms }), "")
-    }
-
-    /// The write. Read the order of the steps: it is the point of this crate.
-    async fn transfer(
-        &self,
-        request: &ToolExecutorServiceExecuteRequest,
-        call: &ToolCall,
-    ) -> Result<Outcome, DemoError> {
-        // 1. A write without an effect key cannot be deduped: refuse it as a bad
-        //    request (INVALID_ARGUMENT), before anything else.
-        let effect_key = check_effect_key(&request.effect_key)?.to_owned();
-
-        // 2. Arguments: a bad one is the model's to fix, so it is a structured result.
-        let args: tools::TransferArgs = match tools::parse_args(TRANSFER, &call.arguments_json)
-            .and_then(|args| tools::check_transfer(&args).map(|()| args))
-        {
-            Ok(args) => args,
-            Err(error) => return Ok(Outcome::Error(error)),
-        };
-
-        // 3. Fault dice, rolled once per request in arrival order.
-        let faults = self.inner.faults.roll();
-        if faults.fail_before_apply {
-            self.count(|s| s.failed_before_apply += 1);
-            return Err(DemoError::InjectedFailBeforeApply);
-        }
-
-        // 4. Apply: the dedupe check and the durable append, as one step under the
-        //    record's mutex, on a blocking thread (fsync blocks).
-        //
-        //    Cancellation: we only get here while tonic still polls this future, i.e.
-        //    while the caller still wants the call. Everything above may be abandoned at
-        //    any `.await` and nothing has happened. From here on the blocking task runs
-        //    to completion even if the caller goes away (dropping a `JoinHandle` does
-        //    not stop the task): the append is atomic, so the effect is either recorded
-        //    or not, never half-done, and a lost reply is exactly the case `Reconcile`
-        //    answers. That is why the append is the *last* step before the reply, and
-        //    why nothing that could fail or wait comes between the append and
-        //    returning (except the faults that simulate precisely that).
-        let record = Arc::clone(&self.inner.record);
-        let invocation_id = request.invocation_id.clone();
-        let call_id = call.call_id.clone();
-        let attempt = request.attempt;
-        let applied = tokio::task::spawn_blocking(move || {
-            let mut record = record
-                .lock()
-                .map_err(|_| DemoError::RecordUnavailable("record lock poisoned".to_owned()))?;
-            record.apply(&effect_key.clone(), move |sequence| {
-                let receipt = format!("txn-{sequence:08}");
-                let output = serde_json::json!({
-                    "receipt": receipt, "from": args.from, "to": args.to, "amount": args.amount,
-                });
-                AppliedTransfer {
-                    effect_key,
-                    invocation_id,
-                    call_id,
-                    attempt,
-                    from: args.from,
-                    to: args.to,
-                    amount: args.amount,
-                    receipt,
-                    output_json: output.to_string(),
-                }
-            })
-        })
-        .await
-        .map_err(|e| DemoError::RecordUnavailable(format!("apply task failed: {e}")))??;
-
-        let entry = match applied {
-            Applied::New(entry) => {
-                self.count(|s| s.applied += 1);
-                tracing::info!(effect_key = %entry.effect_key, receipt = %entry.receipt, "transfer applied");
-                entry
-            }
-            Applied::Existing(entry) => {
-                // The same key with different arguments is a caller bug: answering with
-                // the first receipt would hide it, applying again would break the rule.
-                if !same_transfer(&entry, &call.arguments_json) {
-                    return Ok(Outcome::Error(tools::tool_error(
-                        ErrorType::Conflict,
-                        format!(
-                            "effect key {:?} was already applied with different arguments",
-                            entry.effect_key
-                        ),
-                        false,
-                        NextAction::Stop,
-                    )));
-                }
-                self.count(|s| s.deduplicated += 1);
-                tracing::info!(effect_key = %entry.effect_key, receipt = %entry.receipt, "duplicate transfer: original receipt returned");
-                entry
-            }
-        };
-
-        // 5. Faults that happen after the effect: a slow reply (the caller's deadline
-        //    may pass; the effect stays applied) and a lost reply.
-        if faults.slow_reply {
-            self.count(|s| s.delayed_replies += 1);
-            tokio::time::sleep(Duration::from_millis(
-                self.inner.faults.config.reply_delay_ms,
-            ))
-            .await;
-        }
-        if faults.drop_reply {
-            self.count(|s| s.dropped_replies += 1);
-            return Err(DemoError::InjectedDroppedReply);
-        }
-        Ok(Outcome::Output(ToolOutput {
-            output_json: entry.output_json,
-            receipt: entry.receipt,
-        }))
-    }
-}
-
-/// Whether `arguments_json` asks for the same transfer as `entry`.
-fn same_transfer(entry: &AppliedTransfer, arguments_json: &str) -> bool {
-    serde_json::from_str::<tools::TransferArgs>(arguments_json).is_ok_and(|args| {
-        args.from == entry.from && args.to == entry.to && args.amount == entry.amount
-    })
-}
-
-struct SleepGuard<'a> {
-    executor: &'a DemoExecutor,
-    finished: bool,
-}
-
-impl Drop for SleepGuard<'_> {
-    fn drop(&mut self) {
-        if !self.finished {
-            tracing::info!("sleep cancelled by the caller");
-            self.executor.count(|s| s.sleeps_cancelled += 1);
-        }
-    }
-}
-
-fn output(value: serde_json::Value, receipt: &str) -> Outcome {
-    Outcome::Output(ToolOutput {
-        output_json: value.to_string(),
-        receipt: receipt.to_owned(),
-    })
-}
-
-fn check_effect_key(key: &str) -> Result<&str, DemoError> {
-    if key.is_empty() {
-        return Err(DemoError::InvalidRequest(
-            "transfer is a write and needs an effect key".to_owned(),
-        ));
-    }
-    if key.len() > MAX_EFFECT_KEY_BYTES {
-        return Err(DemoError::InvalidRequest(format!(
-            "effect key longer than {MAX_EFFECT_KEY_BYTES} bytes"
-        )));
-    }
-    Ok(key)
-}
-
-fn check_bounds(
-    request: &ToolExecutorServiceExecuteRequest,
-    call: &ToolCall,
-) -> Result<(), DemoError> {
-    for (field, value) in [
-        ("invocation_id", &request.invocation_id),
-        ("call.call_id", &call.call_id),
-        ("call.tool", &call.tool),
-    ] {
-        if value.len() > MAX_ID_BYTES {
-            return Err(DemoError::InvalidRequest(format!(
-                "{field} longer than {MAX_ID_BYTES} bytes"
-            )));
-        }
-    }
-    if call.arguments_json.len() > MAX_ARGUMENTS_BYTES {
-        return Err(DemoError::InvalidRequest(format!(
-            "arguments_json larger than {MAX_ARGUMENTS_BYTES} bytes"
-        )));
-    }
-    Ok(())
 }
 
 fn load_data_file(path: &Path) -> Result<BTreeMap<String, String>, DemoError> {
@@ -544,116 +346,85 @@ fn load_data_file(path: &Path) -> Result<BTreeMap<String, String>, DemoError> {
         .map_err(|e| bad(format!("expected a JSON object of string values: {e}")))
 }
 
+/// The executor whose calls a drain that runs out of time cancels.
+impl ExecutorService for DemoExecutor {
+    fn executor(&self) -> &Executor {
+        &self.executor
+    }
+}
+
+/// The library's executor, with the counters and the faults around `Execute`.
 #[tonic::async_trait]
 impl ToolExecutorService for DemoExecutor {
     async fn describe(
         &self,
-        _request: Request<DescribeRequest>,
+        request: Request<DescribeRequest>,
     ) -> Result<Response<DescribeResponse>, Status> {
-        Ok(Response::new(DescribeResponse {
-            tools: descriptors(),
-        }))
+        self.executor.describe(request).await
     }
 
     async fn execute(
         &self,
         request: Request<ToolExecutorServiceExecuteRequest>,
     ) -> Result<Response<ToolExecutorServiceExecuteResponse>, Status> {
-        // Who calls, as the guard in front of this service established it (`auth.callers`):
-        // a tool owner's executor can refuse or attribute by it. `None` when the port is
-        // open or the call comes in-process.
-        let caller = request
-            .extensions()
-            .get::<agentloop_auth::Caller>()
-            .map(|caller| caller.0.clone());
-        let request = request.into_inner();
-        let call = request
+        // 1. Fault dice, rolled once per transfer request in arrival order.
+        let is_transfer = request
+            .get_ref()
             .call
-            .clone()
-            .ok_or_else(|| DemoError::InvalidRequest("call is required".to_owned()))?;
-        tracing::debug!(caller = caller.as_deref().unwrap_or("-"), tool = %call.tool, call = %call.call_id, "execute");
-        check_bounds(&request, &call)?;
-        let outcome = match call.tool.as_str() {
-            LOOKUP => self.lookup(&call),
-            SLEEP => self.sleep(&call).await,
-            TRANSFER => self.transfer(&request, &call).await?,
-            other => return Err(DemoError::UnknownTool(other.to_owned()).into()),
-        };
-        Ok(Response::new(ToolExecutorServiceExecuteResponse {
-            result: Some(ToolResult {
-                call_id: call.call_id,
-                outcome: Some(outcome),
-            }),
-        }))
+            .as_ref()
+            .is_some_and(|call| call.tool == TRANSFER);
+        let faults = is_transfer.then(|| self.inner.faults.roll());
+        if faults.is_some_and(|plan| plan.fail_before_apply) {
+            self.count(|s| s.failed_before_apply += 1);
+            return Err(DemoError::InjectedFailBeforeApply.into());
+        }
+
+        // 2. The executor: bounds, arguments, the key's lock, the record, the tool.
+        let executed = self.executor.execute_request(request).await?;
+        match executed.disposition() {
+            Disposition::Applied => self.count(|s| s.applied += 1),
+            Disposition::Replayed => self.count(|s| s.deduplicated += 1),
+            Disposition::Read | Disposition::Failed => {
+                return Ok(Response::new(executed.into_response()));
+            }
+        }
+
+        // 3. Faults that happen after the effect: a slow reply (the caller's deadline
+        //    may pass; the effect stays applied) and a lost reply.
+        if let Some(plan) = faults {
+            if plan.slow_reply {
+                self.count(|s| s.delayed_replies += 1);
+                tokio::time::sleep(Duration::from_millis(
+                    self.inner.faults.config.reply_delay_ms,
+                ))
+                .await;
+            }
+            if plan.drop_reply {
+                self.count(|s| s.dropped_replies += 1);
+                return Err(DemoError::InjectedDroppedReply.into());
+            }
+        }
+        Ok(Response::new(executed.into_response()))
     }
 
     async fn reconcile(
         &self,
         request: Request<ToolExecutorServiceReconcileRequest>,
     ) -> Result<Response<ToolExecutorServiceReconcileResponse>, Status> {
-        let request = request.into_inner();
-        match request.tool.as_str() {
-            TRANSFER => {}
-            LOOKUP | SLEEP => return Err(DemoError::NotReconcilable(request.tool).into()),
-            other => return Err(DemoError::UnknownTool(other.to_owned()).into()),
-        }
-        let key = check_effect_key(&request.effect_key)?;
-        let record = self
-            .inner
-            .record
-            .lock()
-            .map_err(|_| DemoError::RecordUnavailable("record lock poisoned".to_owned()))?;
-        let response = match record.lookup(key) {
-            Ok(Some(entry)) => ToolExecutorServiceReconcileResponse {
-                status: ReconcileStatus::Applied as i32,
-                receipt: entry.receipt.clone(),
-                output_json: entry.output_json.clone(),
-                detail: format!(
-                    "applied by attempt {} of call {}",
-                    entry.attempt, entry.call_id
-                ),
-            },
-            // Every apply is recorded before it is acknowledged, so absence means it
-            // never happened. A request with this key still in flight would be deduped
-            // on the same key if it applies later, so re-dispatching stays safe.
-            Ok(None) => ToolExecutorServiceReconcileResponse {
-                status: ReconcileStatus::NotApplied as i32,
-                detail: "no transfer recorded under this effect key".to_owned(),
-                ..Default::default()
-            },
-            // The record is in doubt after a failed rollback: the honest answer.
-            Err(reason) => ToolExecutorServiceReconcileResponse {
-                status: ReconcileStatus::Unknown as i32,
-                detail: reason,
-                ..Default::default()
-            },
-        };
-        Ok(Response::new(response))
+        self.executor.reconcile(request).await
     }
 
     async fn verify(
         &self,
         request: Request<ToolExecutorServiceVerifyRequest>,
     ) -> Result<Response<ToolExecutorServiceVerifyResponse>, Status> {
-        let request = request.into_inner();
-        if request.verifier != TRANSFER_RECORDED {
-            return Err(DemoError::UnknownVerifier(request.verifier).into());
-        }
-        let claim = request
-            .claim
-            .ok_or_else(|| DemoError::InvalidRequest("claim is required".to_owned()))?;
-        // Held for in-memory lookups only, like Reconcile's.
-        let record = self
-            .inner
-            .record
-            .lock()
-            .map_err(|_| DemoError::RecordUnavailable("record lock poisoned".to_owned()))?;
-        Ok(Response::new(verifier::transfer_recorded(&record, &claim)))
+        self.executor.verify(request).await
     }
 }
 
 /// Serves `executor` on `listener` (with health, reflection and tracing from
-/// `agentloop-server`) until `shutdown` resolves, then drains in-flight calls.
+/// `agentloop-server`, behind `access`) until `shutdown` resolves, then drains
+/// in-flight calls ([`agentloop_executor::serve`]).
 ///
 /// # Errors
 ///
@@ -664,7 +435,5 @@ pub async fn run(
     access: agentloop_server::Access,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentloop_server::ServeError> {
-    let services = agentloop_server::ServiceSet::new()
-        .add_for(agentloop_proto::server::tool_executor(executor), &access);
-    agentloop_server::serve(listener, services, shutdown).await
+    agentloop_executor::serve(listener, executor, access, shutdown).await
 }

@@ -4,7 +4,8 @@
 //! The orchestrator's effect ledger says which writes it believes were committed, and
 //! the log holds the results the answer cites; only the executor that owns the data can
 //! say whether those transfers really happened. So the verifier checks the claim
-//! against the same durable record that dedupes effect keys ([`crate::record`]):
+//! against the same durable record that dedupes effect keys ([`crate::record`]), as an
+//! [`agentloop_executor::Verifier`]:
 //!
 //! - every effect of `transfer` the ledger lists as COMMITTED must be recorded under its
 //!   effect key, with the ledger's receipt, for this invocation;
@@ -23,30 +24,57 @@
 //! table), so `claim.tenant` is not consulted. A real verifier must look only at the
 //! claim's tenant's data.
 //!
-//! Bounds: the answer keeps to the gateway's (at most 32 reasons, 64 evidence
-//! references): reasons beyond the 31st are summed up in a last one, and evidence
-//! lists the first 64 receipts confirmed. Quoted keys and receipts are cut to 256
-//! bytes, so every reason stays short.
+//! Bounds: [`Verdict::into_response`] keeps the answer to the gateway's (at most 32
+//! reasons, 64 evidence references). Quoted keys and receipts are cut to 256 bytes, so
+//! every reason stays short.
 
 use std::collections::HashSet;
 
+use agentloop_executor::{AppliedEffect, Record, RecordError, Verdict, Verifier};
 use agentloop_proto::v1::tool_result::Outcome;
-use agentloop_proto::v1::{
-    CheckVerdict, Claim, EffectState, ToolExecutorServiceVerifyResponse, ToolOutput,
-};
-use agentloop_proto::{MAX_VERIFIER_EVIDENCE, MAX_VERIFIER_REASONS};
+use agentloop_proto::v1::{Claim, EffectState, ToolOutput};
 
-use crate::record::{AppliedTransfer, EffectRecord};
-use crate::tools::{TRANSFER, TransferArgs};
+use crate::record::AppliedTransfer;
+use crate::tools::{TRANSFER, TRANSFER_RECORDED, TransferArgs};
 
 /// Longest key, receipt or call ID quoted in a reason, in bytes.
 const MAX_QUOTED_BYTES: usize = 256;
 
+/// The verifier, over the executor's record.
+#[derive(Debug)]
+pub(crate) struct TransferRecorded {
+    record: Record,
+}
+
+impl TransferRecorded {
+    pub(crate) fn new(record: Record) -> TransferRecorded {
+        TransferRecorded { record }
+    }
+}
+
+impl Verifier for TransferRecorded {
+    const NAME: &'static str = TRANSFER_RECORDED;
+    const DESCRIPTION: &'static str = "Confirms that every transfer the invocation committed, \
+        and every transfer receipt the answer cites, is in the demo executor's record as \
+        claimed.";
+
+    async fn verify(&self, claim: Claim) -> Verdict {
+        transfer_recorded(&self.record, &claim)
+    }
+}
+
+/// A record lookup as a transfer, or why the record cannot tell.
+fn transfer(
+    found: Result<Option<AppliedEffect>, RecordError>,
+) -> Result<Option<AppliedTransfer>, String> {
+    found
+        .map_err(|e| e.to_string())?
+        .map(AppliedTransfer::from_effect)
+        .transpose()
+}
+
 /// Judges `claim` against `record`.
-pub(crate) fn transfer_recorded(
-    record: &EffectRecord,
-    claim: &Claim,
-) -> ToolExecutorServiceVerifyResponse {
+pub(crate) fn transfer_recorded(record: &Record, claim: &Claim) -> Verdict {
     let mut judged = Judged::default();
     let committed = claim
         .effects
@@ -55,7 +83,7 @@ pub(crate) fn transfer_recorded(
     for effect in committed {
         judged.considered += 1;
         let key = quote(&effect.effect_key);
-        match record.lookup(&effect.effect_key) {
+        match transfer(record.get(TRANSFER, &effect.effect_key)) {
             Err(reason) => return in_doubt(&reason),
             Ok(None) => judged.problems.push(format!(
                 "transfer {key} is committed in the ledger but is not in the executor's record: \
@@ -68,7 +96,7 @@ pub(crate) fn transfer_recorded(
                     quote(&entry.receipt)
                 ));
             }
-            Ok(Some(entry)) => judged.confirm(entry, claim, &key),
+            Ok(Some(entry)) => judged.confirm(&entry, claim, &key),
         }
     }
     for cited in claim.cited.iter().filter(|cited| cited.tool == TRANSFER) {
@@ -92,13 +120,13 @@ pub(crate) fn transfer_recorded(
         };
         judged.considered += 1;
         let call = quote(&cited.call_id);
-        match record.lookup_receipt(receipt) {
+        match transfer(record.get_by_receipt(TRANSFER, receipt)) {
             Err(reason) => return in_doubt(&reason),
             Ok(None) => judged.problems.push(format!(
                 "call {call} cites receipt {}, which is not in the executor's record",
                 quote(receipt)
             )),
-            Ok(Some(entry)) if !asked_for(entry, &cited.arguments_json) => {
+            Ok(Some(entry)) if !asked_for(&entry, &cited.arguments_json) => {
                 judged.problems.push(format!(
                     "call {call}: receipt {} records a transfer of {} from {} to {}, not the one \
                      the call asked for",
@@ -108,7 +136,7 @@ pub(crate) fn transfer_recorded(
                     quote(&entry.to)
                 ));
             }
-            Ok(Some(entry)) => judged.confirm(entry, claim, &format!("call {call}")),
+            Ok(Some(entry)) => judged.confirm(&entry, claim, &format!("call {call}")),
         }
     }
     judged.verdict()
@@ -148,30 +176,19 @@ impl Judged {
         }
     }
 
-    fn verdict(mut self) -> ToolExecutorServiceVerifyResponse {
-        self.receipts.truncate(MAX_VERIFIER_EVIDENCE);
+    fn verdict(self) -> Verdict {
         if self.considered == 0 {
-            return ToolExecutorServiceVerifyResponse {
-                verdict: CheckVerdict::Rejected as i32,
+            return Verdict::Rejected {
                 reasons: vec!["no committed transfer to confirm".to_owned()],
                 evidence: Vec::new(),
             };
         }
         if self.problems.is_empty() {
-            return ToolExecutorServiceVerifyResponse {
-                verdict: CheckVerdict::Accepted as i32,
-                reasons: Vec::new(),
+            return Verdict::Accepted {
                 evidence: self.receipts,
             };
         }
-        if self.problems.len() > MAX_VERIFIER_REASONS {
-            let more = self.problems.len() - (MAX_VERIFIER_REASONS - 1);
-            self.problems.truncate(MAX_VERIFIER_REASONS - 1);
-            self.problems
-                .push(format!("and {more} more transfers could not be confirmed"));
-        }
-        ToolExecutorServiceVerifyResponse {
-            verdict: CheckVerdict::Rejected as i32,
+        Verdict::Rejected {
             reasons: self.problems,
             // The transfers that did check out: what the rejection does not dispute.
             evidence: self.receipts,
@@ -187,15 +204,11 @@ fn asked_for(entry: &AppliedTransfer, arguments_json: &str) -> bool {
     })
 }
 
-fn in_doubt(reason: &str) -> ToolExecutorServiceVerifyResponse {
-    ToolExecutorServiceVerifyResponse {
-        verdict: CheckVerdict::Undecided as i32,
-        reasons: vec![format!(
-            "the executor's record is in doubt and can confirm nothing: {}",
-            agentloop_proto::prefix(reason, 1024)
-        )],
-        evidence: Vec::new(),
-    }
+fn in_doubt(reason: &str) -> Verdict {
+    Verdict::undecided(format!(
+        "the executor's record is in doubt and can confirm nothing: {}",
+        agentloop_proto::prefix(reason, 1024)
+    ))
 }
 
 /// `text` in quotes, cut to [`MAX_QUOTED_BYTES`]: the claim's keys are not bounded by
@@ -208,30 +221,36 @@ fn quote(text: &str) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-    use agentloop_proto::v1::{CitedResult, EffectEntry, ToolResult};
+    use agentloop_proto::MAX_VERIFIER_REASONS;
+    use agentloop_proto::v1::{
+        CheckVerdict, CitedResult, EffectEntry, ToolExecutorServiceVerifyResponse, ToolResult,
+    };
 
     use super::*;
 
     const ARGS: &str = r#"{"from":"alice","to":"bob","amount":5}"#;
 
-    fn record(dir: &std::path::Path, keys: &[&str]) -> EffectRecord {
-        let mut record = EffectRecord::open(dir).unwrap();
-        for key in keys {
+    fn record(dir: &std::path::Path, keys: &[&str]) -> Record {
+        let record = Record::open(dir).unwrap();
+        for (n, key) in keys.iter().enumerate() {
             record
-                .apply(key, |n| AppliedTransfer {
+                .append(AppliedEffect {
+                    tool: TRANSFER.into(),
                     effect_key: (*key).to_owned(),
                     invocation_id: "inv".into(),
                     call_id: "c1".into(),
                     attempt: 1,
-                    from: "alice".into(),
-                    to: "bob".into(),
-                    amount: 5,
-                    receipt: format!("txn-{n:08}"),
+                    arguments_json: ARGS.into(),
+                    receipt: format!("txn-{:08}", n + 1),
                     output_json: "{}".into(),
                 })
                 .unwrap();
         }
         record
+    }
+
+    fn judge(record: &Record, claim: &Claim) -> ToolExecutorServiceVerifyResponse {
+        transfer_recorded(record, claim).into_response()
     }
 
     fn committed(key: &str, receipt: &str) -> EffectEntry {
@@ -274,7 +293,7 @@ mod tests {
     fn recorded_transfers_are_accepted_with_their_receipts_once() {
         let dir = tempfile::tempdir().unwrap();
         let record = record(dir.path(), &["k1", "k2"]);
-        let verdict = transfer_recorded(
+        let verdict = judge(
             &record,
             &claim(
                 vec![
@@ -300,7 +319,7 @@ mod tests {
             state: EffectState::Prepared as i32,
             ..committed("k9", "")
         };
-        let verdict = transfer_recorded(
+        let verdict = judge(
             &record,
             &claim(
                 vec![
@@ -335,7 +354,7 @@ mod tests {
         let record = record(dir.path(), &["k1"]);
         let mut other = claim(vec![committed("k1", "txn-00000001")], vec![]);
         other.invocation_id = "inv-2".into();
-        let verdict = transfer_recorded(&record, &other);
+        let verdict = judge(&record, &other);
         assert_eq!(verdict.verdict(), CheckVerdict::Rejected);
         assert!(
             verdict.reasons[0].contains("another invocation"),
@@ -352,7 +371,7 @@ mod tests {
             call_id: "c1".into(),
             outcome: None,
         });
-        let verdict = transfer_recorded(&record, &claim(vec![], vec![failed]));
+        let verdict = judge(&record, &claim(vec![], vec![failed]));
         assert_eq!(verdict.verdict(), CheckVerdict::Rejected);
         assert_eq!(verdict.reasons, ["no committed transfer to confirm"]);
     }
@@ -365,7 +384,7 @@ mod tests {
         let effects = (0..100)
             .map(|i| committed(&format!("{long}{i}"), "txn"))
             .collect();
-        let verdict = transfer_recorded(&record, &claim(effects, vec![]));
+        let verdict = judge(&record, &claim(effects, vec![]));
         assert_eq!(verdict.verdict(), CheckVerdict::Rejected);
         assert_eq!(verdict.reasons.len(), MAX_VERIFIER_REASONS);
         assert!(verdict.reasons.iter().all(|r| r.len() < 2048));

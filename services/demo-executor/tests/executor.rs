@@ -144,6 +144,40 @@ async fn describe_lists_the_three_tools() {
 }
 
 #[tokio::test]
+async fn describe_lists_the_verifier_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(config(dir.path())).await;
+    let verifiers = server
+        .client
+        .describe(DescribeRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .verifiers;
+    let expected = agentloop_demo_executor::verifiers();
+    assert_eq!(verifiers.len(), expected.len());
+    assert_eq!(verifiers[0].name, expected[0].name);
+    assert_eq!(verifiers[0].description, expected[0].description);
+    assert!(verifiers[0].timeout.is_some_and(|t| t.seconds > 0));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_record_of_the_old_format_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path()
+            .join(agentloop_demo_executor::record::LEGACY_RECORD_FILE_NAME),
+        "{}\n",
+    )
+    .unwrap();
+    assert!(matches!(
+        DemoExecutor::open(config(dir.path())),
+        Err(DemoError::LegacyRecord { .. })
+    ));
+}
+
+#[tokio::test]
 async fn lookup_serves_builtin_and_file_entries_and_reports_unknown_keys() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data.json");

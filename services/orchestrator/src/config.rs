@@ -140,6 +140,10 @@ pub struct LimitsConfig {
     /// On shutdown, how long running tool calls may go on before they are cancelled (their
     /// turn is still committed, and the invocation resumes on the next start).
     pub drain_timeout_ms: u64,
+    /// How often the tool gateway's tools are listed again, in milliseconds, so tools
+    /// whose executors register, change, go away or come back are followed without a
+    /// restart (and the model is told which are unavailable); 0 lists them once.
+    pub tools_refresh_ms: u64,
 }
 
 impl Default for LimitsConfig {
@@ -159,6 +163,7 @@ impl Default for LimitsConfig {
             verification_repairs: engine.verification_repairs,
             tool_timeout_ms: 30_000,
             drain_timeout_ms: 10_000,
+            tools_refresh_ms: 2_000,
         }
     }
 }

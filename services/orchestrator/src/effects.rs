@@ -23,7 +23,8 @@
 use std::time::Duration;
 
 use agentloop_engine::{
-    CallId, CallOutcome, ErrorType, Input, NextAction, Refusal, SideEffect, ToolCall, ToolError,
+    CallId, CallOutcome, ErrorType, Input, NextAction, Refusal, SideEffect, ToolCall, ToolDigest,
+    ToolError,
 };
 use agentloop_proto::v1 as pb;
 use futures::future::join_all;
@@ -51,6 +52,9 @@ pub(crate) struct Call<'a> {
     pub(crate) call: &'a ToolCall,
     pub(crate) side_effect: SideEffect,
     pub(crate) timeout_ms: u64,
+    /// The tool's contract version the invocation plans under; the gateway refuses the
+    /// call if the tool has changed since.
+    pub(crate) digest: Option<ToolDigest>,
     /// Fired when the batch is cancelled: nothing new may start after it.
     pub(crate) token: &'a CancellationToken,
     /// Set when policy refused the call at dispatch: it is not sent (a write sent
@@ -118,6 +122,7 @@ impl Call<'_> {
             effect_key: effect_key.to_owned(),
             attempt,
             timeout: Some(wire::duration(timeout_ms)),
+            descriptor_digest: self.digest.map(|d| d.to_string()).unwrap_or_default(),
         }
     }
 

@@ -27,7 +27,7 @@ pub mod wire;
 mod workers;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use agentloop_auth::Authenticator;
@@ -84,8 +84,11 @@ pub(crate) struct Shared {
     /// Fired on shutdown: runners stop at the next safe point (after an in-flight turn
     /// commits) and leave the invocation to be resumed.
     drain: CancellationToken,
-    /// The tool gateway's descriptors, fetched once and kept.
+    /// The tool gateway's descriptors as last listed (`limits.tools_refresh_ms`).
     descriptors: RwLock<Option<Arc<Vec<pb::ToolDescriptor>>>>,
+    /// Bumped whenever the listed descriptors change, so a runner knows to take its
+    /// tools again at its next model call, and only then.
+    tools_generation: AtomicU64,
     /// The invocations' tools (the engine's catalogs, with timeouts), one per distinct
     /// set of tools.
     catalogs: Interner<ToolCatalog>,
@@ -199,12 +202,23 @@ impl Shared {
             .clone()
     }
 
-    /// All the gateway's tools; fetched on first use, kept afterwards. Two first uses at
-    /// once may both fetch; the answers are the same.
+    /// All the gateway's tools; listed on first use, kept afterwards and refreshed by
+    /// [`Orchestrator::tools_loop`].
     async fn descriptors(&self) -> Result<Arc<Vec<pb::ToolDescriptor>>, OrchestratorError> {
         if let Some(cached) = self.cached_descriptors() {
             return Ok(cached);
         }
+        self.list_tools().await
+    }
+
+    /// The generation of the listed descriptors: it changes whenever they do.
+    pub(crate) fn tools_generation(&self) -> u64 {
+        self.tools_generation.load(Ordering::Acquire)
+    }
+
+    /// Lists the gateway's tools and keeps them, moving the generation on if they
+    /// changed (a tool added, removed, changed, or its availability).
+    async fn list_tools(&self) -> Result<Arc<Vec<pb::ToolDescriptor>>, OrchestratorError> {
         let listed = self
             .ports
             .tools
@@ -217,11 +231,17 @@ impl Shared {
                     status.message()
                 ))
             })?;
-        let tools = Arc::new(listed.tools);
-        *self
+        let mut held = self
             .descriptors
             .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(tools.clone());
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(current) = held.as_ref().filter(|current| ***current == listed.tools) {
+            return Ok(Arc::clone(current));
+        }
+        let tools = Arc::new(listed.tools);
+        *held = Some(Arc::clone(&tools));
+        drop(held);
+        self.tools_generation.fetch_add(1, Ordering::AcqRel);
         Ok(tools)
     }
 }
@@ -343,6 +363,7 @@ impl Orchestrator {
                 tracker: TaskTracker::new(),
                 drain: CancellationToken::new(),
                 descriptors: RwLock::new(None),
+                tools_generation: AtomicU64::new(0),
                 catalogs: Interner::new(MAX_SHARED_CATALOGS),
                 tool_lists: Interner::new(MAX_SHARED_CATALOGS),
                 workers,
@@ -379,6 +400,9 @@ impl Orchestrator {
         }
         if !self.shared.started.swap(true, Ordering::SeqCst) {
             self.shared.tracker.spawn(self.clone().waits_loop());
+            if self.shared.config.limits.tools_refresh_ms > 0 {
+                self.shared.tracker.spawn(self.clone().tools_loop());
+            }
             if self.shared.workers.shared {
                 self.shared.tracker.spawn(self.clone().sweep_loop());
                 self.shared.tracker.spawn(self.clone().handoff_loop());
@@ -440,6 +464,23 @@ impl Orchestrator {
             }
         }
         Ok(adopted)
+    }
+
+    /// Lists the gateway's tools every `limits.tools_refresh_ms` until shutdown. A
+    /// listing that fails keeps the tools listed before.
+    async fn tools_loop(self) {
+        let every = std::time::Duration::from_millis(self.shared.config.limits.tools_refresh_ms);
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = self.shared.drain.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            if let Err(error) = self.shared.list_tools().await {
+                warn!(%error, "the tools listed before stay");
+            }
+        }
     }
 
     async fn sweep_loop(self) {
@@ -665,6 +706,7 @@ impl Orchestrator {
         let keeper = keepers.keep(lease, lost.clone());
         self.shared.hub.open(id, engine.protocol().version);
         let context = ModelContext::new(id, &mut spec, history);
+        let tools_generation = self.shared.tools_generation();
         let tools = self.shared.descriptors_for(&spec);
         let runner = Runner {
             shared: self.shared.clone(),
@@ -676,6 +718,7 @@ impl Orchestrator {
             cancel_requested,
             context,
             tools,
+            tools_generation,
             progress,
         };
         self.shared.tracker.spawn(runner.run());

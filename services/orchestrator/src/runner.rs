@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use agentloop_engine::{
     Action, CallId, Event, EventBody, Fingerprint, Input, Invocation, Outcome, Refusal, SideEffect,
-    TerminalReason, ToolCall, Totals, UnixMillis, Verdict, WaitEnd,
+    TerminalReason, ToolCall, ToolDigest, Totals, UnixMillis, Verdict, WaitEnd,
 };
 use agentloop_lease::{Keeper, KeeperExit};
 use agentloop_proto::MAX_STAGE_CALLS;
@@ -92,6 +92,8 @@ pub(crate) struct Runner {
     pub(crate) context: ModelContext,
     /// The tools offered to the model, shared with the invocations of the same tools.
     pub(crate) tools: Arc<Descriptors>,
+    /// The generation of the gateway's descriptors `tools` was taken from.
+    pub(crate) tools_generation: u64,
     pub(crate) progress: Arc<Progress>,
 }
 
@@ -376,9 +378,11 @@ impl Runner {
     }
 
     fn decide(&mut self, turn: u32) -> Op {
-        if self.tools.0.is_empty() {
-            // Empty when the gateway's tools were not fetched yet as the runner started.
+        let generation = self.shared.tools_generation();
+        if generation != self.tools_generation {
+            // The gateway's tools changed (or were not listed yet as the runner started).
             self.tools = self.shared.descriptors_for(&self.spec);
+            self.tools_generation = generation;
         }
         let (request, tools) = (self.context.for_turn(turn), Arc::clone(&self.tools));
         let port = self.shared.ports.decision.clone();
@@ -479,6 +483,7 @@ impl Runner {
                 call: &call,
                 side_effect,
                 timeout_ms,
+                digest: digest(&spec, &call),
                 token: &token,
                 refused: refused
                     .as_deref()
@@ -506,6 +511,7 @@ impl Runner {
                     call,
                     side_effect: SideEffect::ReadOnly,
                     timeout_ms: settings(&spec, &shared, call).1,
+                    digest: digest(&spec, call),
                     token: &token,
                     refused: None,
                 })
@@ -671,6 +677,11 @@ fn settings(spec: &InvocationSpec, shared: &Shared, call: &ToolCall) -> (SideEff
         Some(tool) => (tool.side_effect, tool.timeout_ms.unwrap_or(default)),
         None => (SideEffect::Write, default),
     }
+}
+
+/// The contract version the invocation plans `call`'s tool under, if it is versioned.
+fn digest(spec: &InvocationSpec, call: &ToolCall) -> Option<ToolDigest> {
+    spec.tools.get(&call.tool).and_then(|tool| tool.digest)
 }
 
 fn instant_of(at: UnixMillis, now: UnixMillis) -> tokio::time::Instant {

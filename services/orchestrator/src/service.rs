@@ -378,6 +378,8 @@ impl Orchestrator {
                     side_effect: wire::side_effect(d.side_effect()),
                     commutative: d.commutative,
                     timeout_ms: Some(timeout_ms),
+                    // A gateway that does not version its tools sends none.
+                    digest: d.digest.parse().ok(),
                 };
                 (d.name.clone(), spec)
             })

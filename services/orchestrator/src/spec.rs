@@ -44,11 +44,12 @@ impl InvocationSpec {
 }
 
 /// The tools as stored with an invocation: a list of `{name, side_effect, commutative,
-/// timeout_ms}`, the format of every invocation already in a store.
+/// timeout_ms, digest}`, the format of every invocation already in a store (`digest`
+/// is absent from those stored before tools were versioned).
 mod stored_tools {
     use std::sync::Arc;
 
-    use agentloop_engine::{SideEffect, ToolCatalog, ToolSpec};
+    use agentloop_engine::{SideEffect, ToolCatalog, ToolDigest, ToolSpec};
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     #[derive(Serialize, Deserialize)]
@@ -58,6 +59,8 @@ mod stored_tools {
         commutative: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        digest: Option<ToolDigest>,
     }
 
     pub(super) fn serialize<S: Serializer>(
@@ -69,6 +72,7 @@ mod stored_tools {
             side_effect: spec.side_effect,
             commutative: spec.commutative,
             timeout_ms: spec.timeout_ms,
+            digest: spec.digest,
         }))
     }
 
@@ -84,6 +88,7 @@ mod stored_tools {
                         side_effect: entry.side_effect,
                         commutative: entry.commutative,
                         timeout_ms: entry.timeout_ms,
+                        digest: entry.digest,
                     };
                     (entry.name, spec)
                 })

@@ -417,6 +417,11 @@ fn turn(record: &TurnRecord) -> pb::TurnCommitted {
         plan_digest: record.plan.map(|p| p.to_string()).unwrap_or_default(),
         policy_version: record.policy.clone().unwrap_or_default(),
         checks: checks(&record.checks),
+        tool_digests: record
+            .tools
+            .iter()
+            .map(|(tool, digest)| (tool.clone(), digest.to_string()))
+            .collect(),
     }
 }
 

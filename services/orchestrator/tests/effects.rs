@@ -107,7 +107,10 @@ impl ToolsPort for FaultyTools {
         // So that two upserts of a turn make one stage, as two lookups do.
         upsert.commutative = true;
         tools.push(upsert);
-        Ok(pb::ListToolsResponse { tools })
+        Ok(pb::ListToolsResponse {
+            tools,
+            ..Default::default()
+        })
     }
 
     async fn execute(

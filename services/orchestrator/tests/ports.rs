@@ -55,6 +55,20 @@ impl ToolGatewayService for Failing {
     ) -> Result<Response<pb::ToolGatewayServiceVerifyResponse>, Status> {
         Err(Status::unavailable("not in this test"))
     }
+
+    async fn register_executor(
+        &self,
+        _request: Request<pb::RegisterExecutorRequest>,
+    ) -> Result<Response<pb::RegisterExecutorResponse>, Status> {
+        Err(Status::unavailable("not in this test"))
+    }
+
+    async fn deregister_executor(
+        &self,
+        _request: Request<pb::DeregisterExecutorRequest>,
+    ) -> Result<Response<pb::DeregisterExecutorResponse>, Status> {
+        Err(Status::unavailable("not in this test"))
+    }
 }
 
 /// The port, over gRPC, to a gateway that fails stages with `code`.

@@ -28,14 +28,14 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use agentloop_proto::client::ClientConfig;
 use agentloop_proto::v1::policy_service_server::PolicyService;
 use agentloop_proto::v1::{
-    EvaluateRequest, EvaluateResponse, ListToolsRequest, ToolDescriptor, ValidateFinalRequest,
-    ValidateFinalResponse,
+    EvaluateRequest, EvaluateResponse, ListToolsRequest, ListToolsResponse, ToolDescriptor,
+    ValidateFinalRequest, ValidateFinalResponse,
 };
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
@@ -81,6 +81,10 @@ pub struct PolicyConfig {
     pub tools_attempts: u32,
     /// Wait between those attempts, in milliseconds.
     pub tools_backoff_ms: u64,
+    /// How often the gateway's tools are listed again (with `tools_endpoint`), in
+    /// milliseconds, so executors that register, change or leave are followed without a
+    /// restart; 0 lists them at start only.
+    pub tools_refresh_ms: u64,
     /// Tools whose calls need a human approval bound to the proposal digest.
     pub require_approval_for: Vec<String>,
     /// The acceptance rules of final answers, by profile (`[acceptance.default]`); a
@@ -108,6 +112,7 @@ impl Default for PolicyConfig {
             tools_file: None,
             tools_attempts: 40,
             tools_backoff_ms: 250,
+            tools_refresh_ms: 2000,
             require_approval_for: Vec::new(),
             acceptance: BTreeMap::new(),
             policies: BTreeMap::new(),
@@ -162,7 +167,7 @@ pub async fn fetch_tools(
     client: ClientConfig,
     attempts: u32,
     backoff: Duration,
-) -> Result<Vec<ToolDescriptor>, PolicyError> {
+) -> Result<ListToolsResponse, PolicyError> {
     let attempts = attempts.clamp(1, MAX_TOOLS_ATTEMPTS);
     let client_config = client
         .with_connect_timeout(Duration::from_secs(2))
@@ -173,7 +178,7 @@ pub async fn fetch_tools(
             Ok(channel) => {
                 let mut client = agentloop_proto::client::tool_gateway(channel);
                 match client.list_tools(ListToolsRequest::default()).await {
-                    Ok(response) => return Ok(response.into_inner().tools),
+                    Ok(response) => return Ok(response.into_inner()),
                     Err(status) => last = format!("ListTools failed: {status}"),
                 }
             }
@@ -191,6 +196,15 @@ pub async fn fetch_tools(
     })
 }
 
+/// The client settings of calls to the gateway: this service's token and TLS.
+fn gateway_client(config: &PolicyConfig) -> Result<ClientConfig, PolicyError> {
+    agentloop_server::client_config(
+        config.service_token_file.as_deref(),
+        config.client_tls.as_ref(),
+    )
+    .map_err(PolicyError::ServiceToken)
+}
+
 /// `error` and its chain of causes, so a log line says *why* a connection failed.
 fn with_sources(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
@@ -205,27 +219,72 @@ fn with_sources(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// The shortest time between two listings of the gateway's tools asked for by batches
+/// that name a tool policy does not know: a caller that sends unknown names cannot make
+/// policy list the gateway more often than this.
+pub const MIN_ASKED_REFRESH: Duration = Duration::from_millis(250);
+
+/// Lists the gateway's tools.
+type Lister = Arc<
+    dyn Fn() -> std::pin::Pin<
+            Box<dyn Future<Output = Result<ListToolsResponse, tonic::Status>> + Send>,
+        > + Send
+        + Sync,
+>;
+
+/// The gateway policy follows, and when it last listed its tools.
+struct Following {
+    list: Lister,
+    last: tokio::sync::Mutex<tokio::time::Instant>,
+}
+
+impl std::fmt::Debug for Following {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Following").finish_non_exhaustive()
+    }
+}
+
 /// The `PolicyService` implementation. Cheap to clone (shared state).
 #[derive(Debug, Clone)]
 pub struct PolicyServer {
-    tools: Arc<ToolPolicy>,
+    catalog: Arc<RwLock<Arc<Catalog>>>,
     profiles: Arc<Profiles>,
-    acceptance: Arc<AcceptanceRules>,
+    /// What the catalog is rebuilt from when the gateway's tools change.
+    config: Arc<PolicyConfig>,
+    /// The gateway it follows, once [`PolicyServer::follow`] runs.
+    following: Arc<std::sync::OnceLock<Following>>,
     watch_every: Option<Duration>,
 }
 
-impl PolicyServer {
-    /// A server judging calls with `tools` and the policies of `profiles`, and answers
-    /// by the `acceptance` rules.
-    pub fn new(tools: ToolPolicy, profiles: Profiles, acceptance: AcceptanceRules) -> PolicyServer {
-        PolicyServer {
-            tools: Arc::new(tools),
-            profiles: Arc::new(profiles),
-            acceptance: Arc::new(acceptance),
-            watch_every: None,
-        }
-    }
+/// What policy derives from the tool descriptors, swapped whole when they change.
+#[derive(Debug)]
+struct Catalog {
+    tools: ToolPolicy,
+    acceptance: AcceptanceRules,
+    /// The gateway's `registry_digest` it was built from; empty when built from a file
+    /// or from descriptors.
+    digest: String,
+}
 
+impl Catalog {
+    fn build(
+        descriptors: &[ToolDescriptor],
+        config: &PolicyConfig,
+        digest: String,
+    ) -> Result<Catalog, PolicyError> {
+        let tools = ToolPolicy::new(descriptors)?
+            .with_approval_gates(config.require_approval_for.iter().cloned());
+        let names = descriptors.iter().map(|d| d.name.as_str());
+        let acceptance = AcceptanceRules::compile(&config.acceptance, names)?;
+        Ok(Catalog {
+            tools,
+            acceptance,
+            digest,
+        })
+    }
+}
+
+impl PolicyServer {
     /// A server for `config` over the given descriptors (approval gates, policies and
     /// acceptance rules from `config`; `tools_endpoint` is not used).
     ///
@@ -238,19 +297,138 @@ impl PolicyServer {
         descriptors: &[ToolDescriptor],
         config: &PolicyConfig,
     ) -> Result<PolicyServer, PolicyError> {
-        let tools = ToolPolicy::new(descriptors)?
-            .with_approval_gates(config.require_approval_for.iter().cloned());
+        PolicyServer::listed(descriptors, config, String::new())
+    }
+
+    /// [`PolicyServer::from_descriptors`] of the tools a gateway listed, remembering its
+    /// registry digest so [`PolicyServer::update`] recompiles only when it changes.
+    ///
+    /// # Errors
+    ///
+    /// As [`PolicyServer::from_descriptors`].
+    pub fn from_listed(
+        listed: &ListToolsResponse,
+        config: &PolicyConfig,
+    ) -> Result<PolicyServer, PolicyError> {
+        PolicyServer::listed(&listed.tools, config, listed.registry_digest.clone())
+    }
+
+    fn listed(
+        descriptors: &[ToolDescriptor],
+        config: &PolicyConfig,
+        digest: String,
+    ) -> Result<PolicyServer, PolicyError> {
+        let catalog = Catalog::build(descriptors, config, digest)?;
         let profiles = if config.policies.is_empty() {
             Profiles::off()
         } else {
             Profiles::load(config.policies.clone(), descriptors.to_vec())?
         };
-        let names = descriptors.iter().map(|d| d.name.as_str());
-        let acceptance = AcceptanceRules::compile(&config.acceptance, names)?;
-        let mut server = PolicyServer::new(tools, profiles, acceptance);
-        server.watch_every =
-            (config.policy_watch_ms > 0).then(|| Duration::from_millis(config.policy_watch_ms));
-        Ok(server)
+        Ok(PolicyServer {
+            catalog: Arc::new(RwLock::new(Arc::new(catalog))),
+            profiles: Arc::new(profiles),
+            watch_every: (config.policy_watch_ms > 0)
+                .then(|| Duration::from_millis(config.policy_watch_ms)),
+            config: Arc::new(config.clone()),
+            following: Arc::default(),
+        })
+    }
+
+    fn catalog(&self) -> Arc<Catalog> {
+        // A swap is one store, so a poisoned lock still holds a whole catalog.
+        self.catalog
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Takes the gateway's tools as listed: when its registry digest changed since the
+    /// last update, compiles the schemas, approval gates, acceptance rules and policy
+    /// sets for them and swaps them in together. Returns whether anything changed. A
+    /// failure keeps what is in force.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`PolicyServer::from_descriptors`] for the new tools.
+    pub fn update(&self, listed: ListToolsResponse) -> Result<bool, PolicyError> {
+        if !listed.registry_digest.is_empty() && listed.registry_digest == self.catalog().digest {
+            return Ok(false);
+        }
+        let catalog = Catalog::build(&listed.tools, &self.config, listed.registry_digest)?;
+        self.profiles.set_tools(listed.tools)?;
+        *self.catalog.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(catalog);
+        Ok(true)
+    }
+
+    /// Follows the gateway's registry until dropped: every `every`, `list` asks for its
+    /// tools and [`PolicyServer::update`] takes them. A listing or update that fails is
+    /// logged and what is in force stays. From then on, a batch that names a tool policy
+    /// does not know also lists them first (at most once per [`MIN_ASKED_REFRESH`]), so
+    /// a tool that the orchestrator saw registered before policy did is not refused.
+    pub fn follow<L, Listed>(
+        &self,
+        every: Duration,
+        list: L,
+    ) -> impl Future<Output = ()> + Send + 'static
+    where
+        L: Fn() -> Listed + Send + Sync + 'static,
+        Listed: Future<Output = Result<ListToolsResponse, tonic::Status>> + Send + 'static,
+    {
+        let lister: Lister = Arc::new(move || Box::pin(list()));
+        let following = Following {
+            list: lister,
+            last: tokio::sync::Mutex::new(tokio::time::Instant::now()),
+        };
+        if self.following.set(following).is_err() {
+            tracing::warn!("policy already follows a gateway; the first one is followed");
+        }
+        let server = self.clone();
+        async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // The first tick is now: the tools were just listed.
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                server.refresh(Duration::ZERO).await;
+            }
+        }
+    }
+
+    /// Lists the gateway's tools and takes them, unless they were listed less than
+    /// `unless_within` ago; a no-op unless following a gateway.
+    async fn refresh(&self, unless_within: Duration) {
+        let Some(following) = self.following.get() else {
+            return;
+        };
+        // Held through the listing, so requests that ask at once share one.
+        let mut last = following.last.lock().await;
+        if !unless_within.is_zero() && last.elapsed() < unless_within {
+            return;
+        }
+        *last = tokio::time::Instant::now();
+        let updated = match (following.list)().await {
+            Ok(listed) => {
+                let tools = listed.tools.len();
+                let server = self.clone();
+                // Compiling schemas and policies is blocking work.
+                tokio::task::spawn_blocking(move || server.update(listed))
+                    .await
+                    .map(|updated| updated.map(|changed| (changed, tools)))
+            }
+            Err(status) => {
+                tracing::warn!(%status, "the tool gateway did not list its tools");
+                return;
+            }
+        };
+        match updated {
+            Ok(Ok((true, tools))) => tracing::info!(tools, "tool descriptors updated"),
+            Ok(Ok((false, _))) => {}
+            Ok(Err(error)) => {
+                tracing::error!(%error, "tool descriptors refused; the ones in force stay");
+            }
+            Err(error) => tracing::warn!(%error, "tool descriptor update failed"),
+        }
     }
 
     /// The policy sets in force.
@@ -281,23 +459,21 @@ impl PolicyServer {
     /// [`fetch_tools`] and [`PolicyServer::from_descriptors`].
     pub async fn from_config(config: &PolicyConfig) -> Result<PolicyServer, PolicyError> {
         config.validate()?;
-        let descriptors = match (&config.tools_file, &config.tools_endpoint) {
+        let listed = match (&config.tools_file, &config.tools_endpoint) {
             // Both at once was refused by `validate`.
-            (Some(path), _) => agentloop_tools::ToolsConfig::load(path)
-                .map_err(|e| PolicyError::ToolsFile {
-                    path: path.display().to_string(),
-                    detail: e.to_string(),
-                })?
-                .descriptors(),
+            (Some(path), _) => ListToolsResponse {
+                tools: agentloop_tools::ToolsConfig::load(path)
+                    .map_err(|e| PolicyError::ToolsFile {
+                        path: path.display().to_string(),
+                        detail: e.to_string(),
+                    })?
+                    .descriptors(),
+                registry_digest: String::new(),
+            },
             (None, Some(endpoint)) => {
-                let client = agentloop_server::client_config(
-                    config.service_token_file.as_deref(),
-                    config.client_tls.as_ref(),
-                )
-                .map_err(PolicyError::ServiceToken)?;
                 fetch_tools(
                     endpoint,
-                    client,
+                    gateway_client(config)?,
                     config.tools_attempts,
                     Duration::from_millis(config.tools_backoff_ms),
                 )
@@ -305,8 +481,48 @@ impl PolicyServer {
             }
             (None, None) => return Err(PolicyError::NoToolSource),
         };
-        tracing::info!(tools = descriptors.len(), "tool descriptors loaded");
-        PolicyServer::from_descriptors(&descriptors, config)
+        tracing::info!(tools = listed.tools.len(), "tool descriptors loaded");
+        PolicyServer::listed(&listed.tools, config, listed.registry_digest)
+    }
+
+    /// [`PolicyServer::follow`] of the gateway `tools_endpoint` names, every
+    /// `tools_refresh_ms`; `None` without one (or with a refresh of 0).
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::ServiceToken`] when the service token cannot be read,
+    /// [`PolicyError::ToolsUnavailable`] for an endpoint that is not a URL.
+    pub async fn follow_gateway(
+        &self,
+    ) -> Result<Option<impl Future<Output = ()> + Send + 'static>, PolicyError> {
+        let config = &self.config;
+        let (Some(endpoint), 1..) = (&config.tools_endpoint, config.tools_refresh_ms) else {
+            return Ok(None);
+        };
+        let client = gateway_client(config)?
+            .with_lazy(true)
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_request_timeout(Some(Duration::from_secs(10)));
+        let transport = agentloop_proto::client::connect(endpoint, client)
+            .await
+            .map_err(|error| PolicyError::ToolsUnavailable {
+                endpoint: endpoint.clone(),
+                attempts: 0,
+                detail: with_sources(&error),
+            })?;
+        let gateway = agentloop_proto::client::tool_gateway(transport);
+        Ok(Some(self.follow(
+            Duration::from_millis(config.tools_refresh_ms),
+            move || {
+                let mut gateway = gateway.clone();
+                async move {
+                    gateway
+                        .list_tools(ListToolsRequest::default())
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+            },
+        )))
     }
 
     /// `Evaluate` without the gRPC wrapping; see [`ToolPolicy::evaluate`].
@@ -315,7 +531,8 @@ impl PolicyServer {
     ///
     /// [`PolicyError::InvalidRequest`] for a malformed request.
     pub fn evaluate(&self, request: &EvaluateRequest) -> Result<EvaluateResponse, PolicyError> {
-        self.tools
+        self.catalog()
+            .tools
             .evaluate(request, &self.profiles.get(&request.profile))
     }
 
@@ -328,7 +545,7 @@ impl PolicyServer {
         &self,
         request: &ValidateFinalRequest,
     ) -> Result<ValidateFinalResponse, PolicyError> {
-        self.acceptance.validate(request)
+        self.catalog().acceptance.validate(request)
     }
 }
 
@@ -338,6 +555,11 @@ impl PolicyService for PolicyServer {
         &self,
         request: tonic::Request<EvaluateRequest>,
     ) -> Result<tonic::Response<EvaluateResponse>, tonic::Status> {
+        let catalog = self.catalog();
+        let calls = &request.get_ref().calls;
+        if calls.iter().any(|call| !catalog.tools.knows(&call.tool)) {
+            self.refresh(MIN_ASKED_REFRESH).await;
+        }
         PolicyServer::evaluate(self, request.get_ref())
             .map(tonic::Response::new)
             .map_err(tonic::Status::from)
@@ -366,9 +588,19 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentloop_server::ServeError> {
     let watcher = tokio::spawn(server.watch(true));
+    let follower = match server.follow_gateway().await {
+        Ok(follower) => follower.map(tokio::spawn),
+        Err(error) => {
+            tracing::error!(%error, "cannot follow the tool gateway; its tools at start stay");
+            None
+        }
+    };
     let services = agentloop_server::ServiceSet::new()
         .add_for(agentloop_proto::server::policy(server), &access);
     let served = agentloop_server::serve(listener, services, shutdown).await;
     watcher.abort();
+    if let Some(follower) = follower {
+        follower.abort();
+    }
     served
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use agentloop_authz::{Authorizer, Cedar, LoadError, Source, ToolFacts};
@@ -59,8 +59,12 @@ pub enum ProfilePolicies {
 #[derive(Debug)]
 pub struct Profiles {
     files: BTreeMap<String, Vec<PathBuf>>,
-    tools: Vec<ToolDescriptor>,
+    /// The tools the sets are compiled for; replaced by [`Profiles::set_tools`].
+    tools: RwLock<Arc<Vec<ToolDescriptor>>>,
     current: RwLock<Arc<BTreeMap<String, Arc<Cedar>>>>,
+    /// Held while compiling, so a reload and a change of tools cannot swap in sets
+    /// compiled for each other's inputs.
+    compiling: Mutex<()>,
     /// How many reloads swapped a new set in, for whoever waits for one.
     swaps: tokio::sync::watch::Sender<u64>,
 }
@@ -78,8 +82,9 @@ impl Profiles {
         let sets = compile_all(&files, &tools, &BTreeMap::new())?;
         Ok(Profiles {
             files,
-            tools,
+            tools: RwLock::new(Arc::new(tools)),
             current: RwLock::new(Arc::new(sets)),
+            compiling: Mutex::new(()),
             swaps: tokio::sync::watch::Sender::new(0),
         })
     }
@@ -88,8 +93,9 @@ impl Profiles {
     pub fn off() -> Profiles {
         Profiles {
             files: BTreeMap::new(),
-            tools: Vec::new(),
+            tools: RwLock::default(),
             current: RwLock::new(Arc::new(BTreeMap::new())),
+            compiling: Mutex::new(()),
             swaps: tokio::sync::watch::Sender::new(0),
         }
     }
@@ -139,23 +145,54 @@ impl Profiles {
     ///
     /// [`PolicyError::Policies`] when a changed file does not load.
     pub fn reload(&self) -> Result<bool, PolicyError> {
+        let _compiling = self
+            .compiling
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let current = self.in_force();
-        let sets = compile_all(&self.files, &self.tools, &current)?;
+        let tools = self.tools();
+        let sets = compile_all(&self.files, &tools, &current)?;
         let changed = sets.iter().any(|(profile, set)| {
             current
                 .get(profile)
                 .is_none_or(|old| !Arc::ptr_eq(old, set))
         });
         if changed {
-            let mut slot = match self.current.write() {
-                Ok(slot) => slot,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            *slot = Arc::new(sets);
-            drop(slot);
-            self.swaps.send_modify(|swaps| *swaps += 1);
+            self.swap(sets);
         }
         Ok(changed)
+    }
+
+    /// Compiles every profile's policies for `tools` (the gateway's registry changed)
+    /// and swaps them in, with the tools. A failure keeps the sets and tools in force.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::Policies`] when a profile's files do not load for these tools.
+    pub fn set_tools(&self, tools: Vec<ToolDescriptor>) -> Result<(), PolicyError> {
+        if self.is_off() {
+            return Ok(());
+        }
+        let _compiling = self
+            .compiling
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let sets = compile_all(&self.files, &tools, &BTreeMap::new())?;
+        *self.tools.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(tools);
+        self.swap(sets);
+        Ok(())
+    }
+
+    fn tools(&self) -> Arc<Vec<ToolDescriptor>> {
+        self.tools
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn swap(&self, sets: BTreeMap<String, Arc<Cedar>>) {
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(sets);
+        self.swaps.send_modify(|swaps| *swaps += 1);
     }
 }
 

@@ -58,6 +58,11 @@ fn json_kind(value: &Value) -> &'static str {
 }
 
 impl ToolPolicy {
+    /// Whether `tool` is one of the tools it judges.
+    pub fn knows(&self, tool: &str) -> bool {
+        self.tools.contains_key(tool)
+    }
+
     /// Compiles the descriptors' input schemas (an empty `input_schema_json` means "any
     /// JSON object") and gates the tools whose descriptor says `requires_approval`.
     ///

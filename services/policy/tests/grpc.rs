@@ -7,6 +7,7 @@
 //! PolicyService over real gRPC on 127.0.0.1 port 0, with descriptors listed from a
 //! fake tool gateway (also on port 0).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentloop_policy::{PolicyConfig, PolicyError, PolicyServer, fetch_tools};
@@ -21,8 +22,25 @@ use agentloop_proto::v1::{
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
+/// A gateway that lists what it holds; a test may change it while policy follows it.
 #[derive(Debug, Clone)]
-struct FakeGateway(Vec<ToolDescriptor>);
+struct FakeGateway(Arc<Mutex<ListToolsResponse>>);
+
+impl FakeGateway {
+    fn new(tools: Vec<ToolDescriptor>) -> FakeGateway {
+        FakeGateway(Arc::new(Mutex::new(ListToolsResponse {
+            tools,
+            ..ListToolsResponse::default()
+        })))
+    }
+
+    fn set(&self, tools: Vec<ToolDescriptor>, registry_digest: &str) {
+        *self.0.lock().unwrap() = ListToolsResponse {
+            tools,
+            registry_digest: registry_digest.into(),
+        };
+    }
+}
 
 #[tonic::async_trait]
 impl ToolGatewayService for FakeGateway {
@@ -30,9 +48,7 @@ impl ToolGatewayService for FakeGateway {
         &self,
         _request: tonic::Request<ListToolsRequest>,
     ) -> Result<tonic::Response<ListToolsResponse>, tonic::Status> {
-        Ok(tonic::Response::new(ListToolsResponse {
-            tools: self.0.clone(),
-        }))
+        Ok(tonic::Response::new(self.0.lock().unwrap().clone()))
     }
     async fn execute(
         &self,
@@ -58,6 +74,20 @@ impl ToolGatewayService for FakeGateway {
         _request: tonic::Request<agentloop_proto::v1::ToolGatewayServiceVerifyRequest>,
     ) -> Result<tonic::Response<agentloop_proto::v1::ToolGatewayServiceVerifyResponse>, tonic::Status>
     {
+        Err(tonic::Status::unimplemented("fake"))
+    }
+
+    async fn register_executor(
+        &self,
+        _request: tonic::Request<v1::RegisterExecutorRequest>,
+    ) -> Result<tonic::Response<v1::RegisterExecutorResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("fake"))
+    }
+
+    async fn deregister_executor(
+        &self,
+        _request: tonic::Request<v1::DeregisterExecutorRequest>,
+    ) -> Result<tonic::Response<v1::DeregisterExecutorResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("fake"))
     }
 }
@@ -98,7 +128,7 @@ async fn evaluate_and_validate_over_grpc_with_tools_from_the_gateway() {
     let (gateway_listener, gateway) = listen().await;
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(agentloop_proto::server::tool_gateway(FakeGateway(
+            .add_service(agentloop_proto::server::tool_gateway(FakeGateway::new(
                 descriptors(),
             )))
             .serve_with_incoming(TcpListenerStream::new(gateway_listener)),
@@ -244,7 +274,7 @@ async fn a_gateway_serving_a_bad_schema_fails_setup_naming_the_tool() {
     }];
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(agentloop_proto::server::tool_gateway(FakeGateway(bad)))
+            .add_service(agentloop_proto::server::tool_gateway(FakeGateway::new(bad)))
             .serve_with_incoming(TcpListenerStream::new(gateway_listener)),
     );
     let config = PolicyConfig {
@@ -322,4 +352,77 @@ input_schema = '{"type":"object"}'
         PolicyServer::from_config(&missing).await.unwrap_err(),
         PolicyError::ToolsFile { .. }
     ));
+}
+
+/// Policy lists the gateway's tools again every `tools_refresh_ms`: a tool an executor
+/// registers later is judged by its schema without a restart, one that went away is
+/// unknown, and a listing with the same registry digest is not recompiled.
+#[tokio::test]
+async fn policy_follows_the_gateway_as_its_tools_change() {
+    let (gateway_listener, endpoint) = listen().await;
+    let gateway = FakeGateway::new(descriptors());
+    gateway.set(descriptors(), "v1");
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(agentloop_proto::server::tool_gateway(gateway.clone()))
+            .serve_with_incoming(TcpListenerStream::new(gateway_listener)),
+    );
+    let config = PolicyConfig {
+        tools_endpoint: Some(endpoint),
+        tools_refresh_ms: 20,
+        ..PolicyConfig::default()
+    };
+    let server = PolicyServer::from_config(&config).await.unwrap();
+    let follow = tokio::spawn(server.follow_gateway().await.unwrap().unwrap());
+    let judge = |server: &PolicyServer, call: ToolCall| {
+        server
+            .evaluate(&EvaluateRequest {
+                invocation_id: "inv-1".into(),
+                turn: 1,
+                calls: vec![call],
+                ..EvaluateRequest::default()
+            })
+            .unwrap()
+    };
+    let refund = || call("r", "refund", r#"{"order":"o-1"}"#);
+    let denied = judge(&server, refund());
+    assert_eq!(denied.verdict(), Verdict::Deny);
+    assert_eq!(denied.violations[0].message, r#"unknown tool "refund""#);
+
+    // An executor registers `refund`; lookup's executor goes away.
+    let refund_tool = ToolDescriptor {
+        name: "refund".into(),
+        input_schema_json: r#"{"type":"object","required":["order"]}"#.into(),
+        side_effect: v1::SideEffect::Write.into(),
+        ..ToolDescriptor::default()
+    };
+    let mut changed = descriptors();
+    changed.retain(|d| d.name != "lookup");
+    changed.push(refund_tool);
+    gateway.set(changed, "v2");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while judge(&server, refund()).verdict() != Verdict::Allow {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "policy never saw refund"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // Judged by the new tool's schema, and the one that went away is unknown.
+    let bad = judge(&server, call("r2", "refund", "{}"));
+    assert_eq!(bad.verdict(), Verdict::Deny);
+    let gone = judge(&server, call("l", "lookup", r#"{"key":"x"}"#));
+    assert_eq!(gone.violations[0].message, r#"unknown tool "lookup""#);
+
+    // The same digest is not taken again, whatever the listing holds.
+    assert!(
+        !server
+            .update(ListToolsResponse {
+                tools: Vec::new(),
+                registry_digest: "v2".into(),
+            })
+            .unwrap()
+    );
+    assert_eq!(judge(&server, refund()).verdict(), Verdict::Allow);
+    follow.abort();
 }

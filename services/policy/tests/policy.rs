@@ -41,8 +41,7 @@ fn tool(
         input_schema_json: schema.into(),
         side_effect: side_effect.into(),
         commutative,
-        requires_approval: false,
-        timeout: None,
+        ..ToolDescriptor::default()
     }
 }
 

@@ -1,6 +1,7 @@
-//! The tool registry as configuration: a TOML file of `[[tools]]` and `[[verifiers]]`,
-//! or the `Describe` output of an executor. Public because the policy service and the
-//! CLI load the same file.
+//! The tool registry as configuration: a TOML file of `[[tools]]` and `[[verifiers]]`
+//! written by hand, and `[[executors]]` that describe themselves (their `Describe`
+//! output, read by the gateway). Public because the policy service and the CLI load the
+//! same file.
 //!
 //! Verifiers are registered beside tools because they are served by the same executors
 //! (over the same channel, under the same concurrency slots) and owned by the same
@@ -11,9 +12,11 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentloop_engine::SideEffect;
-use agentloop_proto::v1::{self, ToolDescriptor};
+use agentloop_engine::{SideEffect, canonical_json};
+use agentloop_mcp::McpServerConfig;
+use agentloop_proto::v1::{self, DescribeResponse, ToolDescriptor, VerifierDescriptor};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 /// Most tools one registry holds.
 pub const MAX_TOOLS: usize = 1024;
@@ -34,6 +37,8 @@ pub const MAX_VERIFIERS: usize = 256;
 /// How long a verifier that declares no `timeout_ms` may take, in milliseconds. A
 /// verifier reads its own records, so seconds are plenty; a final answer waits for it.
 pub const DEFAULT_VERIFIER_TIMEOUT_MS: u64 = 10_000;
+/// Most executors one registry names or registers.
+pub const MAX_EXECUTORS: usize = 256;
 
 /// Why a tool registry could not be loaded. Every variant names the tool or file, so
 /// an operator can fix it without reading code.
@@ -98,6 +103,23 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
+    /// More than [`MAX_EXECUTORS`] executors.
+    #[error("too many executors: {count} (at most {MAX_EXECUTORS})")]
+    TooManyExecutors {
+        /// How many there were.
+        count: usize,
+    },
+    /// An `[[mcp_servers]]` entry is invalid or its name is given twice.
+    #[error("{0}")]
+    InvalidMcpServer(String),
+    /// An `[[executors]]` entry is invalid or given twice.
+    #[error("executor {endpoint:?}: {reason}")]
+    InvalidExecutor {
+        /// Its endpoint.
+        endpoint: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// One registered tool, as written in the registry file.
@@ -130,9 +152,8 @@ impl ToolEntry {
         Duration::from_millis(self.timeout_ms)
     }
 
-    /// The descriptor the gateway lists and policy validates against.
+    /// The descriptor the gateway lists and policy validates against, with its digest.
     pub fn descriptor(&self) -> ToolDescriptor {
-        let timeout = self.timeout();
         ToolDescriptor {
             name: self.name.clone(),
             description: self.description.clone(),
@@ -140,11 +161,36 @@ impl ToolEntry {
             side_effect: side_effect_to_proto(self.side_effect) as i32,
             commutative: self.commutative,
             requires_approval: self.requires_approval,
-            timeout: Some(prost_types::Duration {
-                seconds: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
-                nanos: i32::try_from(timeout.subsec_nanos()).unwrap_or(0),
-            }),
+            timeout: Some(duration_to_proto(self.timeout())),
+            digest: self.digest(),
+            unavailable: false,
         }
+    }
+
+    /// The version of the tool's contract (`ToolDescriptor.digest`): what a call is
+    /// planned, authorized and approved under. The description is left out: rewording
+    /// it changes nothing a call relies on. The schema is hashed in canonical form, so
+    /// reformatting it does not change the digest either.
+    pub fn digest(&self) -> String {
+        let schema = serde_json::from_str(&self.input_schema).map_or_else(
+            |_| self.input_schema.clone(),
+            |value| canonical_json(&value),
+        );
+        let mut hasher = Sha256::new();
+        let side_effect = side_effect_to_proto(self.side_effect) as i32;
+        for part in [
+            self.name.as_bytes(),
+            schema.as_bytes(),
+            &side_effect.to_be_bytes(),
+            &[u8::from(self.commutative), u8::from(self.requires_approval)],
+            &self.timeout_ms.to_be_bytes(),
+        ] {
+            // Length prefixes keep the parts apart.
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part);
+        }
+        // 128 bits: a version tag, not a security boundary.
+        hex::encode(&hasher.finalize()[..16])
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -175,8 +221,64 @@ impl ToolEntry {
                 "input_schema must be a JSON object (or boolean) schema".to_owned(),
             ));
         }
+        // Compiled as policy compiles it, so a schema policy would refuse is refused here,
+        // naming the tool, instead of failing every policy reload later.
+        jsonschema::validator_for(&schema)
+            .map_err(|e| invalid(format!("input_schema is not a valid JSON Schema: {e}")))?;
         Ok(())
     }
+}
+
+/// An executor registered by its endpoint alone (`[[executors]]`): the gateway takes its
+/// tools and verifiers from its `Describe`, and keeps them current.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutorEntry {
+    /// `http://host:port` or `https://...` of its `ToolExecutorService`.
+    pub endpoint: String,
+}
+
+impl ExecutorEntry {
+    /// An executor at `endpoint`.
+    pub fn new(endpoint: &str) -> ExecutorEntry {
+        ExecutorEntry {
+            endpoint: endpoint.to_owned(),
+        }
+    }
+
+    /// Checks the endpoint.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidExecutor`] for an endpoint that is not an http(s) URL.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate_endpoint(&self.endpoint).map_err(|reason| ConfigError::InvalidExecutor {
+            endpoint: self.endpoint.clone(),
+            reason,
+        })
+    }
+}
+
+/// A duration as the wire type.
+fn duration_to_proto(duration: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(duration.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// A wire duration in milliseconds, for a descriptor's timeout; `what` names it in the
+/// error.
+fn timeout_ms_from_proto(
+    timeout: Option<prost_types::Duration>,
+    what: &str,
+) -> Result<Option<u64>, String> {
+    let Some(timeout) = timeout else {
+        return Ok(None);
+    };
+    let timeout =
+        Duration::try_from(timeout).map_err(|_| format!("the {what} timeout is negative"))?;
+    Ok(Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)))
 }
 
 /// One registered verifier: an executor's check of a final answer against its own
@@ -216,6 +318,33 @@ impl VerifierEntry {
     /// The longest one verification may take.
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms)
+    }
+
+    /// The verifier an executor describes, served at `endpoint`; no timeout is the
+    /// default one.
+    ///
+    /// # Errors
+    ///
+    /// The verifier's validation errors, and [`ConfigError::InvalidVerifier`] for a
+    /// negative timeout.
+    pub fn from_descriptor(
+        endpoint: &str,
+        descriptor: VerifierDescriptor,
+    ) -> Result<VerifierEntry, ConfigError> {
+        let timeout_ms = timeout_ms_from_proto(descriptor.timeout, "verifier's")
+            .map_err(|reason| ConfigError::InvalidVerifier {
+                verifier: descriptor.name.clone(),
+                reason,
+            })?
+            .unwrap_or(DEFAULT_VERIFIER_TIMEOUT_MS);
+        let entry = VerifierEntry {
+            name: descriptor.name,
+            endpoint: endpoint.to_owned(),
+            description: descriptor.description,
+            timeout_ms,
+        };
+        entry.validate()?;
+        Ok(entry)
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -303,6 +432,15 @@ pub struct ToolsConfig {
     /// The registered verifiers (`[[verifiers]]`); profiles name them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub verifiers: Vec<VerifierEntry>,
+    /// Executors registered by endpoint alone (`[[executors]]`), whose tools and
+    /// verifiers come from their `Describe`. Only the gateway reads them; the policy
+    /// service and the orchestrator learn their tools from the gateway.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub executors: Vec<ExecutorEntry>,
+    /// MCP servers (`[[mcp_servers]]`), whose tools the gateway offers as
+    /// `<server>__<tool>`. Only the gateway reads them, as it does `executors`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<McpServerConfig>,
 }
 
 impl ToolsConfig {
@@ -339,49 +477,83 @@ impl ToolsConfig {
         Ok(config)
     }
 
-    /// Registers the tools an executor describes (its `Describe` output), all served
-    /// at `endpoint`. An unspecified side effect becomes `write`; a missing timeout is
-    /// an error (the contract requires one). `Describe` says nothing of verifiers, so
-    /// there are none; push [`VerifierEntry`]s onto `verifiers` to add them.
+    /// Registers what an executor describes (its `Describe` output), all served at
+    /// `endpoint`. An unspecified side effect becomes `write`; a missing timeout is an
+    /// error (the contract requires one), and so is anything [`ToolsConfig::validate`]
+    /// refuses. The digests and availability the executor may have sent are ignored:
+    /// the gateway sets them.
     ///
     /// # Errors
     ///
-    /// The validation errors of [`ToolsConfig::validate`], and
-    /// [`ConfigError::InvalidTool`] for a missing or out-of-range timeout.
-    pub fn from_descriptors(
+    /// The validation errors of [`ToolsConfig::validate`], each naming the tool or
+    /// verifier, and [`ConfigError::InvalidTool`] for a missing or negative timeout.
+    pub fn from_describe(
         endpoint: &str,
-        descriptors: Vec<ToolDescriptor>,
+        described: DescribeResponse,
     ) -> Result<ToolsConfig, ConfigError> {
-        let tools = descriptors
+        if described.tools.len() > MAX_TOOLS {
+            return Err(ConfigError::TooManyTools {
+                count: described.tools.len(),
+            });
+        }
+        if described.verifiers.len() > MAX_VERIFIERS {
+            return Err(ConfigError::TooManyVerifiers {
+                count: described.verifiers.len(),
+            });
+        }
+        let tools = described
+            .tools
             .into_iter()
             .map(|d| {
-                let invalid = |reason: &str| ConfigError::InvalidTool {
+                let invalid = |reason: String| ConfigError::InvalidTool {
                     tool: d.name.clone(),
-                    reason: reason.to_owned(),
+                    reason,
                 };
-                let timeout = d
-                    .timeout
-                    .ok_or_else(|| invalid("the descriptor has no timeout"))?;
-                let timeout = Duration::try_from(timeout)
-                    .map_err(|_| invalid("the descriptor's timeout is negative"))?;
+                let timeout_ms = timeout_ms_from_proto(d.timeout, "descriptor's")
+                    .map_err(invalid)?
+                    .ok_or_else(|| invalid("the descriptor has no timeout".to_owned()))?;
                 Ok(ToolEntry {
                     endpoint: endpoint.to_owned(),
                     side_effect: side_effect_from_proto(d.side_effect),
                     commutative: d.commutative,
                     requires_approval: d.requires_approval,
-                    timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                    timeout_ms,
                     input_schema: d.input_schema_json,
                     description: d.description,
                     name: d.name,
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
+        let verifiers = described
+            .verifiers
+            .into_iter()
+            .map(|v| VerifierEntry::from_descriptor(endpoint, v))
+            .collect::<Result<Vec<_>, ConfigError>>()?;
         let config = ToolsConfig {
             tools,
-            verifiers: Vec::new(),
+            verifiers,
+            ..ToolsConfig::default()
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// [`ToolsConfig::from_describe`] of an executor that describes tools alone.
+    ///
+    /// # Errors
+    ///
+    /// As [`ToolsConfig::from_describe`].
+    pub fn from_descriptors(
+        endpoint: &str,
+        descriptors: Vec<ToolDescriptor>,
+    ) -> Result<ToolsConfig, ConfigError> {
+        ToolsConfig::from_describe(
+            endpoint,
+            DescribeResponse {
+                tools: descriptors,
+                verifiers: Vec::new(),
+            },
+        )
     }
 
     /// Adds the tools and verifiers of `other` (e.g. a second executor's `Describe`).
@@ -392,13 +564,16 @@ impl ToolsConfig {
     pub fn merge(mut self, other: ToolsConfig) -> Result<ToolsConfig, ConfigError> {
         self.tools.extend(other.tools);
         self.verifiers.extend(other.verifiers);
+        self.executors.extend(other.executors);
+        self.mcp_servers.extend(other.mcp_servers);
         self.validate()?;
         Ok(self)
     }
 
-    /// Checks every rule: at most [`MAX_TOOLS`] tools and [`MAX_VERIFIERS`] verifiers,
-    /// names of `[a-zA-Z0-9_.-]{1,64}` unique among the tools and among the verifiers,
-    /// http(s) endpoints, schemas that are JSON, timeouts in 1..=600000 ms.
+    /// Checks every rule: at most [`MAX_TOOLS`] tools, [`MAX_VERIFIERS`] verifiers and
+    /// [`MAX_EXECUTORS`] executors, names of `[a-zA-Z0-9_.-]{1,64}` unique among the
+    /// tools and among the verifiers, http(s) endpoints (each executor's named once),
+    /// schemas that compile as JSON Schema, timeouts in 1..=600000 ms.
     ///
     /// # Errors
     ///
@@ -426,6 +601,33 @@ impl ToolsConfig {
             verifier.validate()?;
             if !verifiers.insert(verifier.name.as_str()) {
                 return Err(ConfigError::DuplicateVerifier(verifier.name.clone()));
+            }
+        }
+        if self.executors.len() + self.mcp_servers.len() > MAX_EXECUTORS {
+            return Err(ConfigError::TooManyExecutors {
+                count: self.executors.len() + self.mcp_servers.len(),
+            });
+        }
+        let mut servers = BTreeSet::new();
+        for server in &self.mcp_servers {
+            server
+                .validate()
+                .map_err(|error| ConfigError::InvalidMcpServer(error.to_string()))?;
+            if !servers.insert(server.name.as_str()) {
+                return Err(ConfigError::InvalidMcpServer(format!(
+                    "MCP server {:?} is named twice",
+                    server.name
+                )));
+            }
+        }
+        let mut endpoints = BTreeSet::new();
+        for executor in &self.executors {
+            executor.validate()?;
+            if !endpoints.insert(executor.endpoint.as_str()) {
+                return Err(ConfigError::InvalidExecutor {
+                    endpoint: executor.endpoint.clone(),
+                    reason: "named twice".to_owned(),
+                });
             }
         }
         Ok(())
@@ -679,10 +881,10 @@ input_schema = '''{ "type": "object", "additionalProperties": false }'''
         assert!(error.to_string().contains("transfer_recorded"), "{error}");
 
         let many = ToolsConfig {
-            tools: Vec::new(),
             verifiers: (0..=MAX_VERIFIERS)
                 .map(|i| VerifierEntry::new(&format!("v{i}"), "http://h:1", ""))
                 .collect(),
+            ..ToolsConfig::default()
         };
         assert!(matches!(
             many.validate(),
@@ -690,8 +892,8 @@ input_schema = '''{ "type": "object", "additionalProperties": false }'''
         ));
         let one = ToolsConfig::parse(&verifier(&VERIFIER)).unwrap();
         let only_verifiers = ToolsConfig {
-            tools: Vec::new(),
             verifiers: one.verifiers.clone(),
+            ..ToolsConfig::default()
         };
         assert!(matches!(
             one.merge(only_verifiers),

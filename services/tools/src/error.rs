@@ -42,6 +42,45 @@ pub enum GatewayError {
     /// Reconcile was asked about a read-only tool, which has no effects.
     #[error("tool {0:?} is read-only and has no effects to reconcile")]
     NotReconcilable(String),
+    /// An executor could not be described (unreachable, failed, too slow).
+    #[error("executor {endpoint:?} could not be described: {detail}")]
+    Describe {
+        /// Its endpoint.
+        endpoint: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// What an executor describes is invalid (a schema, a name, a timeout).
+    #[error("executor {endpoint:?}: {source}")]
+    InvalidDescription {
+        /// Its endpoint.
+        endpoint: String,
+        /// The first rule its description breaks, naming the tool or verifier.
+        #[source]
+        source: ConfigError,
+    },
+    /// A tool or verifier name is claimed by a second source; the first keeps it.
+    #[error("{kind} {name:?} of {claimant} is already registered by {holder}; refused")]
+    NameTaken {
+        /// `tool` or `verifier`.
+        kind: &'static str,
+        /// The name.
+        name: String,
+        /// Who holds it (an endpoint, or the registry file).
+        holder: String,
+        /// Who claimed it again.
+        claimant: String,
+    },
+    /// Deregistration of an endpoint that is not registered.
+    #[error("no executor is registered at {0:?}")]
+    UnknownExecutor(String),
+    /// Deregistration of an executor the registry file names.
+    #[error("executor {0:?} is named by the registry file; remove it there")]
+    ConfiguredExecutor(String),
+    /// The caller may not call this method (a registrar calling a tool method, or
+    /// another caller registering an executor).
+    #[error("caller {0} may not call this method of the tool gateway")]
+    NotAllowed(String),
     /// A Reconcile forward failed; the executor's (or transport's) status is passed on,
     /// so a transient failure stays retryable for the caller.
     #[error("executor failed: {}", .0.message())]
@@ -55,9 +94,14 @@ impl From<GatewayError> for tonic::Status {
             GatewayError::InvalidRequest(_)
             | GatewayError::NotReconcilable(_)
             | GatewayError::WriteInStage(_) => tonic::Status::invalid_argument(message),
-            GatewayError::UnknownTool(_) | GatewayError::UnknownVerifier(_) => {
-                tonic::Status::not_found(message)
-            }
+            GatewayError::UnknownTool(_)
+            | GatewayError::UnknownVerifier(_)
+            | GatewayError::UnknownExecutor(_) => tonic::Status::not_found(message),
+            GatewayError::InvalidDescription { .. } => tonic::Status::invalid_argument(message),
+            GatewayError::Describe { .. } => tonic::Status::unavailable(message),
+            GatewayError::NameTaken { .. } => tonic::Status::already_exists(message),
+            GatewayError::ConfiguredExecutor(_) => tonic::Status::failed_precondition(message),
+            GatewayError::NotAllowed(_) => tonic::Status::permission_denied(message),
             GatewayError::Executor(status) => tonic::Status::new(status.code(), message),
             GatewayError::Config(_) | GatewayError::InvalidLimits(_) | GatewayError::Connect(_) => {
                 tonic::Status::internal(message)

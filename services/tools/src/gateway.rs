@@ -1,35 +1,39 @@
 //! The gateway service: routes each call to the executor that owns its tool, and each
 //! verification to the executor that serves its verifier.
 
-use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentloop_auth::Caller;
 use agentloop_engine::SideEffect;
 use agentloop_proto::MAX_STAGE_CALLS;
-use agentloop_proto::client::{self, ClientConfig, Transport};
+use agentloop_proto::client::ClientConfig;
 use agentloop_proto::v1::stage_answer::{Answer, Refused};
-use agentloop_proto::v1::tool_executor_service_client::ToolExecutorServiceClient;
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
+use agentloop_proto::v1::tool_result::Outcome;
 use agentloop_proto::v1::{
-    Check, ExecuteStageRequest, ExecuteStageResponse, ListToolsRequest, ListToolsResponse,
-    StageAnswer, ToolDescriptor, ToolExecutorServiceExecuteRequest,
-    ToolExecutorServiceReconcileRequest, ToolExecutorServiceVerifyRequest,
-    ToolGatewayServiceExecuteRequest, ToolGatewayServiceExecuteResponse,
-    ToolGatewayServiceReconcileRequest, ToolGatewayServiceReconcileResponse,
-    ToolGatewayServiceVerifyRequest, ToolGatewayServiceVerifyResponse, ToolResult,
+    Check, DeregisterExecutorRequest, DeregisterExecutorResponse, ErrorType, ExecuteStageRequest,
+    ExecuteStageResponse, ListToolsRequest, ListToolsResponse, NextAction, RegisterExecutorRequest,
+    RegisterExecutorResponse, StageAnswer, ToolDescriptor, ToolError,
+    ToolExecutorServiceExecuteRequest, ToolExecutorServiceReconcileRequest,
+    ToolExecutorServiceVerifyRequest, ToolGatewayServiceExecuteRequest,
+    ToolGatewayServiceExecuteResponse, ToolGatewayServiceReconcileRequest,
+    ToolGatewayServiceReconcileResponse, ToolGatewayServiceVerifyRequest,
+    ToolGatewayServiceVerifyResponse, ToolResult,
 };
 use futures::future::join_all;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
 use tonic::{Request, Response, Status};
 
-use crate::config::{ToolEntry, ToolsConfig, VerifierEntry};
+use crate::config::ToolsConfig;
 use crate::error::GatewayError;
 use crate::outcome::{CallFailure, classify_status, failure_outcome};
+use crate::registry::{self, Executor, Registrar, Registry, Route, Tool};
 use crate::verdict;
 
 /// Longest invocation ID, call ID or effect key the gateway forwards, in bytes.
@@ -48,6 +52,47 @@ pub struct GatewayLimits {
     pub max_arguments_bytes: usize,
     /// Longest time to establish a connection to an executor, in milliseconds.
     pub connect_timeout_ms: u64,
+    /// How often every executor's health is checked, in milliseconds. An executor that
+    /// fails it (or that a call cannot reach) has its tools listed unavailable, and
+    /// their calls answer `unavailable` at once, until a check passes again.
+    pub health_check_ms: u64,
+    /// How often the executors registered by endpoint are described again, in
+    /// milliseconds (they are also described when they come back, and when they
+    /// register again).
+    pub describe_every_ms: u64,
+    /// Longest one `Describe` or health check may take, in milliseconds.
+    pub describe_timeout_ms: u64,
+}
+
+impl GatewayLimits {
+    /// Checks every limit is in range.
+    ///
+    /// # Errors
+    ///
+    /// [`GatewayError::InvalidLimits`] naming the first one that is not.
+    pub fn validate(&self) -> Result<(), GatewayError> {
+        if self.max_concurrent_calls_per_executor == 0
+            || self.max_concurrent_calls_per_executor > Semaphore::MAX_PERMITS
+        {
+            return Err(GatewayError::InvalidLimits(
+                "max_concurrent_calls_per_executor must be at least 1".to_owned(),
+            ));
+        }
+        for (name, value) in [
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("health_check_ms", self.health_check_ms),
+            ("describe_every_ms", self.describe_every_ms),
+            ("describe_timeout_ms", self.describe_timeout_ms),
+        ] {
+            if !(1..=crate::config::MAX_TIMEOUT_MS).contains(&value) {
+                return Err(GatewayError::InvalidLimits(format!(
+                    "{name} must be 1..={}, got {value}",
+                    crate::config::MAX_TIMEOUT_MS
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for GatewayLimits {
@@ -56,6 +101,9 @@ impl Default for GatewayLimits {
             max_concurrent_calls_per_executor: 64,
             max_arguments_bytes: 1024 * 1024,
             connect_timeout_ms: 2_000,
+            health_check_ms: 2_000,
+            describe_every_ms: 30_000,
+            describe_timeout_ms: 5_000,
         }
     }
 }
@@ -67,44 +115,6 @@ impl Default for GatewayLimits {
 /// reaches its executors over gRPC.
 pub type InProcessExecutors = Vec<(String, Arc<dyn ToolExecutorService>)>;
 
-/// How the gateway reaches one executor endpoint.
-enum Route {
-    /// A lazily connected transport (cheap to clone, multiplexed).
-    Grpc(ToolExecutorServiceClient<Transport>),
-    /// The executor's service implementation, in this process.
-    InProcess(Arc<dyn ToolExecutorService>),
-}
-
-impl std::fmt::Debug for Route {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Route::Grpc(client) => f.debug_tuple("Grpc").field(client).finish(),
-            Route::InProcess(_) => f.write_str("InProcess"),
-        }
-    }
-}
-
-/// One executor endpoint: its route and its concurrency slots.
-#[derive(Debug)]
-struct Executor {
-    route: Route,
-    slots: Arc<Semaphore>,
-}
-
-#[derive(Debug)]
-struct Tool {
-    entry: ToolEntry,
-    descriptor: ToolDescriptor,
-    executor: Arc<Executor>,
-}
-
-/// A verifier shares its executor (channel and slots) with the tools at its endpoint.
-#[derive(Debug)]
-struct Verifier {
-    entry: VerifierEntry,
-    executor: Arc<Executor>,
-}
-
 /// The tool gateway. Cheap to clone; serve it with
 /// [`agentloop_proto::server::tool_gateway`] or [`crate::run`].
 #[derive(Debug, Clone)]
@@ -114,21 +124,28 @@ pub struct Gateway {
 
 #[derive(Debug)]
 struct Inner {
-    tools: BTreeMap<String, Tool>,
-    verifiers: BTreeMap<String, Verifier>,
+    registrar: Arc<Registrar>,
     limits: GatewayLimits,
+    /// The callers (by their `auth.callers` names) that may register and deregister
+    /// executors, and may do nothing else; unset when callers are not authenticated.
+    registrars: std::sync::OnceLock<Vec<String>>,
+    /// Health checks and descriptions on a period, until the gateway is dropped.
+    _upkeep: AbortOnDropHandle<()>,
 }
 
 impl Gateway {
     /// Builds the gateway over a validated registry: one channel per distinct endpoint,
     /// whether it serves tools, verifiers or both, created now but connected on first
-    /// use, so the gateway can start before its executors. Must be called inside a
-    /// tokio runtime.
+    /// use, so the gateway can start before its executors. The executors the registry
+    /// names by endpoint (`[[executors]]`) are described before it returns if they
+    /// answer, and on every health round until they do. Must be called inside a tokio
+    /// runtime.
     ///
     /// # Errors
     ///
-    /// [`GatewayError::Config`] if the registry or limits are invalid,
-    /// [`GatewayError::Connect`] if an endpoint cannot be turned into a channel.
+    /// [`GatewayError::Config`] if the registry is invalid, [`GatewayError::InvalidLimits`]
+    /// for limits out of range, [`GatewayError::Connect`] if an endpoint cannot be
+    /// turned into a channel.
     pub async fn new(tools: ToolsConfig, limits: GatewayLimits) -> Result<Gateway, GatewayError> {
         Gateway::with_in_process(
             tools,
@@ -153,71 +170,104 @@ impl Gateway {
         in_process: InProcessExecutors,
         client: ClientConfig,
     ) -> Result<Gateway, GatewayError> {
-        tools.validate()?;
-        if limits.max_concurrent_calls_per_executor == 0
-            || limits.max_concurrent_calls_per_executor > Semaphore::MAX_PERMITS
-        {
-            return Err(GatewayError::InvalidLimits(
-                "max_concurrent_calls_per_executor must be at least 1".to_owned(),
-            ));
-        }
-        if limits.connect_timeout_ms == 0 {
-            return Err(GatewayError::InvalidLimits(
-                "connect_timeout_ms must be at least 1".to_owned(),
-            ));
-        }
+        limits.validate()?;
         let client_config = client
             .with_lazy(true)
             .with_connect_timeout(Duration::from_millis(limits.connect_timeout_ms))
             // Each call carries its own deadline (the smaller of the tool's timeout and
             // the request's), so the channel adds none.
             .with_request_timeout(None);
-        let mut executors = Executors {
-            by_endpoint: HashMap::new(),
-            in_process,
-            client_config,
-            slots: limits.max_concurrent_calls_per_executor,
-        };
-        let mut registry = BTreeMap::new();
-        for entry in tools.tools {
-            let executor = executors.at(&entry.endpoint).await?;
-            registry.insert(
-                entry.name.clone(),
-                Tool {
-                    descriptor: entry.descriptor(),
-                    entry,
-                    executor,
-                },
-            );
-        }
-        let mut verifiers = BTreeMap::new();
-        for entry in tools.verifiers {
-            let executor = executors.at(&entry.endpoint).await?;
-            verifiers.insert(entry.name.clone(), Verifier { entry, executor });
-        }
+        let registrar = Arc::new(
+            Registrar::new(
+                tools,
+                in_process,
+                client_config,
+                limits.max_concurrent_calls_per_executor,
+                Duration::from_millis(limits.describe_timeout_ms),
+            )
+            .await?,
+        );
+        registrar.refresh(true).await;
+        let upkeep = AbortOnDropHandle::new(tokio::spawn(registry::upkeep(
+            Arc::downgrade(&registrar),
+            Duration::from_millis(limits.health_check_ms),
+            Duration::from_millis(limits.describe_every_ms),
+        )));
         Ok(Gateway {
             inner: Arc::new(Inner {
-                tools: registry,
-                verifiers,
+                registrar,
                 limits,
+                registrars: std::sync::OnceLock::new(),
+                _upkeep: upkeep,
             }),
         })
     }
 
-    /// The descriptors of every registered tool, sorted by name.
-    pub fn descriptors(&self) -> Vec<ToolDescriptor> {
-        self.inner
-            .tools
-            .values()
-            .map(|t| t.descriptor.clone())
-            .collect()
+    /// Admits only `callers` (by their `auth.callers` names) to `RegisterExecutor` and
+    /// `DeregisterExecutor`, and admits them to nothing else: an executor that may
+    /// register itself may not run other executors' tools. Without it (callers not
+    /// authenticated), whoever reaches the gateway may register. Set once, at start: a
+    /// second call changes nothing.
+    #[must_use]
+    pub fn with_registrars(self, callers: Vec<String>) -> Gateway {
+        if self.inner.registrars.set(callers).is_err() {
+            tracing::warn!("the gateway's registrars were already set; kept the first list");
+        }
+        self
     }
 
-    fn tool(&self, name: &str) -> Result<&Tool, GatewayError> {
-        self.inner
-            .tools
-            .get(name)
-            .ok_or_else(|| GatewayError::UnknownTool(name.to_owned()))
+    /// The descriptors of every registered tool, sorted by name, each marked
+    /// unavailable while its executor is.
+    pub fn descriptors(&self) -> Vec<ToolDescriptor> {
+        Registry::listed(self.inner.registrar.current().tools.values())
+    }
+
+    /// What `ListTools` answers for every tool: the descriptors and the registry digest.
+    pub fn list(&self) -> ListToolsResponse {
+        let registry = self.inner.registrar.current();
+        ListToolsResponse {
+            tools: Registry::listed(registry.tools.values()),
+            registry_digest: registry.digest.clone(),
+        }
+    }
+
+    /// Registers (or describes again) the executor at `endpoint`, as `RegisterExecutor`.
+    ///
+    /// # Errors
+    ///
+    /// [`GatewayError::Describe`] when it cannot be described,
+    /// [`GatewayError::InvalidDescription`] when what it describes is invalid,
+    /// [`GatewayError::NameTaken`] when it claims a name another source holds.
+    pub async fn register(&self, endpoint: &str) -> Result<Vec<ToolDescriptor>, GatewayError> {
+        Ok(self.inner.registrar.register(endpoint).await?.tools)
+    }
+
+    /// Checks that the caller may call a tool method: not a registrar.
+    fn admit_caller<T>(&self, request: &Request<T>) -> Result<(), GatewayError> {
+        match (
+            self.inner.registrars.get(),
+            request.extensions().get::<Caller>(),
+        ) {
+            (Some(registrars), Some(Caller(name))) if registrars.contains(name) => {
+                Err(GatewayError::NotAllowed(name.clone()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks that the caller may register executors: a registrar, when callers are
+    /// authenticated.
+    fn admit_registrar<T>(&self, request: &Request<T>) -> Result<(), GatewayError> {
+        match (
+            self.inner.registrars.get(),
+            request.extensions().get::<Caller>(),
+        ) {
+            (Some(registrars), Some(Caller(name))) if !registrars.contains(name) => {
+                Err(GatewayError::NotAllowed(name.clone()))
+            }
+            (Some(_), None) => Err(GatewayError::NotAllowed("an unnamed caller".to_owned())),
+            _ => Ok(()),
+        }
     }
 
     /// Executes one call: checks it, forwards it under its deadline and turns any
@@ -233,6 +283,7 @@ impl Gateway {
             ("invocation_id", &request.invocation_id),
             ("call.call_id", &call.call_id),
             ("effect_key", &request.effect_key),
+            ("descriptor_digest", &request.descriptor_digest),
         ] {
             if value.len() > MAX_ID_BYTES {
                 return Err(GatewayError::InvalidRequest(format!(
@@ -252,7 +303,8 @@ impl Gateway {
                 call.arguments_json.len()
             )));
         }
-        let tool = self.tool(&call.tool)?;
+        let registry = self.inner.registrar.current();
+        let tool = tool(&registry, &call.tool)?;
         let side_effect = tool.entry.side_effect;
         // Never dispatch a write the executor could not dedupe.
         if side_effect.writes() && request.effect_key.is_empty() {
@@ -264,6 +316,12 @@ impl Gateway {
         let timeout = effective_timeout(request.timeout, tool.entry.timeout())?;
         let deadline = Instant::now() + timeout;
         let call_id = call.call_id.clone();
+        if let Some(outcome) = unsendable(tool, &request.descriptor_digest) {
+            return Ok(ToolResult {
+                call_id,
+                outcome: Some(outcome),
+            });
+        }
 
         let route = &tool.executor.route;
         let forwarded = self
@@ -280,7 +338,7 @@ impl Gateway {
                 },
                 |request| async move {
                     match route {
-                        Route::Grpc(client) => client.clone().execute(request).await,
+                        Route::Grpc { client, .. } => client.clone().execute(request).await,
                         Route::InProcess(service) => service.execute(request).await,
                     }
                 },
@@ -327,10 +385,11 @@ impl Gateway {
     /// One call of a stage, answered as `Execute` would have: its result, or the status
     /// `Execute` would have failed with. A write is refused before anything is sent.
     async fn stage_call(&self, request: ToolGatewayServiceExecuteRequest) -> StageAnswer {
+        let registry = self.inner.registrar.current();
         let write = request
             .call
             .as_ref()
-            .and_then(|call| self.inner.tools.get(&call.tool))
+            .and_then(|call| registry.tools.get(&call.tool))
             .filter(|tool| tool.entry.side_effect.writes());
         let result = match write {
             Some(tool) => Err(GatewayError::WriteInStage(tool.entry.name.clone())),
@@ -399,7 +458,14 @@ impl Gateway {
         drop(slot);
         match result {
             Err(_elapsed) => Err(CallFailure::DeadlineExceeded),
-            Ok(Err(status)) => Err(classify_status(&status)),
+            Ok(Err(status)) => {
+                let failure = classify_status(&status);
+                if let CallFailure::Unreachable { .. } = failure {
+                    // Until a health check passes, its calls answer at once.
+                    executor.set_up(false);
+                }
+                Err(failure)
+            }
             Ok(Ok(response)) => Ok(response.into_inner()),
         }
     }
@@ -410,8 +476,8 @@ impl Gateway {
         &self,
         request: ToolGatewayServiceVerifyRequest,
     ) -> Result<Check, GatewayError> {
-        let verifier = self
-            .inner
+        let registry = self.inner.registrar.current();
+        let verifier = registry
             .verifiers
             .get(&request.verifier)
             .ok_or_else(|| GatewayError::UnknownVerifier(request.verifier.clone()))?;
@@ -421,6 +487,13 @@ impl Gateway {
         let timeout = effective_timeout(request.timeout, verifier.entry.timeout())?;
         let deadline = Instant::now() + timeout;
         let name = verifier.entry.name.as_str();
+        if !verifier.executor.is_up() {
+            return Ok(verdict::unanswered(
+                name,
+                timeout,
+                &unavailable_failure(&verifier.executor),
+            ));
+        }
         let route = &verifier.executor.route;
         let forwarded = self
             .forward(
@@ -434,7 +507,7 @@ impl Gateway {
                 },
                 |request| async move {
                     match route {
-                        Route::Grpc(client) => client.clone().verify(request).await,
+                        Route::Grpc { client, .. } => client.clone().verify(request).await,
                         Route::InProcess(service) => service.verify(request).await,
                     }
                 },
@@ -465,7 +538,8 @@ impl Gateway {
                 "effect_key must be 1 to {MAX_ID_BYTES} bytes"
             )));
         }
-        let tool = self.tool(&request.tool)?;
+        let registry = self.inner.registrar.current();
+        let tool = tool(&registry, &request.tool)?;
         match tool.entry.side_effect {
             SideEffect::ReadOnly => return Err(GatewayError::NotReconcilable(request.tool)),
             SideEffect::IdempotentWrite | SideEffect::Write => {}
@@ -477,7 +551,7 @@ impl Gateway {
         grpc_request.set_timeout(tool.entry.timeout());
         let timeout = tool.entry.timeout();
         let reply = match &tool.executor.route {
-            Route::Grpc(client) => {
+            Route::Grpc { client, .. } => {
                 tokio::time::timeout(timeout, client.clone().reconcile(grpc_request)).await
             }
             Route::InProcess(service) => {
@@ -513,35 +587,44 @@ fn effective_timeout(
     }
 }
 
-/// The executors of the registry being built, one per endpoint.
-struct Executors {
-    by_endpoint: HashMap<String, Arc<Executor>>,
-    in_process: InProcessExecutors,
-    client_config: ClientConfig,
-    slots: usize,
+/// The registered tool `name`.
+fn tool<'r>(registry: &'r Registry, name: &str) -> Result<&'r Tool, GatewayError> {
+    registry
+        .tools
+        .get(name)
+        .ok_or_else(|| GatewayError::UnknownTool(name.to_owned()))
 }
 
-impl Executors {
-    /// The executor at `endpoint`, created on first mention: every tool and verifier it
-    /// serves shares its channel and its slots.
-    async fn at(&mut self, endpoint: &str) -> Result<Arc<Executor>, GatewayError> {
-        if let Some(executor) = self.by_endpoint.get(endpoint) {
-            return Ok(Arc::clone(executor));
-        }
-        let local = self.in_process.iter().find(|(at, _)| at == endpoint);
-        let route = match local {
-            Some((_, service)) => Route::InProcess(Arc::clone(service)),
-            None => Route::Grpc(client::tool_executor(
-                client::connect(endpoint, self.client_config.clone()).await?,
-            )),
-        };
-        let executor = Arc::new(Executor {
-            route,
-            slots: Arc::new(Semaphore::new(self.slots)),
-        });
-        self.by_endpoint
-            .insert(endpoint.to_owned(), Arc::clone(&executor));
-        Ok(executor)
+/// The outcome of a call to `tool` that must not be sent: its contract changed since the
+/// caller planned the call under `planned` (a call approved, authorized and planned for
+/// one contract must not run under another), or its executor is unavailable, so the call
+/// answers at once instead of waiting for a connection.
+fn unsendable(tool: &Tool, planned: &str) -> Option<Outcome> {
+    if !planned.is_empty() && planned != tool.descriptor.digest {
+        return Some(Outcome::Error(ToolError {
+            error_type: ErrorType::Conflict as i32,
+            message: format!(
+                "tool {:?} changed since this invocation started (its contract {} is now {}); \
+                 the call was not sent: a new invocation uses the new one",
+                tool.entry.name,
+                agentloop_proto::prefix(planned, 64),
+                tool.descriptor.digest
+            ),
+            retryable: false,
+            next_allowed_action: NextAction::None as i32,
+        }));
+    }
+    (!tool.executor.is_up())
+        .then(|| failure_outcome(tool.entry.side_effect, &unavailable_failure(&tool.executor)))
+}
+
+/// The failure of a call to an executor known to be down: nothing is sent.
+fn unavailable_failure(executor: &Executor) -> CallFailure {
+    CallFailure::Unreachable {
+        detail: format!(
+            "the executor at {} is unavailable (its last call or health check failed)",
+            executor.endpoint
+        ),
     }
 }
 
@@ -551,30 +634,58 @@ impl ToolGatewayService for Gateway {
         &self,
         request: Request<ListToolsRequest>,
     ) -> Result<Response<ListToolsResponse>, Status> {
+        self.admit_caller(&request)?;
         let names = request.into_inner().names;
         if names.len() > MAX_LIST_NAMES {
             return Err(
                 GatewayError::InvalidRequest(format!("more than {MAX_LIST_NAMES} names")).into(),
             );
         }
-        let tools = if names.is_empty() {
-            self.descriptors()
-        } else {
-            // BTreeMap order keeps the answer sorted by name, as the contract says.
-            self.inner
+        let registry = self.inner.registrar.current();
+        // BTreeMap order keeps the answer sorted by name, as the contract says.
+        let tools = Registry::listed(
+            registry
                 .tools
                 .values()
-                .filter(|t| names.contains(&t.entry.name))
-                .map(|t| t.descriptor.clone())
-                .collect()
-        };
-        Ok(Response::new(ListToolsResponse { tools }))
+                .filter(|t| names.is_empty() || names.contains(&t.entry.name)),
+        );
+        Ok(Response::new(ListToolsResponse {
+            tools,
+            registry_digest: registry.digest.clone(),
+        }))
+    }
+
+    async fn register_executor(
+        &self,
+        request: Request<RegisterExecutorRequest>,
+    ) -> Result<Response<RegisterExecutorResponse>, Status> {
+        self.admit_registrar(&request)?;
+        let endpoint = request.into_inner().endpoint;
+        let registered = self.inner.registrar.register(&endpoint).await?;
+        Ok(Response::new(RegisterExecutorResponse {
+            tools: registered.tools,
+            verifiers: registered.verifiers,
+        }))
+    }
+
+    async fn deregister_executor(
+        &self,
+        request: Request<DeregisterExecutorRequest>,
+    ) -> Result<Response<DeregisterExecutorResponse>, Status> {
+        self.admit_registrar(&request)?;
+        let endpoint = request.into_inner().endpoint;
+        let removed = self.inner.registrar.deregister(&endpoint).await?;
+        Ok(Response::new(DeregisterExecutorResponse {
+            tools: removed.tools.into_iter().map(|t| t.name).collect(),
+            verifiers: removed.verifiers,
+        }))
     }
 
     async fn execute(
         &self,
         request: Request<ToolGatewayServiceExecuteRequest>,
     ) -> Result<Response<ToolGatewayServiceExecuteResponse>, Status> {
+        self.admit_caller(&request)?;
         let result = self.execute_call(request.into_inner()).await?;
         Ok(Response::new(ToolGatewayServiceExecuteResponse {
             result: Some(result),
@@ -587,6 +698,7 @@ impl ToolGatewayService for Gateway {
         &self,
         request: Request<ExecuteStageRequest>,
     ) -> Result<Response<ExecuteStageResponse>, Status> {
+        self.admit_caller(&request)?;
         let calls = request.into_inner().calls;
         if calls.len() > MAX_STAGE_CALLS {
             return Err(GatewayError::InvalidRequest(format!(
@@ -603,6 +715,7 @@ impl ToolGatewayService for Gateway {
         &self,
         request: Request<ToolGatewayServiceReconcileRequest>,
     ) -> Result<Response<ToolGatewayServiceReconcileResponse>, Status> {
+        self.admit_caller(&request)?;
         Ok(Response::new(
             self.reconcile_effect(request.into_inner()).await?,
         ))
@@ -614,6 +727,7 @@ impl ToolGatewayService for Gateway {
         &self,
         request: Request<ToolGatewayServiceVerifyRequest>,
     ) -> Result<Response<ToolGatewayServiceVerifyResponse>, Status> {
+        self.admit_caller(&request)?;
         let check = self.verify_claim(request.into_inner()).await?;
         Ok(Response::new(ToolGatewayServiceVerifyResponse {
             check: Some(check),
@@ -649,10 +763,10 @@ input_schema = '{}'
             VerifierEntry::new("other", "http://127.0.0.1:2", "d"),
         ];
         let gateway = Gateway::new(tools, GatewayLimits::default()).await.unwrap();
-        let inner = &gateway.inner;
-        let tool = &inner.tools["lookup"].executor;
-        assert!(Arc::ptr_eq(tool, &inner.verifiers["same"].executor));
-        assert!(!Arc::ptr_eq(tool, &inner.verifiers["other"].executor));
+        let registry = gateway.inner.registrar.current();
+        let tool = &registry.tools["lookup"].executor;
+        assert!(Arc::ptr_eq(tool, &registry.verifiers["same"].executor));
+        assert!(!Arc::ptr_eq(tool, &registry.verifiers["other"].executor));
     }
 
     #[test]

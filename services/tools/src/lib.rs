@@ -1,9 +1,16 @@
 //! The agentloop tool gateway: the registry of tools and the one route from the
 //! orchestrator to the tool executors.
 //!
-//! - [`config`]: the registry, loaded from a TOML file ([`ToolsConfig::load`]) or from
-//!   an executor's `Describe` output ([`ToolsConfig::from_descriptors`]); the policy
-//!   service and the CLI load it the same way.
+//! - [`config`]: the registry file, loaded from TOML ([`ToolsConfig::load`]): tools and
+//!   verifiers by hand, executors by endpoint, MCP servers; and an executor's `Describe`
+//!   output as registry entries ([`ToolsConfig::from_describe`]).
+//! - The registry in force (`registry`): built from the file's hand-written entries, the
+//!   executors it names and those that call `RegisterExecutor`, whose descriptions the
+//!   gateway keeps current (health checks, periodic descriptions); every change is one
+//!   new registry swapped in whole. A name belongs to whoever registered it first. An
+//!   executor that is down has its tools listed unavailable and their calls answered at
+//!   once; a call planned under an older contract digest is refused. MCP servers
+//!   ([`agentloop_mcp`]) are executors in this process.
 //! - [`Gateway`]: the `ToolGatewayService`. It forwards each call to the executor that
 //!   owns the tool, under the smaller of the tool's and the request's timeout, with a
 //!   bounded number of calls in flight per executor, and cancels the forwarded call
@@ -22,8 +29,9 @@
 //!   is an UNDECIDED check, never an error: verifiers fail closed.
 //!
 //! It is *not* a policy engine (schemas and authorization are checked by the policy
-//! service before a call gets here), not an executor, and it keeps no state of its
-//! own beyond the registry: effect keys are enforced by the executors.
+//! service before a call gets here), not an executor, and it keeps no durable state:
+//! the registry is rebuilt from the file and the executors at start, and effect keys are
+//! enforced by the executors.
 
 #![warn(missing_docs)]
 
@@ -31,6 +39,7 @@ pub mod config;
 mod error;
 mod gateway;
 pub mod outcome;
+mod registry;
 pub mod verdict;
 
 use std::future::Future;
@@ -38,7 +47,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use config::{ConfigError, ToolEntry, ToolsConfig, VerifierEntry};
+pub use config::{ConfigError, ExecutorEntry, ToolEntry, ToolsConfig, VerifierEntry};
 pub use error::GatewayError;
 pub use gateway::{Gateway, GatewayLimits, InProcessExecutors, MAX_ID_BYTES, MAX_LIST_NAMES};
 
@@ -59,6 +68,10 @@ pub struct ToolsServiceConfig {
     pub server_tls: Option<agentloop_server::ServerTls>,
     /// The tool registry file (TOML, `[[tools]]` and `[[verifiers]]`); required to start.
     pub tools: Option<PathBuf>,
+    /// The callers (names of `auth.callers` entries) that may register and deregister
+    /// executors (`RegisterExecutor`, `DeregisterExecutor`), and may call nothing else.
+    /// Empty: with `auth`, nobody may; without, whoever reaches the port may.
+    pub registrars: Vec<String>,
     /// Gateway limits.
     pub limits: GatewayLimits,
     /// This gateway's token for its executors, when they check who calls them.
@@ -76,6 +89,7 @@ impl Default for ToolsServiceConfig {
             insecure_no_auth: false,
             server_tls: None,
             tools: None,
+            registrars: Vec::new(),
             limits: GatewayLimits::default(),
             service_token_file: None,
             client_tls: None,

@@ -25,14 +25,25 @@ struct Flags {
     #[command(flatten)]
     #[serde(flatten)]
     common: CommonFlags,
-    /// The tool registry (TOML with [[tools]] and [[verifiers]] entries).
+    /// The tool registry (TOML with [[tools]], [[verifiers]] and [[executors]] entries).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     tools: Option<PathBuf>,
 }
 
-/// The registry `config.tools` names, loaded and validated.
+/// The registry `config.tools` names, loaded and validated, once the registrars are
+/// known callers.
 fn registry(config: &ToolsServiceConfig) -> anyhow::Result<ToolsConfig> {
+    for registrar in &config.registrars {
+        if !config
+            .auth
+            .callers
+            .iter()
+            .any(|caller| &caller.name == registrar)
+        {
+            anyhow::bail!("registrar {registrar:?} is not one of auth.callers");
+        }
+    }
     let path = config.tools.as_deref().ok_or_else(|| {
         anyhow::anyhow!("no tool registry: pass --tools <file> (or set `tools` in the config)")
     })?;
@@ -47,8 +58,7 @@ async fn main() -> anyhow::Result<()> {
         validated: registry,
         listener,
     } = SERVICE.start(&flags.common, &flags, registry).await;
-    let count = registry.tools.len();
-    let verifiers = registry.verifiers.len();
+    let executors = registry.executors.len();
     let client = SERVICE.client(
         config.service_token_file.as_deref(),
         config.client_tls.as_ref(),
@@ -56,7 +66,14 @@ async fn main() -> anyhow::Result<()> {
     let gateway = Gateway::with_in_process(registry, config.limits.clone(), Vec::new(), client)
         .await
         .unwrap_or_else(|error| SERVICE.exit_bad_config(&error));
-    tracing::info!(tools = count, verifiers, "serving");
+    // With callers authenticated, only the named registrars may register executors.
+    let gateway = if config.auth.is_on() {
+        gateway.with_registrars(config.registrars.clone())
+    } else {
+        gateway
+    };
+    let tools = gateway.descriptors().len();
+    tracing::info!(tools, executors, "serving");
     let access = SERVICE.access(&config.auth, config.server_tls.as_ref());
     run(
         listener,

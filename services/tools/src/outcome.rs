@@ -3,9 +3,12 @@
 //! This is the heart of the gateway, kept as pure functions of (side effect, failure)
 //! so every case is tested without a network. The rule behind every arm:
 //!
-//! - **Nothing was sent** (the connection could not be made, or no concurrency slot
-//!   freed up before the deadline): `not_started`, whatever the tool does. It had no
-//!   effect, so it may be dispatched again.
+//! - **Nothing was sent** because no concurrency slot freed up before the deadline:
+//!   `not_started`, whatever the tool does. It had no effect, so it may be dispatched
+//!   again.
+//! - **The executor cannot be reached** (the connection failed, or it is known to be
+//!   down): a structured `UNAVAILABLE` error, retryable, whatever the tool does. Nothing
+//!   was sent, so nothing was applied, and the model is told why.
 //! - **The request may have reached the executor** and no result came back (deadline,
 //!   cancellation, reset, most statuses): for a *write* (or idempotent write) the
 //!   outcome is `unknown`, never a plain error, because the change may have been
@@ -24,10 +27,16 @@ use tonic::Code;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CallFailure {
-    /// Nothing reached the executor: the connection could not be established, or the
-    /// deadline passed while waiting for a concurrency slot.
+    /// Nothing reached the executor: the deadline passed while waiting for a
+    /// concurrency slot.
     NotSent {
         /// What happened, for the result's reason.
+        detail: String,
+    },
+    /// Nothing reached the executor because it cannot be reached: the connection could
+    /// not be established, or the gateway knows it is down.
+    Unreachable {
+        /// What happened, for the error's message.
         detail: String,
     },
     /// The gateway's deadline for the call passed while it was in flight.
@@ -57,7 +66,7 @@ pub fn classify_status(status: &tonic::Status) -> CallFailure {
     for _ in 0..32 {
         let Some(error) = source else { break };
         if error.downcast_ref::<tonic::ConnectError>().is_some() {
-            return CallFailure::NotSent {
+            return CallFailure::Unreachable {
                 detail: format!("cannot connect to the executor: {}", status.message()),
             };
         }
@@ -77,6 +86,14 @@ pub fn failure_outcome(side_effect: SideEffect, failure: &CallFailure) -> Outcom
             return Outcome::NotStarted(NotStarted {
                 reason: detail.clone(),
             });
+        }
+        CallFailure::Unreachable { detail } => {
+            return error(
+                ErrorType::Unavailable,
+                detail.clone(),
+                true,
+                NextAction::Retry,
+            );
         }
         CallFailure::DeadlineExceeded => {
             "the call's deadline passed before the executor replied".to_owned()
@@ -104,6 +121,7 @@ pub fn failure_outcome(side_effect: SideEffect, failure: &CallFailure) -> Outcom
             return error(ErrorType::Internal, message, false, NextAction::Stop);
         }
         CallFailure::NotSent { .. }
+        | CallFailure::Unreachable { .. }
         | CallFailure::DeadlineExceeded
         | CallFailure::Status { .. }
         | CallFailure::MalformedReply { .. } => {}
@@ -123,6 +141,7 @@ fn read_failure(failure: &CallFailure, message: String) -> Outcome {
     use NextAction as N;
     let (error_type, retryable, next) = match failure {
         CallFailure::NotSent { .. } | CallFailure::DeadlineExceeded => (E::Timeout, true, N::Retry),
+        CallFailure::Unreachable { .. } => (E::Unavailable, true, N::Retry),
         CallFailure::MalformedReply { .. } => (E::Internal, false, N::Stop),
         CallFailure::Status { code, .. } => match code {
             Code::DeadlineExceeded | Code::Cancelled => (E::Timeout, true, N::Retry),
@@ -221,6 +240,26 @@ mod tests {
         }
     }
 
+    /// Nothing reached an executor that cannot be reached: whatever the tool does, the
+    /// model sees a retryable UNAVAILABLE error, never an unknown outcome.
+    #[test]
+    fn an_unreachable_executor_is_unavailable_for_every_kind() {
+        for kind in [
+            SideEffect::ReadOnly,
+            SideEffect::Write,
+            SideEffect::IdempotentWrite,
+        ] {
+            let failure = CallFailure::Unreachable {
+                detail: "the executor is down".into(),
+            };
+            let error = tool_error(failure_outcome(kind, &failure));
+            assert_eq!(error.error_type, ErrorType::Unavailable as i32, "{kind:?}");
+            assert!(error.retryable);
+            assert_eq!(error.next_allowed_action, NextAction::Retry as i32);
+            assert_eq!(error.message, "the executor is down");
+        }
+    }
+
     #[test]
     fn a_write_that_may_have_been_sent_is_unknown_never_an_error() {
         let definite = [Code::InvalidArgument, Code::Unimplemented];
@@ -307,12 +346,12 @@ mod tests {
     }
 
     #[test]
-    fn a_connect_error_in_the_source_chain_means_not_sent() {
+    fn a_connect_error_in_the_source_chain_means_unreachable() {
         let connect = tonic::ConnectError(Box::new(std::io::Error::other("refused")));
         let status = tonic::Status::from_error(Box::new(connect));
         assert_eq!(status.code(), Code::Unavailable);
         assert!(
-            matches!(classify_status(&status), CallFailure::NotSent { .. }),
+            matches!(classify_status(&status), CallFailure::Unreachable { .. }),
             "{status:?}"
         );
         let plain = tonic::Status::unavailable("connection reset");

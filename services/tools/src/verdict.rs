@@ -105,7 +105,7 @@ fn undecided(verifier: &str, reason: String) -> Check {
 /// What happened, in words for the model and the operator.
 fn failure_reason(verifier: &str, timeout: Duration, failure: &CallFailure) -> String {
     match failure {
-        CallFailure::NotSent { detail } => {
+        CallFailure::NotSent { detail } | CallFailure::Unreachable { detail } => {
             format!("verifier {verifier} could not be reached: {detail}")
         }
         CallFailure::DeadlineExceeded

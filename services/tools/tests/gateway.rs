@@ -117,7 +117,7 @@ fn request(tool: &str, args: &str, effect_key: &str) -> ToolGatewayServiceExecut
         }),
         effect_key: effect_key.into(),
         attempt: 1,
-        timeout: None,
+        ..ToolGatewayServiceExecuteRequest::default()
     }
 }
 
@@ -155,7 +155,16 @@ async fn list_tools_returns_the_registry_sorted_and_filtered() {
         .tools;
     let names: Vec<_> = all.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["lookup", "sleep", "transfer"]);
-    assert_eq!(all, agentloop_demo_executor::descriptors());
+    // As described, with the contract version the gateway gives each.
+    assert!(all.iter().all(|t| t.digest.len() == 32));
+    let undigested: Vec<_> = all
+        .iter()
+        .map(|t| agentloop_proto::v1::ToolDescriptor {
+            digest: String::new(),
+            ..t.clone()
+        })
+        .collect();
+    assert_eq!(undigested, agentloop_demo_executor::descriptors());
     let some = s
         .client
         .list_tools(ListToolsRequest {
@@ -418,7 +427,7 @@ async fn transfer_is_applied_once_per_effect_key() {
 }
 
 #[tokio::test]
-async fn a_write_to_an_unreachable_executor_is_not_started() {
+async fn a_write_to_an_unreachable_executor_is_unavailable_and_not_applied() {
     // A port that was free a moment ago: nothing listens on it.
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -438,8 +447,12 @@ async fn a_write_to_an_unreachable_executor_is_not_started() {
         .await
         .unwrap()
     {
-        Outcome::NotStarted(reason) => assert!(!reason.reason.is_empty()),
-        other => panic!("expected not_started, got {other:?}"),
+        // Nothing was sent: a retryable error, never an unknown outcome.
+        Outcome::Error(error) => {
+            assert_eq!(error.error_type, ErrorType::Unavailable as i32, "{error:?}");
+            assert!(error.retryable);
+        }
+        other => panic!("expected unavailable, got {other:?}"),
     }
     // The executor is unreachable, so Reconcile cannot answer: a retryable status.
     let status = client
@@ -700,8 +713,8 @@ fn verifier(name: &str, endpoint: &str, timeout_ms: u64) -> VerifierEntry {
 
 fn registry_of(verifiers: Vec<VerifierEntry>) -> ToolsConfig {
     ToolsConfig {
-        tools: Vec::new(),
         verifiers,
+        ..ToolsConfig::default()
     }
 }
 
@@ -1124,4 +1137,52 @@ async fn the_demo_verifier_confirms_a_transfer_made_through_the_gateway() {
         verify(&mut client, tool).await.unwrap_err().code(),
         Code::NotFound
     );
+}
+
+/// A call planned under a tool's contract version runs only while the tool still has
+/// it: one planned under another is answered CONFLICT and never reaches the executor.
+#[tokio::test]
+async fn a_call_planned_under_another_contract_is_not_sent() {
+    let mut s = setup().await;
+    let listed = s
+        .client
+        .list_tools(ListToolsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let transfer = listed.tools.iter().find(|t| t.name == "transfer").unwrap();
+    assert_eq!(transfer.digest.len(), 32);
+    let args = r#"{"from":"a","to":"b","amount":5}"#;
+
+    let stale = ToolGatewayServiceExecuteRequest {
+        descriptor_digest: "0".repeat(32),
+        ..request("transfer", args, "key-stale")
+    };
+    match execute(&mut s.client, stale).await.unwrap() {
+        Outcome::Error(error) => {
+            assert_eq!(error.error_type, ErrorType::Conflict as i32, "{error:?}");
+            assert!(!error.retryable);
+            assert!(
+                error.message.contains(&transfer.digest),
+                "{}",
+                error.message
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        s.executor.stats().applied,
+        0,
+        "the stale call reached the executor"
+    );
+
+    let current = ToolGatewayServiceExecuteRequest {
+        descriptor_digest: transfer.digest.clone(),
+        ..request("transfer", args, "key-current")
+    };
+    assert!(matches!(
+        execute(&mut s.client, current).await.unwrap(),
+        Outcome::Output(_)
+    ));
+    assert_eq!(s.executor.stats().applied, 1);
 }

@@ -5,7 +5,9 @@ use serde_json::{Value, json};
 
 use super::config::{AdapterDeps, EnvSource, ModelConfig, ModelConfigError, Provider, Settings};
 use super::context::{self, Item, Prompt};
-use super::{RawCall, cannot_continue, final_answer, invalid, schema, tokens, tool_calls};
+use super::{
+    RawCall, cannot_continue, description, final_answer, invalid, schema, tokens, tool_calls,
+};
 use crate::model::{Model, ModelError, ModelReply};
 
 /// The API version sent in `anthropic-version`.
@@ -60,7 +62,7 @@ impl AnthropicModel {
                 .map(|tool| {
                     json!({
                         "name": tool.name,
-                        "description": tool.description,
+                        "description": description(tool),
                         "input_schema": schema(&tool.input_schema_json),
                     })
                 })

@@ -165,6 +165,21 @@ pub(crate) fn schema(text: &str) -> serde_json::Value {
         .unwrap_or_else(|| serde_json::json!({"type": "object"}))
 }
 
+/// What the model reads about a tool: its description, and while the gateway reports
+/// its executor unavailable, that its calls fail until it is back, so the model can plan
+/// around it instead of spending a turn to find out.
+pub(crate) fn description(tool: &agentloop_proto::v1::ToolDescriptor) -> std::borrow::Cow<'_, str> {
+    if tool.unavailable {
+        std::borrow::Cow::Owned(format!(
+            "{} (Unavailable right now: its executor is not answering, so calls to it fail \
+             until it is back.)",
+            tool.description
+        ))
+    } else {
+        std::borrow::Cow::Borrowed(&tool.description)
+    }
+}
+
 /// A u64 field of a JSON object, 0 when absent.
 pub(crate) fn tokens(value: &serde_json::Value, field: &str) -> u64 {
     value

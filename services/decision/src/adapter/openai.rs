@@ -6,7 +6,9 @@ use serde_json::{Value, json};
 
 use super::config::{AdapterDeps, EnvSource, ModelConfig, ModelConfigError, Provider, Settings};
 use super::context::{self, Item, Prompt};
-use super::{RawCall, cannot_continue, final_answer, invalid, schema, tokens, tool_calls};
+use super::{
+    RawCall, cannot_continue, description, final_answer, invalid, schema, tokens, tool_calls,
+};
 use crate::model::{Model, ModelError, ModelReply};
 
 /// The OpenAI-compatible adapter. Build it with [`crate::ModelConfig::build`].
@@ -54,7 +56,7 @@ impl OpenAiModel {
                 .map(|tool| {
                     json!({"type": "function", "function": {
                         "name": tool.name,
-                        "description": tool.description,
+                        "description": description(tool),
                         "parameters": schema(&tool.input_schema_json),
                     }})
                 })

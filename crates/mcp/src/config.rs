@@ -1,0 +1,676 @@
+//! One MCP server as a tool owner writes it in the registry: an entry of `[[mcp_servers]]`.
+//!
+//! ```toml
+//! [[mcp_servers]]
+//! name = "time"                    # its tools are offered as time__<tool>
+//! command = "mcp-server-time"      # stdio; or url = "http://host:3001/mcp"
+//! args = []
+//! env = { TZ = "UTC" }             # stdio only
+//! idempotent = ["some_tool"]       # tools that may be sent again with the same effect key
+//! timeout_ms = 30000               # per call, 1..=600000
+//! ```
+//!
+//! The format is stable: fields are only ever added. Unknown keys are refused, so a typo
+//! is an error at load time instead of a silently ignored setting.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use reqwest::header::{HeaderName, HeaderValue};
+use serde::{Deserialize, Serialize};
+
+/// Longest server name, in bytes. With the `__` separator it leaves 30 bytes of the
+/// 64 a model API accepts in a function name for the tool's own name.
+pub const MAX_SERVER_NAME_BYTES: usize = 32;
+/// Longest per-call timeout, in milliseconds (ten minutes, as for the gateway's tools).
+pub const MAX_TIMEOUT_MS: u64 = 600_000;
+/// The per-call timeout of a server that sets none, in milliseconds.
+pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+/// Longest command, argument, environment value, URL or header value, in bytes.
+pub const MAX_VALUE_BYTES: usize = 4096;
+/// Most arguments, environment variables, headers or idempotent tools of one server.
+pub const MAX_ENTRIES: usize = 256;
+
+/// Why an `[[mcp_servers]]` entry cannot be used. Every variant names the server, so an
+/// operator can fix the registry without reading code.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum McpConfigError {
+    /// The name is empty, too long, has characters outside `[a-zA-Z0-9_-]`, contains
+    /// `__` or ends with `_` (either would make `<server>__<tool>` ambiguous).
+    #[error(
+        "invalid MCP server name {0:?}: expected 1 to {MAX_SERVER_NAME_BYTES} characters of \
+         [a-zA-Z0-9_-], without \"__\" and not ending with \"_\""
+    )]
+    InvalidName(String),
+    /// Neither `command` nor `url` is set.
+    #[error("MCP server {0:?}: set `command` (stdio) or `url` (streamable HTTP)")]
+    NoTransport(String),
+    /// Both `command` and `url` are set.
+    #[error("MCP server {0:?}: set only one of `command` (stdio) and `url` (streamable HTTP)")]
+    TwoTransports(String),
+    /// A field is invalid, or set for the other transport.
+    #[error("MCP server {server:?}: `{field}` {reason}")]
+    InvalidField {
+        /// The server's name.
+        server: String,
+        /// The field, as written in the registry.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An environment variable the entry names (`bearer_token_env`, `inherit_env`) is not
+    /// set in the gateway's environment at start. Its value is never part of any message.
+    #[error("MCP server {server:?}: environment variable {var:?} is not set (or not UTF-8)")]
+    MissingEnv {
+        /// The server's name.
+        server: String,
+        /// The variable's name.
+        var: String,
+    },
+    /// The HTTP client could not be built.
+    #[error("MCP server {server:?}: cannot build the HTTP client: {reason}")]
+    HttpClient {
+        /// The server's name.
+        server: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// One MCP server, as written in the registry's `[[mcp_servers]]` array: exactly one of
+/// `command` (a stdio server the gateway spawns) and `url` (a streamable HTTP server).
+///
+/// `Debug` leaves out the values of `env` and `headers`, which may hold secrets.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// Names the server: its tools are offered as `<name>__<tool>`.
+    pub name: String,
+    /// Stdio: the program to run (looked up in `PATH`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Stdio: the program's arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Stdio: environment variables set for the program. It gets only `PATH`, `HOME`,
+    /// the locale and these from the gateway's own environment (see
+    /// [`INHERITED_ENV`]), so the gateway's secrets do not reach third-party servers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Stdio: further variables passed on from the gateway's environment, by name (read
+    /// at start), so a server's secret need not be written into the registry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inherit_env: Vec<String>,
+    /// Streamable HTTP: the server's endpoint, `http://host:port/mcp` or `https://...`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Streamable HTTP: headers sent with every request.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// Streamable HTTP: the environment variable holding a bearer token, read at start
+    /// and sent as `Authorization: Bearer <token>`; never logged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_env: Option<String>,
+    /// The server's tools (by their own names, without the prefix) that may be sent
+    /// again with the same effect key: offered as idempotent writes, and a call whose
+    /// outcome was lost is sent again instead of waiting for an operator.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub idempotent: Vec<String>,
+    /// Longest one call may take, in milliseconds (1..=600000).
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+/// The variables of the gateway's environment every stdio server gets: what programs
+/// need to start (`PATH`, `HOME`, user and locale) and nothing that could be a secret.
+pub const INHERITED_ENV: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
+];
+
+/// Headers the MCP transport sets itself; `Authorization` comes from `bearer_token_env`.
+const RESERVED_HEADERS: &[&str] = &[
+    "authorization",
+    "accept",
+    "content-type",
+    "content-length",
+    "host",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "last-event-id",
+];
+
+fn default_timeout_ms() -> u64 {
+    DEFAULT_TIMEOUT_MS
+}
+
+impl fmt::Debug for McpServerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpServerConfig")
+            .field("name", &self.name)
+            .field("command", &self.command)
+            .field("args", &self.args)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("inherit_env", &self.inherit_env)
+            .field("url", &self.url)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("bearer_token_env", &self.bearer_token_env)
+            .field("idempotent", &self.idempotent)
+            .field("timeout_ms", &self.timeout_ms)
+            .finish()
+    }
+}
+
+/// How the executor reaches its server, once the entry is validated.
+pub(crate) enum Endpoint {
+    /// A child process speaking JSON-RPC lines on stdin and stdout.
+    Stdio {
+        command: String,
+        args: Vec<String>,
+        /// The whole environment of the child: inherited, then `inherit_env`, then `env`.
+        env: BTreeMap<String, String>,
+    },
+    /// A streamable HTTP endpoint.
+    Http {
+        /// The client every session of this server uses.
+        client: reqwest::Client,
+        url: String,
+        headers: Vec<(HeaderName, HeaderValue)>,
+        /// Read from `bearer_token_env` at start.
+        bearer_token: Option<String>,
+    },
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Stdio { command, args, .. } => f
+                .debug_struct("Stdio")
+                .field("command", command)
+                .field("args", args)
+                .finish_non_exhaustive(),
+            Endpoint::Http { url, .. } => f
+                .debug_struct("Http")
+                .field("url", url)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+impl McpServerConfig {
+    /// The per-call timeout.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    /// Checks the entry without touching the environment or the network.
+    ///
+    /// # Errors
+    ///
+    /// The first problem found, naming the server.
+    pub fn validate(&self) -> Result<(), McpConfigError> {
+        if !valid_server_name(&self.name) {
+            return Err(McpConfigError::InvalidName(self.name.clone()));
+        }
+        let invalid = |field: &'static str, reason: String| McpConfigError::InvalidField {
+            server: self.name.clone(),
+            field,
+            reason,
+        };
+        if self.timeout_ms == 0 || self.timeout_ms > MAX_TIMEOUT_MS {
+            return Err(invalid(
+                "timeout_ms",
+                format!("must be 1 to {MAX_TIMEOUT_MS}"),
+            ));
+        }
+        if self.idempotent.len() > MAX_ENTRIES {
+            return Err(invalid(
+                "idempotent",
+                format!("lists more than {MAX_ENTRIES} tools"),
+            ));
+        }
+        for (index, tool) in self.idempotent.iter().enumerate() {
+            if !crate::names::valid_tool_part(tool) {
+                return Err(invalid(
+                    "idempotent",
+                    format!("names {tool:?}, which is not a tool name of [a-zA-Z0-9_-]"),
+                ));
+            }
+            if self.idempotent[..index].contains(tool) {
+                return Err(invalid("idempotent", format!("lists {tool:?} twice")));
+            }
+        }
+        match (&self.command, &self.url) {
+            (None, None) => Err(McpConfigError::NoTransport(self.name.clone())),
+            (Some(_), Some(_)) => Err(McpConfigError::TwoTransports(self.name.clone())),
+            (Some(command), None) => self.validate_stdio(command, invalid),
+            (None, Some(url)) => self.validate_http(url, invalid),
+        }
+    }
+
+    fn validate_stdio(
+        &self,
+        command: &str,
+        invalid: impl Fn(&'static str, String) -> McpConfigError,
+    ) -> Result<(), McpConfigError> {
+        for (field, set) in [
+            ("headers", !self.headers.is_empty()),
+            ("bearer_token_env", self.bearer_token_env.is_some()),
+        ] {
+            if set {
+                return Err(invalid(field, "is for url servers only".to_owned()));
+            }
+        }
+        check_value(command).map_err(|reason| invalid("command", reason))?;
+        if command.is_empty() {
+            return Err(invalid("command", "is empty".to_owned()));
+        }
+        if self.args.len() > MAX_ENTRIES {
+            return Err(invalid(
+                "args",
+                format!("has more than {MAX_ENTRIES} entries"),
+            ));
+        }
+        for arg in &self.args {
+            check_value(arg).map_err(|reason| invalid("args", reason))?;
+        }
+        if self.env.len() + self.inherit_env.len() > MAX_ENTRIES {
+            return Err(invalid(
+                "env",
+                format!("has more than {MAX_ENTRIES} entries"),
+            ));
+        }
+        for (key, value) in &self.env {
+            if !valid_env_name(key) {
+                return Err(invalid(
+                    "env",
+                    format!("has an invalid variable name {key:?}"),
+                ));
+            }
+            check_value(value).map_err(|reason| invalid("env", format!("{key}: {reason}")))?;
+        }
+        for var in &self.inherit_env {
+            if !valid_env_name(var) {
+                return Err(invalid(
+                    "inherit_env",
+                    format!("has an invalid variable name {var:?}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_http(
+        &self,
+        url: &str,
+        invalid: impl Fn(&'static str, String) -> McpConfigError,
+    ) -> Result<(), McpConfigError> {
+        for (field, set) in [
+            ("args", !self.args.is_empty()),
+            ("env", !self.env.is_empty()),
+            ("inherit_env", !self.inherit_env.is_empty()),
+        ] {
+            if set {
+                return Err(invalid(
+                    field,
+                    "is for command (stdio) servers only".to_owned(),
+                ));
+            }
+        }
+        check_value(url).map_err(|reason| invalid("url", reason))?;
+        let parsed =
+            reqwest::Url::parse(url).map_err(|e| invalid("url", format!("is not a URL: {e}")))?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+            return Err(invalid(
+                "url",
+                "must be http://host... or https://host...".to_owned(),
+            ));
+        }
+        if self.headers.len() > MAX_ENTRIES {
+            return Err(invalid(
+                "headers",
+                format!("has more than {MAX_ENTRIES} entries"),
+            ));
+        }
+        for (name, value) in &self.headers {
+            header(name, value).map_err(|reason| invalid("headers", reason))?;
+        }
+        if let Some(var) = &self.bearer_token_env
+            && !valid_env_name(var)
+        {
+            return Err(invalid(
+                "bearer_token_env",
+                format!("is not a variable name: {var:?}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Validates the entry and reads what it names from the environment through
+    /// `lookup`: the bearer token, the inherited variables.
+    pub(crate) fn endpoint(
+        &self,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Endpoint, McpConfigError> {
+        self.validate()?;
+        let missing = |var: &str| McpConfigError::MissingEnv {
+            server: self.name.clone(),
+            var: var.to_owned(),
+        };
+        if let Some(url) = &self.url {
+            let mut headers = Vec::with_capacity(self.headers.len());
+            for (name, value) in &self.headers {
+                // Validated above; the error cannot happen, but is reported, not unwrapped.
+                headers.push(header(name, value).map_err(|reason| {
+                    McpConfigError::InvalidField {
+                        server: self.name.clone(),
+                        field: "headers",
+                        reason,
+                    }
+                })?);
+            }
+            let bearer_token = match &self.bearer_token_env {
+                Some(var) => Some(lookup(var).ok_or_else(|| missing(var))?),
+                None => None,
+            };
+            return Ok(Endpoint::Http {
+                client: crate::http::client(&self.name)?,
+                url: url.clone(),
+                headers,
+                bearer_token,
+            });
+        }
+        let command = self.command.clone().unwrap_or_default();
+        let mut env = BTreeMap::new();
+        for var in INHERITED_ENV {
+            if let Some(value) = lookup(var) {
+                env.insert((*var).to_owned(), value);
+            }
+        }
+        for var in &self.inherit_env {
+            env.insert(var.clone(), lookup(var).ok_or_else(|| missing(var))?);
+        }
+        env.extend(self.env.clone());
+        Ok(Endpoint::Stdio {
+            command,
+            args: self.args.clone(),
+            env,
+        })
+    }
+}
+
+/// `[a-zA-Z0-9_-]{1,32}`, without `__` and not ending with `_`: then the first `__` of
+/// `<server>__<tool>` is always the separator, so two servers never offer the same name.
+fn valid_server_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_SERVER_NAME_BYTES
+        && crate::names::valid_chars(name)
+        && !name.contains("__")
+        && !name.ends_with('_')
+}
+
+/// A POSIX-style variable name: `[A-Za-z_][A-Za-z0-9_]*`, at most 256 bytes.
+fn valid_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && name.len() <= 256
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+fn check_value(value: &str) -> Result<(), String> {
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(format!("is longer than {MAX_VALUE_BYTES} bytes"));
+    }
+    if value.contains('\0') {
+        return Err("contains a NUL character".to_owned());
+    }
+    Ok(())
+}
+
+fn header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let parsed = HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("has an invalid header name {name:?}"))?;
+    if RESERVED_HEADERS.contains(&parsed.as_str()) {
+        return Err(format!(
+            "sets {name:?}, which the MCP transport sets itself (a bearer token goes in \
+             `bearer_token_env`)"
+        ));
+    }
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(format!("{name}: is longer than {MAX_VALUE_BYTES} bytes"));
+    }
+    let value =
+        HeaderValue::from_str(value).map_err(|_| format!("{name}: is not a valid header value"))?;
+    Ok((parsed, value))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::wildcard_enum_match_arm
+    )]
+
+    use super::*;
+
+    #[derive(Debug, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Registry {
+        mcp_servers: Vec<McpServerConfig>,
+    }
+
+    fn parse(text: &str) -> Vec<McpServerConfig> {
+        toml::from_str::<Registry>(text).unwrap().mcp_servers
+    }
+
+    fn one(text: &str) -> McpServerConfig {
+        parse(&format!("[[mcp_servers]]\n{text}")).remove(0)
+    }
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn the_documented_example_parses_and_validates() {
+        let servers = parse(
+            r#"
+[[mcp_servers]]
+name = "time"
+command = "mcp-server-time"
+args = []
+env = { TZ = "UTC" }
+idempotent = ["some_tool"]
+timeout_ms = 30000
+
+[[mcp_servers]]
+name = "everything"
+url = "http://127.0.0.1:3001/mcp"
+headers = { X-Team = "a" }
+bearer_token_env = "EVERYTHING_TOKEN"
+"#,
+        );
+        assert_eq!(servers.len(), 2);
+        for server in &servers {
+            server.validate().unwrap();
+        }
+        assert_eq!(servers[0].timeout(), Duration::from_secs(30));
+        assert_eq!(servers[1].timeout_ms, DEFAULT_TIMEOUT_MS);
+        // A round trip through TOML keeps the entry as it was.
+        let text = toml::to_string(&Registry {
+            mcp_servers: servers.clone(),
+        })
+        .unwrap();
+        assert_eq!(parse(&text), servers);
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let error = toml::from_str::<Registry>(
+            "[[mcp_servers]]\nname = \"a\"\ncommand = \"x\"\ntimeout = 5\n",
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("unknown field"), "{error}");
+    }
+
+    #[test]
+    fn names_must_keep_the_prefix_unambiguous() {
+        for bad in ["", "a__b", "a_", "a.b", "a b", "é", &"a".repeat(33)] {
+            let config = one(&format!("name = {bad:?}\ncommand = \"x\""));
+            assert!(
+                matches!(config.validate(), Err(McpConfigError::InvalidName(ref n)) if n == bad),
+                "{bad:?}"
+            );
+        }
+        for good in ["a", "time", "my-server_2", "_x", &"a".repeat(32)] {
+            one(&format!("name = {good:?}\ncommand = \"x\""))
+                .validate()
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn exactly_one_transport_and_only_its_fields() {
+        assert!(matches!(
+            one("name = \"a\"").validate(),
+            Err(McpConfigError::NoTransport(ref n)) if n == "a"
+        ));
+        assert!(matches!(
+            one("name = \"a\"\ncommand = \"x\"\nurl = \"http://h/mcp\"").validate(),
+            Err(McpConfigError::TwoTransports(_))
+        ));
+        let cases = [
+            ("command = \"x\"\nheaders = { A = \"b\" }", "headers"),
+            (
+                "command = \"x\"\nbearer_token_env = \"T\"",
+                "bearer_token_env",
+            ),
+            ("url = \"http://h/mcp\"\nargs = [\"a\"]", "args"),
+            ("url = \"http://h/mcp\"\nenv = { A = \"b\" }", "env"),
+            (
+                "url = \"http://h/mcp\"\ninherit_env = [\"A\"]",
+                "inherit_env",
+            ),
+        ];
+        for (text, expected) in cases {
+            let error = one(&format!("name = \"srv\"\n{text}"))
+                .validate()
+                .unwrap_err();
+            match error {
+                McpConfigError::InvalidField { server, field, .. } => {
+                    assert_eq!((server.as_str(), field), ("srv", expected), "{text}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn fields_are_checked_and_the_error_names_server_and_field() {
+        let cases = [
+            ("command = \"x\"\ntimeout_ms = 0", "timeout_ms"),
+            ("command = \"x\"\ntimeout_ms = 600001", "timeout_ms"),
+            ("command = \"\"", "command"),
+            ("command = \"x\"\nenv = { \"A=B\" = \"c\" }", "env"),
+            ("command = \"x\"\nidempotent = [\"a.b\"]", "idempotent"),
+            ("command = \"x\"\nidempotent = [\"a\", \"a\"]", "idempotent"),
+            ("url = \"ftp://h/x\"", "url"),
+            ("url = \"not a url\"", "url"),
+            (
+                "url = \"http://h/mcp\"\nheaders = { Authorization = \"x\" }",
+                "headers",
+            ),
+            (
+                "url = \"http://h/mcp\"\nheaders = { \"bad name\" = \"x\" }",
+                "headers",
+            ),
+            (
+                "url = \"http://h/mcp\"\nheaders = { A = \"line\\nbreak\" }",
+                "headers",
+            ),
+            (
+                "url = \"http://h/mcp\"\nbearer_token_env = \"1X\"",
+                "bearer_token_env",
+            ),
+        ];
+        for (text, expected) in cases {
+            let error = one(&format!("name = \"srv\"\n{text}"))
+                .validate()
+                .unwrap_err();
+            let message = error.to_string();
+            match error {
+                McpConfigError::InvalidField { server, field, .. } => {
+                    assert_eq!((server.as_str(), field), ("srv", expected), "{text}");
+                    assert!(message.contains("\"srv\""), "{message}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_environment_is_read_at_start_and_secrets_stay_out_of_debug() {
+        let config = one(
+            "name = \"h\"\nurl = \"http://h/mcp\"\nheaders = { X-Team = \"hidden-value\" }\n\
+             bearer_token_env = \"TOKEN\"",
+        );
+        assert!(matches!(
+            config.endpoint(&no_env),
+            Err(McpConfigError::MissingEnv { ref var, .. }) if var == "TOKEN"
+        ));
+        let lookup = |var: &str| (var == "TOKEN").then(|| "s3cret".to_owned());
+        let endpoint = config.endpoint(&lookup).unwrap();
+        match &endpoint {
+            Endpoint::Http {
+                bearer_token,
+                headers,
+                ..
+            } => {
+                assert_eq!(bearer_token.as_deref(), Some("s3cret"));
+                assert_eq!(headers.len(), 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        for shown in [format!("{endpoint:?}"), format!("{config:?}")] {
+            assert!(
+                !shown.contains("s3cret") && !shown.contains("hidden-value"),
+                "{shown}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stdio_server_gets_a_minimal_environment() {
+        let config = one(
+            "name = \"s\"\ncommand = \"x\"\nenv = { TZ = \"UTC\", A = \"1\" }\n\
+             inherit_env = [\"GITHUB_TOKEN\"]",
+        );
+        let lookup = |var: &str| match var {
+            "PATH" => Some("/bin".to_owned()),
+            "TZ" => Some("Europe/Paris".to_owned()),
+            "GITHUB_TOKEN" => Some("t".to_owned()),
+            "AGENTLOOP_SERVICE_TOKEN" => Some("secret".to_owned()),
+            _ => None,
+        };
+        let Endpoint::Stdio { env, .. } = config.endpoint(&lookup).unwrap() else {
+            panic!("stdio expected");
+        };
+        let expected: BTreeMap<String, String> = [
+            ("A", "1"),
+            ("GITHUB_TOKEN", "t"),
+            ("PATH", "/bin"),
+            ("TZ", "UTC"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        assert_eq!(env, expected);
+        assert!(matches!(
+            config.endpoint(&no_env),
+            Err(McpConfigError::MissingEnv { ref var, .. }) if var == "GITHUB_TOKEN"
+        ));
+    }
+}
