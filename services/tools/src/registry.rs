@@ -26,7 +26,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use agentloop_mcp::McpExecutor;
+use agentloop_mcp::{Health, McpExecutor};
 
 use crate::config::{ConfigError, MAX_EXECUTORS, ToolEntry, ToolsConfig, VerifierEntry};
 use crate::error::GatewayError;
@@ -94,7 +94,12 @@ impl Executor {
     /// health service counts as up when it answers at all.
     async fn probe(&self, timeout: Duration) -> bool {
         let Route::Grpc { health, .. } = &self.route else {
-            return self.reports.as_ref().is_none_or(|mcp| mcp.is_up());
+            // An MCP server still connecting is not known to be down (its first
+            // connection is under way, and its calls say so themselves meanwhile).
+            return self
+                .reports
+                .as_ref()
+                .is_none_or(|mcp| !matches!(mcp.health(), Health::Down { .. } | Health::Stopped));
         };
         for service in [SERVICE_NAME, ""] {
             let mut request = Request::new(HealthCheckRequest {
