@@ -232,10 +232,17 @@ type Lister = Arc<
         + Sync,
 >;
 
-/// The gateway policy follows, and when it last listed its tools.
+/// The gateway policy follows, and when it listed its tools.
 struct Following {
     list: Lister,
-    last: tokio::sync::Mutex<tokio::time::Instant>,
+    /// Held through each listing, so requests that ask at once share one.
+    listings: tokio::sync::Mutex<Listings>,
+}
+
+/// When the last listing started, and the last one a batch asked for.
+struct Listings {
+    started: tokio::time::Instant,
+    asked: Option<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for Following {
@@ -377,7 +384,10 @@ impl PolicyServer {
         let lister: Lister = Arc::new(move || Box::pin(list()));
         let following = Following {
             list: lister,
-            last: tokio::sync::Mutex::new(tokio::time::Instant::now()),
+            listings: tokio::sync::Mutex::new(Listings {
+                started: tokio::time::Instant::now(),
+                asked: None,
+            }),
         };
         if self.following.set(following).is_err() {
             tracing::warn!("policy already follows a gateway; the first one is followed");
@@ -390,23 +400,31 @@ impl PolicyServer {
             ticks.tick().await;
             loop {
                 ticks.tick().await;
-                server.refresh(Duration::ZERO).await;
+                server.refresh(false).await;
             }
         }
     }
 
-    /// Lists the gateway's tools and takes them, unless they were listed less than
-    /// `unless_within` ago; a no-op unless following a gateway.
-    async fn refresh(&self, unless_within: Duration) {
+    /// Lists the gateway's tools and takes them; a no-op unless following a gateway.
+    /// A batch that `asked` (it names a tool policy does not know) is spared the listing
+    /// when one started after it asked (and has ended: the lock is held through it), or
+    /// when another batch asked less than [`MIN_ASKED_REFRESH`] ago.
+    async fn refresh(&self, asked: bool) {
         let Some(following) = self.following.get() else {
             return;
         };
-        // Held through the listing, so requests that ask at once share one.
-        let mut last = following.last.lock().await;
-        if !unless_within.is_zero() && last.elapsed() < unless_within {
-            return;
+        let asked_at = tokio::time::Instant::now();
+        let mut listings = following.listings.lock().await;
+        if asked {
+            let recent = listings
+                .asked
+                .is_some_and(|at| at.elapsed() < MIN_ASKED_REFRESH);
+            if listings.started >= asked_at || recent {
+                return;
+            }
+            listings.asked = Some(tokio::time::Instant::now());
         }
-        *last = tokio::time::Instant::now();
+        listings.started = tokio::time::Instant::now();
         let updated = match (following.list)().await {
             Ok(listed) => {
                 let tools = listed.tools.len();
@@ -558,7 +576,7 @@ impl PolicyService for PolicyServer {
         let catalog = self.catalog();
         let calls = &request.get_ref().calls;
         if calls.iter().any(|call| !catalog.tools.knows(&call.tool)) {
-            self.refresh(MIN_ASKED_REFRESH).await;
+            self.refresh(true).await;
         }
         PolicyServer::evaluate(self, request.get_ref())
             .map(tonic::Response::new)
