@@ -231,17 +231,6 @@ impl Gateway {
         }
     }
 
-    /// Registers (or describes again) the executor at `endpoint`, as `RegisterExecutor`.
-    ///
-    /// # Errors
-    ///
-    /// [`GatewayError::Describe`] when it cannot be described,
-    /// [`GatewayError::InvalidDescription`] when what it describes is invalid,
-    /// [`GatewayError::NameTaken`] when it claims a name another source holds.
-    pub async fn register(&self, endpoint: &str) -> Result<Vec<ToolDescriptor>, GatewayError> {
-        Ok(self.inner.registrar.register(endpoint).await?.tools)
-    }
-
     /// Checks that the caller may call a tool method: not a registrar.
     fn admit_caller<T>(&self, request: &Request<T>) -> Result<(), GatewayError> {
         match (
