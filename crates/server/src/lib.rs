@@ -25,6 +25,7 @@
 pub mod config;
 mod dump;
 mod guard;
+mod observe;
 mod start;
 mod tls;
 
@@ -63,11 +64,23 @@ pub(crate) fn exit_bad_config(service: &str, error: &dyn std::fmt::Display) -> !
     std::process::exit(EXIT_BAD_CONFIG)
 }
 
-/// Name of the environment variable that switches log output to JSON lines
-/// (`AGENTLOOP_LOG_FORMAT=json`); anything else keeps human-readable text.
-pub const LOG_FORMAT_ENV: &str = "AGENTLOOP_LOG_FORMAT";
-
 static CRYPTO_PROVIDER: Once = Once::new();
+
+/// The telemetry of the service this process runs, set by [`Service::start`].
+static PROCESS_TELEMETRY: std::sync::OnceLock<agentloop_telemetry::Telemetry> =
+    std::sync::OnceLock::new();
+
+/// The telemetry [`Service::start`] built for this process's service (its tracer, its
+/// `/metrics` registry), which [`ServiceSet::new`] records with; before a start, or in
+/// a process that runs several services (tests, the embedded stack), telemetry that
+/// exports nothing, unless a set is given its own with [`ServiceSet::telemetry`].
+pub fn process_telemetry() -> agentloop_telemetry::Telemetry {
+    PROCESS_TELEMETRY.get().cloned().unwrap_or_default()
+}
+
+pub(crate) fn set_process_telemetry(telemetry: &agentloop_telemetry::Telemetry) {
+    let _ = PROCESS_TELEMETRY.set(telemetry.clone());
+}
 
 /// Installs `ring` as the process-wide rustls crypto provider.
 ///
@@ -83,25 +96,13 @@ pub fn install_crypto_provider() {
     });
 }
 
-/// Sets up the global `tracing` subscriber for a service binary (step 2 of
-/// [`Service::start`]).
-///
-/// The filter follows `RUST_LOG` syntax (default `info`); `AGENTLOOP_LOG_FORMAT=json`
-/// selects JSON lines for log shippers. Safe to call more than once (later calls, and
-/// calls after a test harness installed its own subscriber, do nothing).
-pub(crate) fn init_tracing(service: &str) {
-    use tracing_subscriber::EnvFilter;
-
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let json = std::env::var(LOG_FORMAT_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("json"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let installed = if json {
-        builder.json().try_init().is_ok()
-    } else {
-        builder.try_init().is_ok()
-    };
-    if installed {
-        tracing::info!(service, "tracing initialised");
+/// Sets up the log of a service binary (step 4 of [`Service::start`]): `RUST_LOG` syntax
+/// (default `info`), text lines or, with `format` JSON, JSON lines with trace IDs. Safe
+/// to call more than once (later calls, and calls after a test harness installed its own
+/// subscriber, do nothing).
+pub(crate) fn init_log(service: &str, format: agentloop_telemetry::LogFormat) {
+    if agentloop_telemetry::log::init(format, "info") {
+        tracing::info!(service, ?format, "log initialised");
     }
 }
 
@@ -180,15 +181,28 @@ impl<S> Routable for S where
 ///
 /// Services of different types are combined through tonic's [`RoutesBuilder`]; the
 /// names are kept so that health can report each one.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ServiceSet {
     routes: RoutesBuilder,
     names: Vec<&'static str>,
     tls: Option<tonic::transport::ServerTlsConfig>,
+    telemetry: agentloop_telemetry::Telemetry,
+}
+
+impl Default for ServiceSet {
+    fn default() -> Self {
+        Self {
+            routes: RoutesBuilder::default(),
+            names: Vec::new(),
+            tls: None,
+            telemetry: process_telemetry(),
+        }
+    }
 }
 
 impl ServiceSet {
-    /// An empty set (health and reflection are still served).
+    /// An empty set (health and reflection are still served), recording with the
+    /// process's telemetry ([`process_telemetry`]).
     pub fn new() -> Self {
         Self::default()
     }
@@ -203,6 +217,14 @@ impl ServiceSet {
     pub fn add<S: Routable>(mut self, service: S) -> Self {
         self.routes.add_service(service);
         self.names.push(S::NAME);
+        self
+    }
+
+    /// Records the RPCs' server spans and answer counts with `telemetry` (the service's
+    /// own); without it, into a registry nobody scrapes, and no spans.
+    #[must_use]
+    pub fn telemetry(mut self, telemetry: &agentloop_telemetry::Telemetry) -> Self {
+        self.telemetry = telemetry.clone();
         self
     }
 
@@ -252,7 +274,8 @@ fn caller_errors_are_not_failures() -> GrpcErrorsAsFailures {
 
 /// Serves `services` on `listener` until `shutdown` resolves, then drains.
 ///
-/// Adds, for every process alike: a tracing span per RPC, `grpc.health.v1.Health`
+/// Adds, for every process alike: a tracing span per RPC, a server span continuing the
+/// caller's trace and the count of answers by code (with the set's telemetry), `grpc.health.v1.Health`
 /// (overall status `""` and each added service SERVING) and gRPC reflection v1 and
 /// v1alpha over the agentloop descriptor set. When `shutdown` resolves, health flips
 /// every status to NOT_SERVING first (so load balancers stop routing), then tonic stops
@@ -270,7 +293,20 @@ pub async fn serve(
         mut routes,
         names,
         tls,
+        telemetry,
     } = services;
+    let observe = observe::Observe::new(
+        telemetry,
+        names
+            .iter()
+            .copied()
+            .chain([
+                HEALTH_SERVICE,
+                REFLECTION_V1_SERVICE,
+                REFLECTION_V1ALPHA_SERVICE,
+            ])
+            .collect(),
+    );
 
     let (reporter, health) = tonic_health::server::health_reporter();
     for name in &names {
@@ -333,6 +369,8 @@ pub async fn serve(
         .layer(TraceLayer::new(SharedClassifier::new(
             caller_errors_are_not_failures(),
         )))
+        // A server span continuing the caller's trace, and the answers counted by code.
+        .layer(observe)
         .add_routes(routes.routes())
         .serve_with_incoming_shutdown(incoming(listener), drain)
         .await?;

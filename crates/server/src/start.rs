@@ -69,6 +69,12 @@ pub trait ServiceConfig: Serialize + DeserializeOwned + Default {
     /// The operator's explicit leave to listen beyond loopback without authentication
     /// (the `insecure_no_auth` key, `--insecure-no-auth`).
     fn insecure_no_auth(&self) -> bool;
+
+    /// Where `/metrics` is served (the `metrics_listen` key); `None`: nowhere.
+    fn metrics_listen(&self) -> Option<SocketAddr>;
+
+    /// The `[telemetry]` section: traces, content, log format.
+    fn telemetry(&self) -> &agentloop_telemetry::TelemetryConfig;
 }
 
 /// What [`Service::start`] hands to the rest of `main`.
@@ -81,6 +87,11 @@ pub struct Started<C, V> {
     pub validated: V,
     /// Bound to `config.listen()`, not yet accepting.
     pub listener: TcpListener,
+    /// Bound to `config.metrics_listen()`, if set.
+    pub metrics_listener: Option<TcpListener>,
+    /// The service's telemetry: its tracer (exporting when configured) and its metrics,
+    /// served on `metrics_listen` already. Pass it to the service and its servers.
+    pub telemetry: agentloop_telemetry::Telemetry,
 }
 
 /// The outcome of [`Service::prepare`] when nothing is wrong.
@@ -124,6 +135,9 @@ pub enum StartError {
         /// The configured address.
         address: SocketAddr,
     },
+    /// The `[telemetry]` section is invalid, or its exporter cannot be built.
+    #[error("{0}")]
+    Telemetry(String),
     /// `--dump-config` cannot express the configuration in TOML (an integer above
     /// `i64::MAX`, which TOML has no room for).
     #[error("cannot print the configuration as TOML: {0}")]
@@ -249,17 +263,20 @@ impl Service {
     /// The common start of a service binary. In order:
     ///
     /// 1. installs the rustls crypto provider (validation may build HTTP clients);
-    /// 2. sets up the log, except with `--dump-config` (the log writes to stdout, which
-    ///    then carries the TOML alone);
+    /// 2. (the log waits for the configuration, which chooses its format);
     /// 3. loads the layered configuration: defaults, the file (`--config`, else
     ///    [`Service::config_env`]), [`Service::env_prefix`] variables, `overrides`
     ///    (the binary's flags, common ones included);
     /// 4. runs `validate`, the service's checks of what serde cannot check: they must
-    ///    not need the network, since `--dump-config` runs them too;
-    /// 5. refuses an address beyond loopback when callers are not authenticated, unless
+    ///    not need the network, since `--dump-config` runs them too; checks the
+    ///    `[telemetry]` section with the `OTEL_*` variables;
+    /// 5. sets up the log in the configured format, except with `--dump-config` (the
+    ///    log writes to stdout, which then carries the TOML alone);
+    /// 6. refuses an address beyond loopback when callers are not authenticated, unless
     ///    `insecure_no_auth` says to go on (with a warning);
-    /// 6. with `--dump-config`, prints the configuration and exits 0;
-    /// 7. binds `listen` and logs the bound address.
+    /// 7. with `--dump-config`, prints the configuration and exits 0;
+    /// 8. binds `listen` and `metrics_listen` (serving `/metrics` there), starts the
+    ///    tracer when an OTLP endpoint is configured, and logs the bound address.
     ///
     /// Any failure exits with [`EXIT_BAD_CONFIG`](crate::EXIT_BAD_CONFIG) (78) and
     /// `<service>: bad configuration: <why>` on stderr, e.g. `agentloop-ledger: bad
@@ -275,14 +292,37 @@ impl Service {
         E: Display,
     {
         crate::install_crypto_provider();
-        if !flags.dump_config {
-            crate::init_tracing(self.name);
-        }
+        let name = self.name;
+        let log = |config: &C| -> Result<(), StartError> {
+            let resolved = config
+                .telemetry()
+                .resolve(name, config::process_env())
+                .map_err(StartError::Telemetry)?;
+            if !flags.dump_config {
+                crate::init_log(name, resolved.log_format);
+            }
+            Ok(())
+        };
         match self
-            .prepare(flags, overrides, config::process_env(), validate)
+            .prepare_with(flags, overrides, config::process_env(), validate, log)
             .await
         {
-            Ok(Prepared::Serve(started)) => {
+            Ok(Prepared::Serve(mut started)) => {
+                crate::set_process_telemetry(&started.telemetry);
+                if let Some(listener) = started.metrics_listener.take() {
+                    let metrics = started.telemetry.metrics().clone();
+                    tokio::spawn(async move {
+                        if let Err(error) = agentloop_telemetry::metrics::serve(
+                            listener,
+                            metrics,
+                            std::future::pending(),
+                        )
+                        .await
+                        {
+                            tracing::error!(%error, "the metrics endpoint stopped");
+                        }
+                    });
+                }
                 let address = started
                     .listener
                     .local_addr()
@@ -305,7 +345,7 @@ impl Service {
         }
     }
 
-    /// Steps 3 to 7 of [`Service::start`] without exiting and with the environment
+    /// Steps 3 to 8 of [`Service::start`] without exiting and with the environment
     /// passed in, so tests neither end their process nor change its environment.
     pub async fn prepare<C, V, E>(
         &self,
@@ -313,6 +353,24 @@ impl Service {
         overrides: impl Serialize,
         env: impl IntoIterator<Item = (String, String)>,
         validate: impl FnOnce(&C) -> Result<V, E>,
+    ) -> Result<Prepared<C, V>, StartError>
+    where
+        C: ServiceConfig,
+        E: Display,
+    {
+        self.prepare_with(flags, overrides, env, validate, |_| Ok(()))
+            .await
+    }
+
+    /// [`Service::prepare`], calling `loaded` once the configuration is valid (the log
+    /// is set up there, before anything is logged about the start).
+    async fn prepare_with<C, V, E>(
+        &self,
+        flags: &CommonFlags,
+        overrides: impl Serialize,
+        env: impl IntoIterator<Item = (String, String)>,
+        validate: impl FnOnce(&C) -> Result<V, E>,
+        loaded: impl FnOnce(&C) -> Result<(), StartError>,
     ) -> Result<Prepared<C, V>, StartError>
     where
         C: ServiceConfig,
@@ -326,9 +384,15 @@ impl Service {
                 .find(|(key, value)| *key == config_env && !value.is_empty())
                 .map(|(_, value)| PathBuf::from(value))
         });
-        let config: C = config::load_from(file.as_deref(), env, &self.env_prefix(), overrides)?;
+        let config: C =
+            config::load_from(file.as_deref(), env.clone(), &self.env_prefix(), overrides)?;
         let validated =
             validate(&config).map_err(|error| StartError::Invalid(error.to_string()))?;
+        let resolved = config
+            .telemetry()
+            .resolve(self.name, env.iter().cloned())
+            .map_err(StartError::Telemetry)?;
+        loaded(&config)?;
         let address = config.listen();
         exposure(
             address,
@@ -341,10 +405,23 @@ impl Service {
         let listener = TcpListener::bind(address)
             .await
             .map_err(|source| StartError::Listen { address, source })?;
+        let metrics_listener = match config.metrics_listen() {
+            Some(address) => Some(
+                TcpListener::bind(address)
+                    .await
+                    .map_err(|source| StartError::Listen { address, source })?,
+            ),
+            None => None,
+        };
+        let telemetry =
+            agentloop_telemetry::Telemetry::start(&resolved, agentloop_telemetry::Metrics::new())
+                .map_err(|error| StartError::Telemetry(error.to_string()))?;
         Ok(Prepared::Serve(Started {
             config,
             validated,
             listener,
+            metrics_listener,
+            telemetry,
         }))
     }
 
@@ -386,6 +463,8 @@ mod tests {
         listen: Option<SocketAddr>,
         authenticated: bool,
         insecure_no_auth: bool,
+        metrics_listen: Option<SocketAddr>,
+        telemetry: agentloop_telemetry::TelemetryConfig,
     }
 
     impl ServiceConfig for Config {
@@ -400,6 +479,14 @@ mod tests {
 
         fn insecure_no_auth(&self) -> bool {
             self.insecure_no_auth
+        }
+
+        fn metrics_listen(&self) -> Option<SocketAddr> {
+            self.metrics_listen
+        }
+
+        fn telemetry(&self) -> &agentloop_telemetry::TelemetryConfig {
+            &self.telemetry
         }
     }
 

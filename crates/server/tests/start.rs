@@ -64,6 +64,16 @@ impl ServiceConfig for TestConfig {
     fn insecure_no_auth(&self) -> bool {
         false
     }
+
+    fn metrics_listen(&self) -> Option<SocketAddr> {
+        None
+    }
+
+    fn telemetry(&self) -> &agentloop_telemetry::TelemetryConfig {
+        static NONE: std::sync::LazyLock<agentloop_telemetry::TelemetryConfig> =
+            std::sync::LazyLock::new(Default::default);
+        &NONE
+    }
 }
 
 /// A main's flags: the common ones flattened, plus one of its own.

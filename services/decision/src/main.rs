@@ -39,6 +39,8 @@ async fn main() -> anyhow::Result<()> {
         config,
         listener,
         validated: server,
+        telemetry,
+        ..
     } = SERVICE
         .start(&flags.common, &flags, DecisionServer::from_config)
         .await;
@@ -50,5 +52,7 @@ async fn main() -> anyhow::Result<()> {
         agentloop_server::shutdown_signal(),
     )
     .await?;
+    // The spans still buffered leave before the process does.
+    telemetry.shutdown().await;
     Ok(())
 }

@@ -79,7 +79,10 @@ async fn main() -> anyhow::Result<()> {
     // Opening the executor creates the data directory, which `--dump-config` must not:
     // only the faults are checked before the start.
     let Started {
-        config, listener, ..
+        config,
+        listener,
+        telemetry,
+        ..
     } = SERVICE
         .start(&flags.common, &flags, |config: &DemoConfig| {
             config.faults.validate()
@@ -102,5 +105,7 @@ async fn main() -> anyhow::Result<()> {
         agentloop_server::shutdown_signal(),
     )
     .await?;
+    // The spans still buffered leave before the process does.
+    telemetry.shutdown().await;
     Ok(())
 }

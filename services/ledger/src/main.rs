@@ -39,7 +39,10 @@ struct Flags {
 async fn main() -> anyhow::Result<()> {
     let flags = SERVICE.parse::<Flags, LedgerConfig>();
     let Started {
-        config, listener, ..
+        config,
+        listener,
+        telemetry,
+        ..
     } = SERVICE
         .start(&flags.common, &flags, LedgerConfig::validate)
         .await;
@@ -53,5 +56,7 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     tracing::info!("effect ledger stopped");
+    // The spans still buffered leave before the process does.
+    telemetry.shutdown().await;
     Ok(())
 }

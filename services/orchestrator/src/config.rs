@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 pub struct OrchestratorConfig {
     /// Address to serve gRPC on.
     pub listen: SocketAddr,
+    /// Where `/metrics` is served, as IP:port (Prometheus); unset: nowhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Where the embedded event store keeps its files (unused with `database_url`).
     pub data_dir: PathBuf,
     /// A PostgreSQL event store (`postgres://…`) shared by several orchestrator
@@ -49,6 +52,8 @@ pub struct OrchestratorConfig {
     /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`):
     /// anyone who reaches the port acts as any tenant. Logged as a warning at start.
     pub insecure_no_auth: bool,
+    /// Traces (OTLP), what content they may carry, and the log format (`[telemetry]`).
+    pub telemetry: agentloop_telemetry::TelemetryConfig,
 }
 
 impl Default for OrchestratorConfig {
@@ -70,6 +75,8 @@ impl Default for OrchestratorConfig {
             auth: AuthConfig::default(),
             tenants: TenantLimits::default(),
             insecure_no_auth: false,
+            metrics_listen: None,
+            telemetry: agentloop_telemetry::TelemetryConfig::default(),
         }
     }
 }
@@ -86,6 +93,14 @@ impl agentloop_server::ServiceConfig for OrchestratorConfig {
 
     fn insecure_no_auth(&self) -> bool {
         self.insecure_no_auth
+    }
+
+    fn metrics_listen(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_listen
+    }
+
+    fn telemetry(&self) -> &agentloop_telemetry::TelemetryConfig {
+        &self.telemetry
     }
 }
 

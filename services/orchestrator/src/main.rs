@@ -63,7 +63,10 @@ struct Flags {
 async fn main() -> anyhow::Result<()> {
     let flags = SERVICE.parse::<Flags, OrchestratorConfig>();
     let Started {
-        config, listener, ..
+        config,
+        listener,
+        telemetry,
+        ..
     } = SERVICE
         .start(&flags.common, &flags, OrchestratorConfig::validate)
         .await;
@@ -110,5 +113,7 @@ async fn main() -> anyhow::Result<()> {
     orchestrator.resume().await?;
     let shutdown = agentloop_server::shutdown_signal();
     agentloop_orchestrator::run(listener, orchestrator, auth, tls, shutdown).await?;
+    // The spans still buffered leave before the process does.
+    telemetry.shutdown().await;
     Ok(())
 }

@@ -43,7 +43,10 @@ async fn main() -> anyhow::Result<()> {
     // The tool descriptors may come from the network: only their source is checked
     // before the start.
     let Started {
-        config, listener, ..
+        config,
+        listener,
+        telemetry,
+        ..
     } = SERVICE
         .start(&flags.common, &flags, PolicyConfig::validate)
         .await;
@@ -66,5 +69,7 @@ async fn main() -> anyhow::Result<()> {
         agentloop_server::shutdown_signal(),
     )
     .await?;
+    // The spans still buffered leave before the process does.
+    telemetry.shutdown().await;
     Ok(())
 }

@@ -57,12 +57,17 @@ pub use gateway::{Gateway, GatewayLimits, InProcessExecutors, MAX_ID_BYTES, MAX_
 pub struct ToolsServiceConfig {
     /// Address to serve on.
     pub listen: std::net::SocketAddr,
+    /// Where `/metrics` is served, as IP:port (Prometheus); unset: nowhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// The callers it accepts, each by its service token (`[[auth.callers]]`). With
     /// none, anyone who reaches the port is served, so it must be loopback (or
     /// `insecure_no_auth`).
     pub auth: agentloop_auth::CallersConfig,
     /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
     pub insecure_no_auth: bool,
+    /// Traces (OTLP), what content they may carry, and the log format (`[telemetry]`).
+    pub telemetry: agentloop_telemetry::TelemetryConfig,
     /// TLS on the listener; with `client_ca_file`, mutual TLS, and `auth.callers` may name
     /// callers by the SPIFFE ID of their certificates.
     pub server_tls: Option<agentloop_server::ServerTls>,
@@ -87,6 +92,8 @@ impl Default for ToolsServiceConfig {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 50054)),
             auth: agentloop_auth::CallersConfig::default(),
             insecure_no_auth: false,
+            metrics_listen: None,
+            telemetry: agentloop_telemetry::TelemetryConfig::default(),
             server_tls: None,
             tools: None,
             registrars: Vec::new(),
@@ -109,6 +116,14 @@ impl agentloop_server::ServiceConfig for ToolsServiceConfig {
 
     fn insecure_no_auth(&self) -> bool {
         self.insecure_no_auth
+    }
+
+    fn metrics_listen(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_listen
+    }
+
+    fn telemetry(&self) -> &agentloop_telemetry::TelemetryConfig {
+        &self.telemetry
     }
 }
 

@@ -57,6 +57,8 @@ async fn main() -> anyhow::Result<()> {
         config,
         validated: registry,
         listener,
+        telemetry,
+        ..
     } = SERVICE.start(&flags.common, &flags, registry).await;
     let executors = registry.executors.len();
     let client = SERVICE.client(
@@ -82,5 +84,7 @@ async fn main() -> anyhow::Result<()> {
         agentloop_server::shutdown_signal(),
     )
     .await?;
+    // The spans still buffered leave before the process does.
+    telemetry.shutdown().await;
     Ok(())
 }

@@ -138,6 +138,8 @@ impl Service<Request<Body>> for Transport {
                 .entry(AUTHORIZATION)
                 .or_insert_with(|| authorization.clone());
         }
+        // The caller's trace goes on with the call (`traceparent`), when it is traced.
+        agentloop_telemetry::inject(request.headers_mut());
         match &mut self.route {
             Route::Plain(plain) => Box::pin(Arc::clone(plain).call(request)),
             Route::Tls(channel) => {
