@@ -96,7 +96,8 @@ pub fn install_crypto_provider() {
     });
 }
 
-/// Sets up the log of a service binary (step 4 of [`Service::start`]): `RUST_LOG` syntax
+/// Sets up the log of a service binary (step 4 of [`Service::start`], once the
+/// configuration chose the format): `RUST_LOG` syntax
 /// (default `info`), text lines or, with `format` JSON, JSON lines with trace IDs. Safe
 /// to call more than once (later calls, and calls after a test harness installed its own
 /// subscriber, do nothing).

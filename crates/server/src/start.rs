@@ -263,19 +263,18 @@ impl Service {
     /// The common start of a service binary. In order:
     ///
     /// 1. installs the rustls crypto provider (validation may build HTTP clients);
-    /// 2. (the log waits for the configuration, which chooses its format);
-    /// 3. loads the layered configuration: defaults, the file (`--config`, else
+    /// 2. loads the layered configuration: defaults, the file (`--config`, else
     ///    [`Service::config_env`]), [`Service::env_prefix`] variables, `overrides`
     ///    (the binary's flags, common ones included);
-    /// 4. runs `validate`, the service's checks of what serde cannot check: they must
+    /// 3. runs `validate`, the service's checks of what serde cannot check: they must
     ///    not need the network, since `--dump-config` runs them too; checks the
     ///    `[telemetry]` section with the `OTEL_*` variables;
-    /// 5. sets up the log in the configured format, except with `--dump-config` (the
+    /// 4. sets up the log in the configured format, except with `--dump-config` (the
     ///    log writes to stdout, which then carries the TOML alone);
-    /// 6. refuses an address beyond loopback when callers are not authenticated, unless
+    /// 5. refuses an address beyond loopback when callers are not authenticated, unless
     ///    `insecure_no_auth` says to go on (with a warning);
-    /// 7. with `--dump-config`, prints the configuration and exits 0;
-    /// 8. binds `listen` and `metrics_listen` (serving `/metrics` there), starts the
+    /// 6. with `--dump-config`, prints the configuration and exits 0;
+    /// 7. binds `listen` and `metrics_listen` (serving `/metrics` there), starts the
     ///    tracer when an OTLP endpoint is configured, and logs the bound address.
     ///
     /// Any failure exits with [`EXIT_BAD_CONFIG`](crate::EXIT_BAD_CONFIG) (78) and
@@ -292,16 +291,10 @@ impl Service {
         E: Display,
     {
         crate::install_crypto_provider();
-        let name = self.name;
-        let log = |config: &C| -> Result<(), StartError> {
-            let resolved = config
-                .telemetry()
-                .resolve(name, config::process_env())
-                .map_err(StartError::Telemetry)?;
+        let log = |resolved: &agentloop_telemetry::config::Resolved| {
             if !flags.dump_config {
-                crate::init_log(name, resolved.log_format);
+                crate::init_log(self.name, resolved.log_format);
             }
-            Ok(())
         };
         match self
             .prepare_with(flags, overrides, config::process_env(), validate, log)
@@ -345,7 +338,7 @@ impl Service {
         }
     }
 
-    /// Steps 3 to 8 of [`Service::start`] without exiting and with the environment
+    /// Steps 2 to 7 of [`Service::start`] without exiting and with the environment
     /// passed in, so tests neither end their process nor change its environment.
     pub async fn prepare<C, V, E>(
         &self,
@@ -358,19 +351,20 @@ impl Service {
         C: ServiceConfig,
         E: Display,
     {
-        self.prepare_with(flags, overrides, env, validate, |_| Ok(()))
+        self.prepare_with(flags, overrides, env, validate, |_| ())
             .await
     }
 
-    /// [`Service::prepare`], calling `loaded` once the configuration is valid (the log
-    /// is set up there, before anything is logged about the start).
+    /// [`Service::prepare`], calling `loaded` with the telemetry settings once the
+    /// configuration is valid (the log is set up there, before anything is logged about
+    /// the start).
     async fn prepare_with<C, V, E>(
         &self,
         flags: &CommonFlags,
         overrides: impl Serialize,
         env: impl IntoIterator<Item = (String, String)>,
         validate: impl FnOnce(&C) -> Result<V, E>,
-        loaded: impl FnOnce(&C) -> Result<(), StartError>,
+        loaded: impl FnOnce(&agentloop_telemetry::config::Resolved),
     ) -> Result<Prepared<C, V>, StartError>
     where
         C: ServiceConfig,
@@ -392,7 +386,7 @@ impl Service {
             .telemetry()
             .resolve(self.name, env.iter().cloned())
             .map_err(StartError::Telemetry)?;
-        loaded(&config)?;
+        loaded(&resolved);
         let address = config.listen();
         exposure(
             address,
