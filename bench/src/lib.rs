@@ -436,6 +436,14 @@ fn answer_from(history: &[pb::Event]) -> String {
 
 #[async_trait::async_trait]
 impl Model for BenchModel {
+    fn provider(&self) -> &'static str {
+        "bench"
+    }
+
+    fn request_model(&self) -> &str {
+        "bench"
+    }
+
     async fn decide_with(
         &self,
         request: &pb::DecideRequest,
@@ -599,9 +607,9 @@ impl Deployment {
         };
         let stack = Stack::start(StackOptions {
             wiring,
-            listen: "127.0.0.1:0".to_owned(),
             orchestrator,
             services,
+            ..StackOptions::embedded(dir.to_path_buf())
         })
         .await?;
         let client = match options.mode {

@@ -27,7 +27,9 @@ use agentloop_auth::{Authenticator, Callers};
 use agentloop_decision::{DecisionServer, Model};
 use agentloop_demo_executor::{DemoConfig, DemoExecutor};
 use agentloop_ledger::{LedgerConfig, LedgerService};
-use agentloop_orchestrator::{Api, InProcess, Orchestrator, OrchestratorConfig, Ports, wire};
+use agentloop_orchestrator::{
+    Api, InProcess, Orchestrator, OrchestratorConfig, Ports, Workers, wire,
+};
 use agentloop_policy::{PolicyConfig, PolicyServer, Profiles};
 use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::server;
@@ -35,6 +37,7 @@ use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_server::{Access, ServeError, ServiceSet};
 use agentloop_store::{EventStore, SqliteStore, StoreError};
+use agentloop_telemetry::Telemetry;
 use agentloop_tools::{Gateway, GatewayLimits, ToolsConfig, VerifierEntry};
 use anyhow::{Context, bail};
 use tokio::net::TcpListener;
@@ -141,10 +144,43 @@ pub struct ServicesOptions {
     /// The model for invocations started without a script; `None`: they end
     /// `model_error`.
     pub model: Option<Arc<dyn Model>>,
+    /// What each service records its spans and metrics with.
+    pub telemetry: ServiceTelemetry,
+}
+
+/// The telemetry of each service, as each would have its own in its own process: a test
+/// gives each an exporter under its own `service.name` and reads each one's metrics.
+/// [`ServiceTelemetry::shared`] gives them all one (a process's, embedded).
+#[derive(Debug, Clone)]
+pub struct ServiceTelemetry {
+    /// The decision service's.
+    pub decision: Telemetry,
+    /// The policy service's.
+    pub policy: Telemetry,
+    /// The tool gateway's.
+    pub tools: Telemetry,
+    /// The effect ledger's.
+    pub ledger: Telemetry,
+    /// The demo executor's.
+    pub demo_executor: Telemetry,
+}
+
+impl ServiceTelemetry {
+    /// `telemetry` for every service.
+    pub fn shared(telemetry: &Telemetry) -> ServiceTelemetry {
+        ServiceTelemetry {
+            decision: telemetry.clone(),
+            policy: telemetry.clone(),
+            tools: telemetry.clone(),
+            ledger: telemetry.clone(),
+            demo_executor: telemetry.clone(),
+        }
+    }
 }
 
 impl ServicesOptions {
-    /// The defaults over `data_dir`: the demo tools, default limits, no model.
+    /// The defaults over `data_dir`: the demo tools, default limits, no model, the
+    /// process's telemetry.
     pub fn new(data_dir: PathBuf) -> ServicesOptions {
         ServicesOptions {
             data_dir,
@@ -156,6 +192,7 @@ impl ServicesOptions {
             policy: PolicyConfig::default(),
             ledger: LedgerConfig::default(),
             model: None,
+            telemetry: ServiceTelemetry::shared(&agentloop_server::process_telemetry()),
         }
     }
 }
@@ -236,6 +273,8 @@ pub struct Services {
     policies: Arc<Profiles>,
     /// Reloads the policies when their files change, for as long as the services run.
     _policy_watch: AbortOnDropHandle<()>,
+    /// Counts the ledger's unresolved effects for its metrics.
+    _ledger_count: AbortOnDropHandle<()>,
 }
 
 impl Services {
@@ -253,8 +292,13 @@ impl Services {
             data_dir: options.data_dir.join(LEDGER_DIR),
             ..options.ledger
         };
-        let ledger = LedgerService::new(ledger_config.open_store().await?);
-        let decision = DecisionServer::new(options.model);
+        let telemetry = options.telemetry;
+        let ledger =
+            LedgerService::new(ledger_config.open_store().await?).with_telemetry(&telemetry.ledger);
+        let ledger_count = AbortOnDropHandle::new(tokio::spawn(
+            ledger.clone().keep_counting(agentloop_ledger::COUNT_EVERY),
+        ));
+        let decision = DecisionServer::new(options.model).with_telemetry(&telemetry.decision);
         let tools_for = |endpoint: &str| -> anyhow::Result<ToolsConfig> {
             let mut tools = match &options.tools {
                 Some(tools) => tools.clone(),
@@ -280,7 +324,8 @@ impl Services {
                     vec![(IN_PROCESS_EXECUTOR.to_owned(), executor)],
                     ClientConfig::default(),
                 )
-                .await?;
+                .await?
+                .with_telemetry(&telemetry.tools);
                 let (policy, policy_watch) = policy_service(&gateway, &options.policy)?;
                 let policies = Arc::clone(policy.profiles());
                 let ports = Ports {
@@ -295,6 +340,7 @@ impl Services {
                     reached: Reached::InProcess,
                     policies,
                     _policy_watch: policy_watch,
+                    _ledger_count: ledger_count,
                 })
             }
             Wiring::Distributed => {
@@ -328,35 +374,46 @@ impl Services {
                 let (listener, demo_executor) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
-                    ServiceSet::new().add_for(server::tool_executor(demo.clone()), &gateway_caller),
+                    ServiceSet::new()
+                        .telemetry(&telemetry.demo_executor)
+                        .add_for(server::tool_executor(demo.clone()), &gateway_caller),
                 );
                 let tools = tools_for(&demo_executor)?;
                 let as_gateway = ClientConfig::default().with_bearer(Some(&tokens.tools))?;
                 let gateway =
                     Gateway::with_in_process(tools, options.gateway, Vec::new(), as_gateway)
                         .await?
+                        .with_telemetry(&telemetry.tools)
                         .with_registrars(vec![REGISTRAR.to_owned()]);
                 let (policy, policy_watch) = policy_service(&gateway, &options.policy)?;
                 let policies = Arc::clone(policy.profiles());
                 let (listener, tools) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
-                    ServiceSet::new().add_for(server::tool_gateway(gateway), &gateway_access),
+                    ServiceSet::new()
+                        .telemetry(&telemetry.tools)
+                        .add_for(server::tool_gateway(gateway), &gateway_access),
                 );
                 let (listener, policy_endpoint) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
-                    ServiceSet::new().add_for(server::policy(policy), &orchestrator),
+                    ServiceSet::new()
+                        .telemetry(&telemetry.policy)
+                        .add_for(server::policy(policy), &orchestrator),
                 );
                 let (listener, decision_endpoint) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
-                    ServiceSet::new().add_for(server::decision(decision), &orchestrator),
+                    ServiceSet::new()
+                        .telemetry(&telemetry.decision)
+                        .add_for(server::decision(decision), &orchestrator),
                 );
                 let (listener, ledger_endpoint) = listen("127.0.0.1:0").await?;
                 serve(
                     listener,
-                    ServiceSet::new().add_for(server::effect_ledger(ledger), &orchestrator),
+                    ServiceSet::new()
+                        .telemetry(&telemetry.ledger)
+                        .add_for(server::effect_ledger(ledger), &orchestrator),
                 );
                 let as_orchestrator = Some(tokens.orchestrator.as_str());
                 let ports = Ports::grpc(
@@ -383,6 +440,7 @@ impl Services {
                     },
                     policies,
                     _policy_watch: policy_watch,
+                    _ledger_count: ledger_count,
                 })
             }
         }
@@ -439,6 +497,8 @@ pub struct StackOptions {
     pub orchestrator: OrchestratorConfig,
     /// The other services.
     pub services: ServicesOptions,
+    /// What the orchestrator records its spans and metrics with.
+    pub telemetry: Telemetry,
 }
 
 impl StackOptions {
@@ -449,6 +509,7 @@ impl StackOptions {
             listen: "127.0.0.1:0".into(),
             orchestrator: OrchestratorConfig::default(),
             services: ServicesOptions::new(data_dir),
+            telemetry: agentloop_server::process_telemetry(),
         }
     }
 }
@@ -488,7 +549,14 @@ impl Stack {
             ..options.orchestrator
         };
         let auth = Authenticator::from_config(&config.auth).await?;
-        let orchestrator = Orchestrator::new(config, Arc::new(store.clone()), services.ports());
+        let workers = Workers::in_process(&config.workers);
+        let orchestrator = Orchestrator::with_workers(
+            config,
+            Arc::new(store.clone()),
+            services.ports(),
+            workers,
+            options.telemetry,
+        );
         // The public port: the orchestrator's API alone, whatever the wiring.
         let api = orchestrator.api(auth);
         let served = ServiceSet::new().add(server::orchestrator(api.clone()));

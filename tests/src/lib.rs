@@ -18,7 +18,8 @@ use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
-use agentloop_stack::{ServicesOptions, Stack, StackOptions};
+use agentloop_stack::{ServiceTelemetry, ServicesOptions, Stack, StackOptions};
+use agentloop_telemetry::Telemetry;
 use futures::StreamExt;
 use tempfile::TempDir;
 use tonic::{Status, Streaming};
@@ -53,6 +54,7 @@ macro_rules! both_wirings {
 #[derive(Debug)]
 pub struct System {
     stack: Stack,
+    telemetry: Telemetry,
     _dir: TempDir,
 }
 
@@ -74,14 +76,31 @@ impl System {
     ) -> System {
         agentloop_server::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
+        // One registry for every service, so a test reads all of their metrics at once.
+        let telemetry = Telemetry::off();
         let mut options = StackOptions {
             wiring,
             orchestrator: config,
+            telemetry: telemetry.clone(),
             ..StackOptions::embedded(dir.path().join("data"))
         };
+        options.services.telemetry = ServiceTelemetry::shared(&telemetry);
         configure(&mut options.services);
         let stack = Stack::start(options).await.unwrap();
-        System { stack, _dir: dir }
+        System {
+            stack,
+            telemetry,
+            _dir: dir,
+        }
+    }
+
+    /// The value of the metric sample `series` (`name{labels}` as the text format prints
+    /// it) across every service; `None` when no such sample is recorded.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let text = self.telemetry.metrics().encode();
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .map(|value| value.parse().unwrap())
     }
 
     /// The demo executor, to observe what tools saw.

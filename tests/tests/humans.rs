@@ -287,6 +287,11 @@ async fn approve_applies_the_write_exactly_once(wiring: Wiring) {
     );
     assert_eq!(end.reason(), pb::TerminalReason::ApprovalRequired);
     assert_eq!(end.proposal_digest.len(), 64, "{end:?}");
+    system.stack().orchestrator().count_waiting().await.unwrap();
+    assert_eq!(
+        system.metric("agentloop_invocations_waiting{for=\"approval\"}"),
+        Some(1.0)
+    );
 
     // What an approver sees: the exact calls, canonical, under the digest to name.
     let waiting = get(&mut client, &id).await;
@@ -545,6 +550,12 @@ async fn a_clarification_answer_resumes_the_run(wiring: Wiring) {
     );
     assert!(waiting.pending_approval.is_none());
     assert!(waiting.waiting_since.is_some() && waiting.wait_until.is_some());
+    let orchestrator = system.stack().orchestrator();
+    orchestrator.count_waiting().await.unwrap();
+    let waiting_for =
+        |what: &str| system.metric(&format!("agentloop_invocations_waiting{{for=\"{what}\"}}"));
+    assert_eq!(waiting_for("clarification"), Some(1.0));
+    assert_eq!(waiting_for("approval"), Some(0.0));
 
     let resumed = answer(&mut client, &id, "savings, please").await.unwrap();
     assert_ne!(resumed.state(), pb::InvocationState::Waiting);
@@ -567,6 +578,8 @@ async fn a_clarification_answer_resumes_the_run(wiring: Wiring) {
     let ended = get(&mut client, &id).await;
     assert_eq!(reason(&ended), pb::TerminalReason::Completed);
     assert_eq!(ended.answer.as_deref(), Some("refunded to savings"));
+    orchestrator.count_waiting().await.unwrap();
+    assert_eq!(waiting_for("clarification"), Some(0.0));
     system.stop().await;
 }
 

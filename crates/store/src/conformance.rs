@@ -1231,6 +1231,10 @@ pub async fn waits_for_humans(store: Arc<dyn EventStore>) {
         .await
         .unwrap();
     assert_eq!(waiting.len(), 2);
+    assert_eq!(
+        store.count_waiting().await.unwrap(),
+        vec![(TerminalReason::ClarificationRequired, 2)]
+    );
 
     assert!(
         store
@@ -1268,6 +1272,10 @@ pub async fn waits_for_humans(store: Arc<dyn EventStore>) {
         vec![soon],
         "a resumed invocation no longer waits"
     );
+    assert_eq!(
+        store.count_waiting().await.unwrap(),
+        vec![(TerminalReason::ClarificationRequired, 1)]
+    );
 
     // A final end after the wait closes it for good.
     store
@@ -1290,6 +1298,7 @@ pub async fn waits_for_humans(store: Arc<dyn EventStore>) {
             .unwrap()
             .is_empty()
     );
+    assert!(store.count_waiting().await.unwrap().is_empty());
     assert!(matches!(
         store.append(soon, append_of(3, 1, &[answer(4)])).await,
         Err(StoreError::Ended(_))

@@ -31,7 +31,7 @@ mod sqlite;
 pub mod testing;
 mod writer;
 
-use agentloop_engine::{EndRecord, Event, Totals, UnixMillis};
+use agentloop_engine::{EndRecord, Event, TerminalReason, Totals, UnixMillis};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -265,4 +265,25 @@ pub trait EventStore: Send + Sync + 'static {
     /// IDs of waiting invocations whose wait bound passed by `now`, soonest first, up to
     /// `limit` (capped at [`MAX_PAGE_SIZE`]).
     async fn expired_waits(&self, now: UnixMillis, limit: u32) -> Result<Vec<Uuid>, StoreError>;
+
+    /// How many invocations wait for a human, by the reason their run stopped
+    /// (`approval_required`, `clarification_required`); a reason absent has none.
+    /// Counted over the index of waiting invocations, for the metrics.
+    async fn count_waiting(&self) -> Result<Vec<(TerminalReason, u64)>, StoreError>;
+}
+
+/// The rows of a `count_waiting` query (reason name, count) as its answer. A row whose
+/// reason does not parse is corrupt.
+pub(crate) fn waiting_counts(
+    rows: Vec<(Option<String>, i64)>,
+) -> Result<Vec<(TerminalReason, u64)>, StoreError> {
+    rows.into_iter()
+        .map(|(reason, count)| {
+            let reason = reason.unwrap_or_default();
+            let parsed = reason.parse::<TerminalReason>().map_err(|_| {
+                StoreError::Corrupt(format!("a waiting invocation ended {reason:?}"))
+            })?;
+            Ok((parsed, u64::try_from(count).unwrap_or_default()))
+        })
+        .collect()
 }

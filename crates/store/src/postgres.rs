@@ -16,7 +16,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use agentloop_engine::{Totals, UnixMillis};
+use agentloop_engine::{TerminalReason, Totals, UnixMillis};
 use async_trait::async_trait;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
@@ -386,6 +386,16 @@ impl EventStore for PgStore {
         .fetch_all(&self.pool)
         .await?;
         ids.iter().map(|text| parse_id(text)).collect()
+    }
+
+    async fn count_waiting(&self) -> Result<Vec<(TerminalReason, u64)>, StoreError> {
+        let rows = sqlx::query_as(
+            "SELECT end_record::jsonb ->> 'reason', COUNT(*) FROM invocations \
+             WHERE state = 'waiting' GROUP BY 1",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        crate::waiting_counts(rows)
     }
 }
 

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentloop_engine::UnixMillis;
+use agentloop_engine::{TerminalReason, UnixMillis};
 use async_trait::async_trait;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
@@ -384,6 +384,16 @@ impl EventStore for SqliteStore {
         .fetch_all(&self.pool)
         .await?;
         ids.iter().map(|text| parse_id(text)).collect()
+    }
+
+    async fn count_waiting(&self) -> Result<Vec<(TerminalReason, u64)>, StoreError> {
+        let rows = sqlx::query_as(
+            "SELECT json_extract(end_record, '$.reason'), COUNT(*) FROM invocations \
+             WHERE state = 'waiting' GROUP BY 1",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        crate::waiting_counts(rows)
     }
 }
 

@@ -94,6 +94,22 @@ impl Telemetry {
         self.inner.spans.start_span(kind, Some(parent), what)
     }
 
+    /// Starts a span of `kind` that continues `earlier` (a span that ended in another
+    /// process or an earlier life of this one, named by its stored `traceparent`): its
+    /// child, so that both are one trace, and linked to it.
+    pub fn span_after(
+        &self,
+        kind: SpanKind,
+        earlier: SpanContext,
+        what: impl FnOnce() -> SpanStart,
+    ) -> ActiveSpan {
+        use opentelemetry::trace::TraceContextExt as _;
+        let parent = Context::new().with_remote_span_context(earlier.clone());
+        self.inner
+            .spans
+            .start_span(kind, Some(&parent), || what().linked(earlier))
+    }
+
     /// The service's metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics

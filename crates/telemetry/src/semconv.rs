@@ -63,9 +63,13 @@ pub const TENANT: &str = "agentloop.tenant";
 pub const TURN: &str = "agentloop.turn";
 /// `agentloop.terminal_reason`: how an invocation ended (on its last `invoke_agent`).
 pub const TERMINAL_REASON: &str = "agentloop.terminal_reason";
-/// `agentloop.resumed_by`: what continues an invocation in this span (`approval`,
-/// `takeover`, `restart`); absent on the first.
+/// `agentloop.resumed_by`: what continues an invocation in this span (`reply`: a
+/// human answered its wait; `sweep`: a restart or a worker gone; `handoff`: a worker
+/// drained); absent on the first.
 pub const RESUMED_BY: &str = "agentloop.resumed_by";
+/// On the span of a `StartInvocation` whose idempotency key named an existing
+/// invocation: nothing new runs under it.
+pub const REPLAYED: &str = "agentloop.start.replayed";
 /// `agentloop.effect.key`: the business change a write call makes.
 pub const EFFECT_KEY: &str = "agentloop.effect.key";
 /// `agentloop.tool.outcome`: `output`, `error`, `cancelled`, `not_started`, `unknown`.

@@ -263,6 +263,18 @@ impl ActiveSpan {
         }
     }
 
+    /// [`ActiveSpan::scope`], boxed: without a span, the box holds `future` alone, so
+    /// an operation that is kept while it waits costs nothing more with traces off.
+    pub fn boxed<'a, T>(
+        &self,
+        future: impl Future<Output = T> + Send + 'a,
+    ) -> std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>> {
+        match &self.0 {
+            Some(cx) => Box::pin(future.with_context(Context::clone(cx))),
+            None => Box::pin(future),
+        }
+    }
+
     /// Runs `f` with this span current.
     pub fn enter<T>(&self, f: impl FnOnce() -> T) -> T {
         match &self.0 {

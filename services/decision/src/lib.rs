@@ -39,6 +39,7 @@
 mod adapter;
 mod cache;
 mod model;
+mod observe;
 mod price;
 mod script;
 
@@ -200,6 +201,7 @@ pub struct DecisionServer {
     default_model: Option<Arc<dyn Model>>,
     profiles: Arc<BTreeMap<String, Arc<dyn Model>>>,
     scripts: Arc<ScriptCache>,
+    recorded: observe::Recorded,
 }
 
 impl DecisionServer {
@@ -210,7 +212,16 @@ impl DecisionServer {
             default_model,
             profiles: Arc::new(BTreeMap::new()),
             scripts: Arc::new(ScriptCache::new()),
+            recorded: observe::Recorded::new(agentloop_telemetry::Telemetry::off()),
         }
+    }
+
+    /// The same server, recording its model calls (`chat {model}` spans, the model
+    /// metrics) through `telemetry`.
+    #[must_use]
+    pub fn with_telemetry(mut self, telemetry: &agentloop_telemetry::Telemetry) -> DecisionServer {
+        self.recorded = observe::Recorded::new(telemetry.clone());
+        self
     }
 
     /// The same server, with requests for `profile` (without a script) going to `model`.
@@ -321,14 +332,14 @@ impl DecisionServer {
         }
         if !request.scripted_model_json.is_empty() {
             let script = self.scripts.get_or_parse(&request.scripted_model_json)?;
-            return script.decide_with(request, tools).await;
+            return self.recorded.chat(&*script, request, tools).await;
         }
         match self
             .profiles
             .get(&request.profile)
             .or(self.default_model.as_ref())
         {
-            Some(model) => model.decide_with(request, tools).await,
+            Some(model) => self.recorded.chat(&**model, request, tools).await,
             None => Err(ModelError::NoModel),
         }
     }

@@ -47,7 +47,7 @@ async fn main() -> anyhow::Result<()> {
     let access = SERVICE.access(&config.auth, config.server_tls.as_ref());
     agentloop_decision::run(
         listener,
-        server,
+        server.with_telemetry(&telemetry),
         access,
         agentloop_server::shutdown_signal(),
     )

@@ -114,6 +114,13 @@ pub trait Model: Send + Sync + fmt::Debug {
     async fn decide(&self, request: &DecideRequest) -> Result<ModelReply, ModelError> {
         self.decide_with(request, &request.tools).await
     }
+
+    /// Who serves it, as `gen_ai.provider.name` and the metrics' `provider` label name
+    /// it (`openai`, `anthropic`, `scripted`).
+    fn provider(&self) -> &'static str;
+
+    /// The model it asks for, as configured (`gen_ai.request.model`, the `model` label).
+    fn request_model(&self) -> &str;
 }
 
 fn call(call: &ScriptedCall) -> ToolCall {
@@ -130,6 +137,14 @@ fn decision(kind: Kind) -> Outcome {
 
 #[async_trait::async_trait]
 impl Model for ScriptedModel {
+    fn provider(&self) -> &'static str {
+        SCRIPTED_MODEL_NAME
+    }
+
+    fn request_model(&self) -> &str {
+        SCRIPTED_MODEL_NAME
+    }
+
     async fn decide_with(
         &self,
         request: &DecideRequest,

@@ -75,6 +75,14 @@ impl PricedModel {
 
 #[async_trait::async_trait]
 impl Model for PricedModel {
+    fn provider(&self) -> &'static str {
+        self.model.provider()
+    }
+
+    fn request_model(&self) -> &str {
+        self.model.request_model()
+    }
+
     async fn decide_with(
         &self,
         request: &DecideRequest,

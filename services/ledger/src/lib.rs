@@ -26,6 +26,7 @@
 #![warn(missing_docs)]
 
 pub mod error;
+mod observe;
 pub mod service;
 pub mod state;
 pub mod store;
@@ -198,6 +199,10 @@ impl LedgerConfig {
     }
 }
 
+/// How often a serving ledger counts its unresolved effects for
+/// `agentloop_effects_unresolved` (an indexed count, cheap at any size).
+pub const COUNT_EVERY: Duration = Duration::from_secs(15);
+
 /// Why [`run`] stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -221,11 +226,12 @@ pub async fn run(
     let store = config.open_store().await?;
     let durability = store.durability().await?;
     tracing::info!(backend = %config.describe_backend(), %durability, "effect ledger store open");
-    let services = agentloop_server::ServiceSet::new().add_for(
-        agentloop_proto::server::effect_ledger(LedgerService::new(store.clone())),
-        &access,
-    );
+    let service = LedgerService::new(store.clone());
+    let counting = tokio::spawn(service.clone().keep_counting(COUNT_EVERY));
+    let services = agentloop_server::ServiceSet::new()
+        .add_for(agentloop_proto::server::effect_ledger(service), &access);
     let served = agentloop_server::serve(listener, services, shutdown).await;
+    counting.abort();
     store.close().await;
     Ok(served?)
 }

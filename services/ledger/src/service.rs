@@ -6,6 +6,7 @@ use agentloop_proto::v1::effect_ledger_service_server::EffectLedgerService;
 use tonic::{Request, Response, Status};
 
 use crate::error::LedgerError;
+use crate::observe::Observed;
 use crate::state::{EffectState, Outcome};
 use crate::store::{LedgerStore, NewEffect};
 
@@ -14,12 +15,47 @@ use crate::store::{LedgerStore, NewEffect};
 #[derive(Debug, Clone)]
 pub struct LedgerService {
     store: LedgerStore,
+    observed: Observed,
 }
 
 impl LedgerService {
-    /// Serves `store`.
+    /// Serves `store`, its metrics in the process's telemetry.
     pub fn new(store: LedgerStore) -> Self {
-        Self { store }
+        Self {
+            store,
+            observed: Observed::new(&agentloop_server::process_telemetry()),
+        }
+    }
+
+    /// Records the metrics into `telemetry` (one service's of several in a process).
+    #[must_use]
+    pub fn with_telemetry(mut self, telemetry: &agentloop_telemetry::Telemetry) -> Self {
+        self.observed = Observed::new(telemetry);
+        self
+    }
+
+    /// Counts the unresolved effects in the database into `agentloop_effects_unresolved`.
+    ///
+    /// # Errors
+    ///
+    /// When the database fails; the figures then stay as they were.
+    pub async fn count_unresolved(&self) -> Result<(), LedgerError> {
+        let counts = self.store.count_unresolved().await?;
+        self.observed.unresolved(&counts);
+        Ok(())
+    }
+
+    /// Counts the unresolved effects now and every `every`, until dropped. A failed
+    /// count is logged and tried again at the next.
+    pub async fn keep_counting(self, every: std::time::Duration) {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            if let Err(error) = self.count_unresolved().await {
+                tracing::warn!(%error, "cannot count the unresolved effects");
+            }
+        }
     }
 }
 
@@ -47,6 +83,9 @@ impl EffectLedgerService for LedgerService {
             tool: request.tool,
         };
         let (entry, created) = self.store.prepare(&new).await?;
+        if created {
+            self.observed.moved(entry.state);
+        }
         Ok(Response::new(pb::PrepareResponse {
             entry: Some(entry.to_proto()),
             created,
@@ -63,6 +102,7 @@ impl EffectLedgerService for LedgerService {
             .store
             .mark_dispatched(&request.effect_key, expected)
             .await?;
+        self.observed.moved(entry.state);
         Ok(Response::new(pb::MarkDispatchedResponse {
             entry: Some(entry.to_proto()),
         }))
@@ -94,6 +134,7 @@ impl EffectLedgerService for LedgerService {
                 &request.detail,
             )
             .await?;
+        self.observed.moved(entry.state);
         Ok(Response::new(pb::RecordResponse {
             entry: Some(entry.to_proto()),
         }))

@@ -445,6 +445,28 @@ impl LedgerStore {
         .await
     }
 
+    /// How many entries are in each unresolved state (the states absent have none),
+    /// counted over the index that serves the unresolved listing.
+    pub async fn count_unresolved(&self) -> Result<Vec<(EffectState, u64)>, LedgerError> {
+        let rows: Vec<(String, i64)> = on_pool!(self, |pool| sqlx::query_as(concat!(
+            "SELECT state, COUNT(*) FROM effects WHERE state IN ",
+            unresolved_states!(),
+            " GROUP BY state"
+        ))
+        .fetch_all(pool)
+        .await?);
+        // The filter names only known states, so every row parses.
+        Ok(rows
+            .into_iter()
+            .filter_map(|(state, count)| {
+                Some((
+                    EffectState::parse(&state)?,
+                    u64::try_from(count).unwrap_or_default(),
+                ))
+            })
+            .collect())
+    }
+
     /// Returns one entry.
     pub async fn get(&self, effect_key: &str) -> Result<Entry, LedgerError> {
         validate_id("effect_key", effect_key)?;

@@ -74,6 +74,15 @@ async fn the_binary_exports_spans_serves_metrics_and_logs_json() {
         .await
         .unwrap_err();
     assert_eq!(missing.code(), tonic::Code::NotFound);
+    ledger
+        .prepare(pb::PrepareRequest {
+            invocation_id: "inv".into(),
+            call_id: "call".into(),
+            effect_key: "1".repeat(64),
+            tool: "crm.update".into(),
+        })
+        .await
+        .unwrap();
 
     let mut stream = tokio::net::TcpStream::connect(&metrics).await.unwrap();
     stream
@@ -86,6 +95,15 @@ async fn the_binary_exports_spans_serves_metrics_and_logs_json() {
         scraped.contains(
             "agentloop_rpc_responses_total{service=\"agentloop.v1.EffectLedgerService\",code=\"NOT_FOUND\"} 1"
         ),
+        "{scraped}"
+    );
+    assert!(
+        scraped.contains("agentloop_effect_transitions_total{state=\"prepared\"} 1"),
+        "{scraped}"
+    );
+    // Counted in the database, at start and on a period.
+    assert!(
+        scraped.contains("agentloop_effects_unresolved{state=\"prepared\"} "),
         "{scraped}"
     );
 

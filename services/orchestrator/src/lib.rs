@@ -16,6 +16,7 @@ mod effects;
 mod error;
 mod fair;
 mod hub;
+mod instruments;
 mod intern;
 pub mod ports;
 mod runner;
@@ -35,6 +36,7 @@ use agentloop_engine::{Clock, Invocation, SystemClock, ToolCatalog};
 use agentloop_lease::Lease;
 use agentloop_proto::v1 as pb;
 use agentloop_store::{EventStore, InvocationRecord, InvocationState, StoreError};
+use agentloop_telemetry::{ActiveSpan, Telemetry};
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -48,6 +50,7 @@ pub use service::Api;
 pub use workers::Workers;
 
 use crate::context::ModelContext;
+use crate::instruments::{Instruments, Resumed};
 use crate::intern::{Descriptors, Interner};
 use crate::runner::Runner;
 use crate::spec::InvocationSpec;
@@ -94,6 +97,8 @@ pub(crate) struct Shared {
     catalogs: Interner<ToolCatalog>,
     /// The tools' descriptors shown to the model, one list per distinct set of tools.
     tool_lists: Interner<Descriptors>,
+    /// The orchestrator's telemetry and metrics.
+    instruments: Instruments,
 }
 
 impl Shared {
@@ -103,6 +108,7 @@ impl Shared {
         let removed = running.remove(&invocation_id).is_some();
         drop(running);
         if removed {
+            self.instruments.running.dec();
             // The permit and the tenant's place `spawn_runner` kept for this runner.
             self.slots.add_permits(1);
             self.tenants.release(tenant);
@@ -291,6 +297,17 @@ pub(crate) struct Progress {
     pub(crate) in_flight: AtomicU32,
 }
 
+/// What a runner starts from, beside its spec, engine and lease.
+struct Started {
+    /// The last committed events, which the model is shown.
+    history: Vec<pb::Event>,
+    /// A cancel request is on record.
+    cancel_requested: bool,
+    created_at: agentloop_engine::UnixMillis,
+    /// The segment's `invoke_agent` span.
+    span: ActiveSpan,
+}
+
 /// What [`Shared::take`] found.
 pub(crate) enum Taken {
     /// The lease is ours and its epoch claimed; the invocation as stored.
@@ -333,22 +350,25 @@ impl std::fmt::Debug for Orchestrator {
 
 impl Orchestrator {
     /// An orchestrator over `store` and `ports` with in-process leases (one orchestrator
-    /// process). Call [`Orchestrator::resume`] to pick up invocations left running.
+    /// process) and no traces. Call [`Orchestrator::resume`] to pick up invocations left
+    /// running.
     pub fn new(
         config: OrchestratorConfig,
         store: Arc<dyn EventStore>,
         ports: Ports,
     ) -> Orchestrator {
         let workers = Workers::in_process(&config.workers);
-        Orchestrator::with_workers(config, store, ports, workers)
+        Orchestrator::with_workers(config, store, ports, workers, Telemetry::off())
     }
 
-    /// An orchestrator that shares invocations with other processes through `workers`.
+    /// An orchestrator that shares invocations with other processes through `workers`,
+    /// and records its spans and metrics through `telemetry`.
     pub fn with_workers(
         config: OrchestratorConfig,
         store: Arc<dyn EventStore>,
         ports: Ports,
         workers: Workers,
+        telemetry: Telemetry,
     ) -> Orchestrator {
         let slots = Semaphore::new(config.bounds.max_running.min(Semaphore::MAX_PERMITS));
         Orchestrator {
@@ -369,6 +389,7 @@ impl Orchestrator {
                 workers,
                 freed: Notify::new(),
                 started: AtomicBool::new(false),
+                instruments: Instruments::new(telemetry),
                 config,
             }),
         }
@@ -448,7 +469,7 @@ impl Orchestrator {
                 .running(after, workers::SWEEP_PAGE)
                 .await?;
             for &id in &page {
-                match self.adopt(id).await {
+                match self.adopt(id, Resumed::Sweep).await {
                     Ok(Adopted::Started) => adopted += 1,
                     Ok(Adopted::Full) => return Ok(adopted),
                     Ok(Adopted::Here | Adopted::Elsewhere | Adopted::Ended) => {}
@@ -522,7 +543,7 @@ impl Orchestrator {
             }
             match taken {
                 Ok(Some(key)) => match Uuid::parse_str(&key) {
-                    Ok(id) => match self.adopt(id).await {
+                    Ok(id) => match self.adopt(id, Resumed::Handoff).await {
                         // Another worker may have room, or this one after its drain.
                         Ok(Adopted::Full) => self.hand_back(&key).await,
                         Ok(Adopted::Elsewhere) if shared.drain.is_cancelled() => {
@@ -555,14 +576,14 @@ impl Orchestrator {
     /// Takes over a stored invocation if nobody holds it: acquire its lease, claim the
     /// lease's epoch in the store (from then on the previous holder cannot commit), and
     /// run it from its last committed event.
-    pub(crate) async fn adopt(&self, id: Uuid) -> Result<Adopted, OrchestratorError> {
+    pub(crate) async fn adopt(&self, id: Uuid, why: Resumed) -> Result<Adopted, OrchestratorError> {
         if self.shared.runs(id) {
             return Ok(Adopted::Here);
         }
         let Some(slot) = self.shared.slot() else {
             return Ok(Adopted::Full);
         };
-        self.adopt_in(id, slot).await
+        self.adopt_in(id, slot, why).await
     }
 
     /// [`Orchestrator::adopt`], in a slot the caller took.
@@ -570,6 +591,7 @@ impl Orchestrator {
         &self,
         id: Uuid,
         slot: Slot<'_>,
+        why: Resumed,
     ) -> Result<Adopted, OrchestratorError> {
         let shared = &self.shared;
         if shared.runs(id) {
@@ -583,7 +605,7 @@ impl Orchestrator {
             Taken::Elsewhere => return Ok(Adopted::Elsewhere),
             Taken::Ended => return Ok(Adopted::Ended),
         };
-        if let Err(error) = self.launch(&record, lease.clone(), slot).await {
+        if let Err(error) = self.launch(&record, lease.clone(), slot, why).await {
             shared.let_go(&lease).await;
             return Err(error);
         }
@@ -599,6 +621,7 @@ impl Orchestrator {
         record: &InvocationRecord,
         spec: InvocationSpec,
         slot: Slot<'_>,
+        span: ActiveSpan,
     ) -> Result<(), OrchestratorError> {
         let workers = &self.shared.workers;
         let id = record.invocation_id;
@@ -612,7 +635,13 @@ impl Orchestrator {
         // Nothing is committed yet: no log to read back.
         let spec = spec.share_tools(&self.shared.catalogs);
         let engine = Invocation::new(spec.limits, Arc::clone(&spec.tools));
-        self.spawn_runner(id, spec, engine, Vec::new(), lease, false, slot)
+        let started = Started {
+            history: Vec::new(),
+            cancel_requested: false,
+            created_at: record.created_at,
+            span,
+        };
+        self.spawn_runner(id, spec, engine, started, lease, slot)
             .await
     }
 
@@ -623,9 +652,10 @@ impl Orchestrator {
         record: &InvocationRecord,
         lease: Lease,
         slot: Slot<'_>,
+        why: Resumed,
     ) -> Result<(), OrchestratorError> {
         let id = record.invocation_id;
-        let spec = serde_json::from_str::<InvocationSpec>(&record.spec)
+        let mut spec = serde_json::from_str::<InvocationSpec>(&record.spec)
             .map_err(|e| StoreError::Corrupt(format!("invocation {id}: spec: {e}")))?
             .share_tools(&self.shared.catalogs);
         let mut events = Vec::new();
@@ -652,27 +682,45 @@ impl Orchestrator {
             .iter()
             .map(|stored| wire::event(&id_text, stored.committed_at, &stored.event))
             .collect();
-        let cancel_requested = record.cancel_requested_at.is_some();
-        self.spawn_runner(id, spec, engine, history, lease, cancel_requested, slot)
+        let instruments = &self.shared.instruments;
+        instruments.taken_over(why);
+        let earlier = spec.trace.take();
+        let span = instruments.invoke_agent(
+            id,
+            &spec.profile,
+            &spec.tenant,
+            earlier.as_deref().map(String::as_str),
+            Some(why),
+        );
+        let started = Started {
+            history,
+            cancel_requested: record.cancel_requested_at.is_some(),
+            created_at: record.created_at,
+            span,
+        };
+        self.spawn_runner(id, spec, engine, started, lease, slot)
             .await
     }
 
     /// Keeps `lease` alive and starts the runner of an invocation this worker now holds,
     /// in `slot`: the runner keeps it until [`Shared::forget`] gives it back.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "what a runner starts from: each comes from a different source"
-    )]
     async fn spawn_runner(
         &self,
         id: Uuid,
         mut spec: InvocationSpec,
         engine: Invocation,
-        history: Vec<pb::Event>,
+        started: Started,
         lease: Lease,
-        cancel_requested: bool,
         slot: Slot<'_>,
     ) -> Result<(), OrchestratorError> {
+        let Started {
+            history,
+            cancel_requested,
+            created_at,
+            span,
+        } = started;
+        // A new invocation's is in its stored spec; the runner does not need it.
+        spec.trace = None;
         let workers = &self.shared.workers;
         let keepers = workers.keepers().await?;
         let progress = Arc::new(Progress::default());
@@ -699,11 +747,13 @@ impl Orchestrator {
             );
             // From here the entry holds the slot: `forget` removes both together.
             slot.permit.forget();
+            self.shared.instruments.running.inc();
         }
         // Kept only once this runner is sure to start: a second keeper of the same key
         // would take the running one's place.
         let lost = CancellationToken::new();
         let keeper = keepers.keep(lease, lost.clone());
+        self.shared.instruments.leases_held.inc();
         self.shared.hub.open(id, engine.protocol().version);
         let context = ModelContext::new(id, &mut spec, history);
         let tools_generation = self.shared.tools_generation();
@@ -720,6 +770,8 @@ impl Orchestrator {
             tools,
             tools_generation,
             progress,
+            span,
+            created_at,
         };
         self.shared.tracker.spawn(runner.run());
         Ok(())

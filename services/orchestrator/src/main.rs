@@ -108,7 +108,7 @@ async fn main() -> anyhow::Result<()> {
         tls.load()
             .unwrap_or_else(|error| SERVICE.exit_bad_config(&error))
     });
-    let orchestrator = Orchestrator::with_workers(config, store, ports, workers);
+    let orchestrator = Orchestrator::with_workers(config, store, ports, workers, telemetry.clone());
     tracing::info!(worker = orchestrator.worker_id(), "worker started");
     orchestrator.resume().await?;
     let shutdown = agentloop_server::shutdown_signal();

@@ -23,12 +23,13 @@ use std::time::Duration;
 
 use agentloop_engine::{
     Action, CallId, Event, EventBody, Fingerprint, Input, Invocation, Outcome, Refusal, SideEffect,
-    TerminalReason, ToolCall, ToolDigest, Totals, UnixMillis, Verdict, WaitEnd,
+    TerminalReason, ToolCall, ToolDigest, Totals, UnixMillis, Verdict, Verification, WaitEnd,
 };
 use agentloop_lease::{Keeper, KeeperExit};
 use agentloop_proto::MAX_STAGE_CALLS;
 use agentloop_proto::v1 as pb;
 use agentloop_store::{Append, InvocationState, StoreError};
+use agentloop_telemetry::{ActiveSpan, KeyValue, semconv};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio_util::sync::CancellationToken;
@@ -95,6 +96,11 @@ pub(crate) struct Runner {
     /// The generation of the gateway's descriptors `tools` was taken from.
     pub(crate) tools_generation: u64,
     pub(crate) progress: Arc<Progress>,
+    /// This segment's `invoke_agent` span (none while traces are off); every operation
+    /// runs under it.
+    pub(crate) span: ActiveSpan,
+    /// When the invocation was created, for its duration.
+    pub(crate) created_at: UnixMillis,
 }
 
 impl Runner {
@@ -117,8 +123,19 @@ impl Runner {
         let exit = self.drive().await;
         self.shared.hub.close(self.id);
         let keeper = self.keeper.take();
+        let instruments = &self.shared.instruments;
+        if keeper.is_some() {
+            instruments.leases_held.dec();
+        }
         match &exit {
             Exit::Ended(outcome) => {
+                instruments.ended(outcome.reason, self.created_at, self.shared.clock.now());
+                self.span.set(|| {
+                    vec![KeyValue::new(
+                        semconv::TERMINAL_REASON,
+                        outcome.reason.as_str(),
+                    )]
+                });
                 info!(
                     invocation = %self.id,
                     reason = %outcome.reason,
@@ -155,9 +172,12 @@ impl Runner {
                 if let Some(keeper) = keeper {
                     keeper.stop();
                 }
+                instruments.leases_lost.inc();
+                self.span.fail("lease_lost", || why.clone());
                 warn!(invocation = %self.id, why = %why, "lease lost: stopped without committing more");
             }
         }
+        self.span.end();
         self.shared.forget(self.id, &self.spec.tenant);
         if let Exit::Ended(outcome) = &exit
             && matches!(
@@ -193,6 +213,8 @@ impl Runner {
         // shutdown is bounded.
         let mut drain_cutoff: Option<tokio::time::Instant> = None;
         let mut drain_cut = false;
+        // When the model was asked for the turn being run, until its commit.
+        let mut turn_began: Option<tokio::time::Instant> = None;
         loop {
             let executing = self.engine.is_executing();
             let input = match queue.pop_front() {
@@ -283,6 +305,7 @@ impl Runner {
                             return Exit::Parked;
                         }
                         self.progress.turn.store(turn, Relaxed);
+                        turn_began = Some(tokio::time::Instant::now());
                         ops.push(self.decide(turn));
                     }
                     Action::Authorize {
@@ -337,6 +360,12 @@ impl Runner {
                             Err(why) => return Exit::Lost(why),
                         };
                         batch = None;
+                        if let Some(began) = turn_began.take() {
+                            self.shared
+                                .instruments
+                                .turn_seconds
+                                .observe(began.elapsed().as_secs_f64());
+                        }
                         self.progress.in_flight.store(0, Relaxed);
                         if ends {
                             ops.clear();
@@ -386,7 +415,7 @@ impl Runner {
         }
         let (request, tools) = (self.context.for_turn(turn), Arc::clone(&self.tools));
         let port = self.shared.ports.decision.clone();
-        Box::pin(async move {
+        self.span.boxed(async move {
             Done::One(match port.decide(&request, &tools.0).await {
                 Ok(response) => wire::decided(response),
                 Err(status) => Input::DecisionFailed {
@@ -410,9 +439,13 @@ impl Runner {
             approved_proposal_digest: approved.map(|p| p.to_string()).unwrap_or_default(),
         };
         let port = self.shared.ports.policy.clone();
-        Box::pin(async move {
+        let shared = self.shared.clone();
+        self.span.boxed(async move {
+            let span = shared
+                .instruments
+                .step(|| semconv::SPAN_AUTHORIZE.to_owned(), turn);
             // Fail closed: no verdict, no execution.
-            let authorization = match port.evaluate(request).await {
+            let authorization = match span.scope(port.evaluate(request)).await {
                 Ok(response) => wire::authorization(response),
                 Err(status) => Verdict::Deny {
                     reason: format!(
@@ -424,6 +457,13 @@ impl Runner {
                 }
                 .into(),
             };
+            span.set(|| {
+                vec![KeyValue::new(
+                    semconv::POLICY_VERDICT,
+                    verdict_name(&authorization.verdict),
+                )]
+            });
+            span.end();
             Done::One(Input::Authorized(authorization))
         })
     }
@@ -456,12 +496,43 @@ impl Runner {
             writes: self.engine.protocol().wrote,
             within,
         };
-        Box::pin(async move { Done::One(Input::Verified(verify.run().await)) })
+        let turn = self.engine.protocol().totals.steps;
+        self.span.boxed(async move {
+            let span = verify
+                .shared
+                .instruments
+                .step(|| semconv::SPAN_VERIFY.to_owned(), turn);
+            let verified = span.scope(verify.run()).await;
+            span.set(|| {
+                vec![KeyValue::new(
+                    semconv::VERIFICATION_VERDICT,
+                    verified_name(&verified),
+                )]
+            });
+            span.end();
+            Done::One(Input::Verified(verified))
+        })
     }
 
     fn reconcile(&self, turn: u32, call: ToolCall) -> Op {
         let (shared, id) = (self.shared.clone(), self.id);
-        Box::pin(async move { Done::One(effects::reconcile(&shared.ports, id, turn, &call).await) })
+        self.span.boxed(async move {
+            let span = shared.instruments.step(
+                || format!("{} {}", semconv::SPAN_RECONCILE, call.tool),
+                turn,
+            );
+            span.set(|| {
+                vec![KeyValue::new(
+                    semconv::EFFECT_KEY,
+                    effects::effect_key(id, turn, &call),
+                )]
+            });
+            let input = span
+                .scope(effects::reconcile(&shared.ports, id, turn, &call))
+                .await;
+            span.end();
+            Done::One(input)
+        })
     }
 
     /// One call of a batch; `token` cancels the batch; `refused` are the batch's
@@ -474,9 +545,12 @@ impl Runner {
         refused: Option<Arc<Vec<Refusal>>>,
     ) -> Op {
         let (shared, spec, id) = (self.shared.clone(), self.spec.clone(), self.id);
-        Box::pin(async move {
+        self.span.boxed(async move {
             let (side_effect, timeout_ms) = settings(&spec, &shared, &call);
-            let outcome = effects::Call {
+            let span = shared
+                .instruments
+                .execute_tool(id, turn, &call, side_effect.writes());
+            let run = effects::Call {
                 ports: &shared.ports,
                 invocation: id,
                 turn,
@@ -488,9 +562,9 @@ impl Runner {
                 refused: refused
                     .as_deref()
                     .and_then(|refused| refused.iter().find(|r| r.call_id == call.call_id)),
-            }
-            .run()
-            .await;
+            };
+            let outcome = span.scope(run.run()).await;
+            shared.instruments.tool_done(&span, &outcome);
             Done::One(Input::CallFinished {
                 call_id: call.call_id,
                 outcome,
@@ -501,7 +575,12 @@ impl Runner {
     /// The read-only calls of one stage, as one request; `token` cancels the batch.
     fn stage(&self, turn: u32, calls: Vec<ToolCall>, token: CancellationToken) -> Op {
         let (shared, spec, id) = (self.shared.clone(), self.spec.clone(), self.id);
-        Box::pin(async move {
+        self.span.boxed(async move {
+            // One span per call; the request carrying them all goes under the invocation.
+            let spans: Vec<ActiveSpan> = calls
+                .iter()
+                .map(|call| shared.instruments.execute_tool(id, turn, call, false))
+                .collect();
             let stage: Vec<effects::Call<'_>> = calls
                 .iter()
                 .map(|call| effects::Call {
@@ -517,6 +596,9 @@ impl Runner {
                 })
                 .collect();
             let outcomes = effects::run_stage(&shared.ports, &token, &stage).await;
+            for (span, outcome) in spans.iter().zip(&outcomes) {
+                shared.instruments.tool_done(span, outcome);
+            }
             Done::Stage(
                 calls
                     .into_iter()
@@ -626,6 +708,21 @@ impl Runner {
             return Err("no lease".into());
         };
         let committed_at = self.shared.clock.now();
+        let instruments = &self.shared.instruments;
+        let size = events.len();
+        let span = self.span.enter(|| {
+            instruments.step(
+                || semconv::SPAN_COMMIT.to_owned(),
+                self.progress.turn.load(Relaxed),
+            )
+        });
+        span.set(|| {
+            vec![KeyValue::new(
+                semconv::COMMIT_EVENTS,
+                i64::try_from(size).unwrap_or(i64::MAX),
+            )]
+        });
+        let began = tokio::time::Instant::now();
         let append = Append {
             expected_version,
             lease_epoch,
@@ -633,7 +730,16 @@ impl Runner {
             totals,
             committed_at,
         };
-        match self.shared.store.append(self.id, append).await {
+        let appended = self.shared.store.append(self.id, append).await;
+        instruments
+            .commit_seconds
+            .observe(began.elapsed().as_secs_f64());
+        instruments.commit_events.observe(size as f64);
+        if let Err(error) = &appended {
+            span.fail("commit_failed", || error.to_string());
+        }
+        span.end();
+        match appended {
             Ok(()) => {
                 let id = self.id.to_string();
                 let wire: Vec<pb::Event> = events
@@ -692,5 +798,22 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(at) => Box::pin(tokio::time::sleep_until(at)).await,
         None => std::future::pending().await,
+    }
+}
+
+/// A policy verdict's name, as `agentloop.policy.verdict` says it.
+fn verdict_name(verdict: &Verdict) -> &'static str {
+    match verdict {
+        Verdict::Allow => "allow",
+        Verdict::Deny { .. } => "deny",
+        Verdict::RequireApproval { .. } => "require_approval",
+    }
+}
+
+/// A verification's name, as `agentloop.verification.verdict` says it.
+fn verified_name(verification: &Verification) -> &'static str {
+    match verification {
+        Verification::Accepted { .. } => "accepted",
+        Verification::Rejected { .. } => "rejected",
     }
 }

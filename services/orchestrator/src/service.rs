@@ -6,6 +6,7 @@
 //! answer for an ID that does not exist, so that nobody learns which IDs exist. The
 //! runners, the store and the services behind the ports trust what was admitted here.
 
+use agentloop_telemetry::semconv::REPLAYED;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -396,6 +397,13 @@ impl Orchestrator {
                 .admit(&request.tenant)
                 .map_err(|refusal| OrchestratorError::ResourceExhausted(refusal.to_string()))?,
         );
+        let invocation_id = Uuid::now_v7();
+        // Under the caller's span (this handler runs in its context), and stored with
+        // the spec, so that a resumed run continues the same trace.
+        let span =
+            shared
+                .instruments
+                .invoke_agent(invocation_id, &profile, &request.tenant, None, None);
         let spec = InvocationSpec {
             goal: request.goal.clone(),
             profile,
@@ -405,12 +413,13 @@ impl Orchestrator {
             limits,
             tools: Arc::new(tools),
             script,
+            trace: agentloop_telemetry::traceparent(&span.span_context()).map(Box::new),
         };
         let spec_json = serde_json::to_string(&spec)
             .map_err(|e| invalid(format!("cannot encode the invocation: {e}")))?;
         let digest = hex::encode(Sha256::digest(request.encode_to_vec()));
         let new = NewInvocation {
-            invocation_id: Uuid::now_v7(),
+            invocation_id,
             tenant: request.tenant.clone(),
             idempotency_key: Some(request.idempotency_key.clone()).filter(|key| !key.is_empty()),
             request_digest: digest,
@@ -419,7 +428,8 @@ impl Orchestrator {
         };
         let (record, created) = match shared.store.create(new).await? {
             Created::New(record) => {
-                if let Err(error) = self.start_new(&record, spec, slot).await {
+                shared.instruments.started();
+                if let Err(error) = self.start_new(&record, spec, slot, span).await {
                     // Stored and running: the sweep starts it once the lease backend
                     // answers again. The caller gets the invocation, not an error, so a
                     // retry does not look like a different request.
@@ -427,7 +437,11 @@ impl Orchestrator {
                 }
                 (record, true)
             }
-            Created::Existing(record) => (record, false),
+            Created::Existing(record) => {
+                // The key's invocation runs (or ran) under the first start's span.
+                span.set(|| vec![agentloop_telemetry::KeyValue::new(REPLAYED, true)]);
+                (record, false)
+            }
         };
         Ok(pb::StartInvocationResponse {
             invocation: Some(self.invocation(&record).await?),

@@ -33,6 +33,15 @@ pub(crate) struct InvocationSpec {
     /// The scripted model, for offline runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) script: Option<String>,
+    /// The W3C `traceparent` of its first run's `invoke_agent` span (only while traces
+    /// are on): a resumed run continues that trace. Dropped as the runner starts, and
+    /// behind a thin pointer, for the same reason as `roles`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin pointer keeps the spec in its allocator size class (bench --park)"
+    )]
+    pub(crate) trace: Option<Box<String>>,
 }
 
 impl InvocationSpec {

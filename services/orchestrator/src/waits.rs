@@ -12,7 +12,11 @@ use agentloop_engine::{Event, EventBody, Reply, UnixMillis, WaitEnd};
 use agentloop_store::{Append, InvocationRecord, InvocationState, StoreError};
 use tracing::{debug, info, warn};
 
+use crate::instruments::Resumed;
 use crate::{Orchestrator, OrchestratorError, workers};
+
+/// How often the waiting invocations are counted for `agentloop_invocations_waiting`.
+const COUNT_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// The longest a reply waits for the run that committed the wait to finish here.
 const RUN_EXIT_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
@@ -45,7 +49,7 @@ impl Orchestrator {
         self.append_after_wait(record, body, now).await?;
         info!(invocation = %id, "a human replied; the invocation runs again");
         match slot {
-            Some(slot) => match self.adopt_in(id, slot).await {
+            Some(slot) => match self.adopt_in(id, slot, Resumed::Reply).await {
                 Ok(adopted) => debug!(invocation = %id, ?adopted, "resumed after a reply"),
                 // Committed and running: a sweep, a hand-off taker or the next start runs it.
                 Err(error) => warn!(invocation = %id, %error, "replied, not resumed yet"),
@@ -160,19 +164,40 @@ impl Orchestrator {
         }
     }
 
-    /// Ends expired waits every `limits.wait_sweep_ms` until shutdown. Every orchestrator
-    /// runs it; two that race for one wait write it once (the version decides).
+    /// Counts the waiting invocations into `agentloop_invocations_waiting` now; every
+    /// orchestrator also does so every 15 seconds.
+    ///
+    /// # Errors
+    ///
+    /// When the store fails; the gauge then keeps its last figures.
+    pub async fn count_waiting(&self) -> Result<(), OrchestratorError> {
+        let counts = self.shared.store.count_waiting().await?;
+        self.shared.instruments.waiting(&counts);
+        Ok(())
+    }
+
+    /// Ends expired waits every `limits.wait_sweep_ms`, and counts the waiting
+    /// invocations every [`COUNT_EVERY`], until shutdown. Every orchestrator runs it; two
+    /// that race for one wait write it once (the version decides).
     pub(crate) async fn waits_loop(self) {
         let period = std::time::Duration::from_millis(self.shared.config.limits.wait_sweep_ms);
-        let mut every = tokio::time::interval(period);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sweeps = tokio::time::interval(period);
+        sweeps.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut counts = tokio::time::interval(COUNT_EVERY);
+        counts.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = self.shared.drain.cancelled() => return,
-                _ = every.tick() => {}
-            }
-            if let Err(error) = self.expire_waits().await {
-                warn!(%error, "the wait sweep failed");
+                _ = sweeps.tick() => {
+                    if let Err(error) = self.expire_waits().await {
+                        warn!(%error, "the wait sweep failed");
+                    }
+                }
+                _ = counts.tick() => {
+                    if let Err(error) = self.count_waiting().await {
+                        warn!(%error, "cannot count the waiting invocations");
+                    }
+                }
             }
         }
     }

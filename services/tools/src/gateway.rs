@@ -32,6 +32,7 @@ use tonic::{Request, Response, Status};
 
 use crate::config::ToolsConfig;
 use crate::error::GatewayError;
+use crate::observe::Observed;
 use crate::outcome::{CallFailure, classify_status, failure_outcome};
 use crate::registry::{self, Executor, Registrar, Registry, Route, Tool};
 use crate::verdict;
@@ -129,6 +130,9 @@ struct Inner {
     /// The callers (by their `auth.callers` names) that may register and deregister
     /// executors, and may do nothing else; unset when callers are not authenticated.
     registrars: std::sync::OnceLock<Vec<String>>,
+    /// The call metrics, into the process's telemetry unless [`Gateway::with_telemetry`]
+    /// gave it another.
+    observed: Observed,
     /// Health checks and descriptions on a period, until the gateway is dropped.
     _upkeep: AbortOnDropHandle<()>,
 }
@@ -198,6 +202,7 @@ impl Gateway {
                 registrar,
                 limits,
                 registrars: std::sync::OnceLock::new(),
+                observed: Observed::new(&agentloop_server::process_telemetry()),
                 _upkeep: upkeep,
             }),
         })
@@ -212,6 +217,18 @@ impl Gateway {
     pub fn with_registrars(self, callers: Vec<String>) -> Gateway {
         if self.inner.registrars.set(callers).is_err() {
             tracing::warn!("the gateway's registrars were already set; kept the first list");
+        }
+        self
+    }
+
+    /// Records the call metrics into `telemetry` (one service's of several in a
+    /// process). Set at start, before the gateway is cloned or served: on a gateway
+    /// already shared it changes nothing.
+    #[must_use]
+    pub fn with_telemetry(mut self, telemetry: &agentloop_telemetry::Telemetry) -> Gateway {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.observed = Observed::new(telemetry),
+            None => tracing::warn!("the gateway is already shared; kept its telemetry"),
         }
         self
     }
@@ -303,15 +320,41 @@ impl Gateway {
             )));
         }
         let timeout = effective_timeout(request.timeout, tool.entry.timeout())?;
-        let deadline = Instant::now() + timeout;
+        let began = Instant::now();
+        let deadline = began + timeout;
         let call_id = call.call_id.clone();
-        if let Some(outcome) = unsendable(tool, &request.descriptor_digest) {
-            return Ok(ToolResult {
-                call_id,
-                outcome: Some(outcome),
-            });
-        }
+        let outcome = match unsendable(tool, &request.descriptor_digest) {
+            Some(outcome) => outcome,
+            None => {
+                let forwarded = ToolExecutorServiceExecuteRequest {
+                    invocation_id: request.invocation_id,
+                    call: Some(call),
+                    effect_key: request.effect_key,
+                    attempt: request.attempt,
+                };
+                self.forward_call(tool, &call_id, deadline, timeout, forwarded)
+                    .await
+            }
+        };
+        self.inner
+            .observed
+            .call_done(&tool.entry.name, &outcome, began.elapsed());
+        Ok(ToolResult {
+            call_id,
+            outcome: Some(outcome),
+        })
+    }
 
+    /// Forwards one checked call (`call_id`) to its tool's executor; what it came to.
+    async fn forward_call(
+        &self,
+        tool: &Tool,
+        call_id: &str,
+        deadline: Instant,
+        timeout: Duration,
+        request: ToolExecutorServiceExecuteRequest,
+    ) -> Outcome {
+        let side_effect = tool.entry.side_effect;
         let route = &tool.executor.route;
         let forwarded = self
             .forward(
@@ -319,12 +362,7 @@ impl Gateway {
                 &tool.entry.name,
                 deadline,
                 timeout,
-                ToolExecutorServiceExecuteRequest {
-                    invocation_id: request.invocation_id,
-                    call: Some(call),
-                    effect_key: request.effect_key,
-                    attempt: request.attempt,
-                },
+                request,
                 |request| async move {
                     match route {
                         Route::Grpc { client, .. } => client.clone().execute(request).await,
@@ -333,17 +371,12 @@ impl Gateway {
                 },
             )
             .await;
-        let outcome = match forwarded {
+        match forwarded {
             Ok(reply) => match reply.result {
                 Some(ToolResult {
                     call_id: reply_id,
                     outcome: Some(outcome),
-                }) if reply_id == call_id || reply_id.is_empty() => {
-                    return Ok(ToolResult {
-                        call_id,
-                        outcome: Some(outcome),
-                    });
-                }
+                }) if reply_id == call_id || reply_id.is_empty() => outcome,
                 Some(ToolResult {
                     call_id: reply_id,
                     outcome: Some(_),
@@ -364,11 +397,7 @@ impl Gateway {
                 tracing::info!(tool = %tool.entry.name, ?failure, "executor call failed");
                 failure_outcome(side_effect, &failure)
             }
-        };
-        Ok(ToolResult {
-            call_id,
-            outcome: Some(outcome),
-        })
+        }
     }
 
     /// One call of a stage, answered as `Execute` would have: its result, or the status

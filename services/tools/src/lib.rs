@@ -38,6 +38,7 @@
 pub mod config;
 mod error;
 mod gateway;
+mod observe;
 pub mod outcome;
 mod registry;
 pub mod verdict;

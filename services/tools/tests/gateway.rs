@@ -200,6 +200,63 @@ async fn lookup_goes_through_and_tool_errors_pass_through() {
 }
 
 #[tokio::test]
+async fn calls_are_timed_by_registered_tool_and_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let executor = DemoExecutor::open(DemoConfig {
+        data_dir: dir.path().to_owned(),
+        ..DemoConfig::default()
+    })
+    .unwrap();
+    let served = serve_executor(executor).await;
+    let registry = ToolsConfig::from_descriptors(
+        &format!("http://{}", served.addr),
+        agentloop_demo_executor::descriptors(),
+    )
+    .unwrap();
+    let telemetry = agentloop_telemetry::Telemetry::off();
+    let gateway = Gateway::new(registry, GatewayLimits::default())
+        .await
+        .unwrap()
+        .with_telemetry(&telemetry);
+    let (_served_gateway, mut client) = serve_gateway(gateway).await;
+    for args in [
+        r#"{"key":"policy"}"#,
+        r#"{"key":"profile"}"#,
+        r#"{"key":"nope"}"#,
+    ] {
+        execute(&mut client, request("lookup", args, ""))
+            .await
+            .unwrap();
+    }
+    // Refused before it is forwarded: an RPC error, no call to time.
+    execute(&mut client, request("no_such_tool", "{}", ""))
+        .await
+        .unwrap_err();
+
+    let text = telemetry.metrics().encode();
+    let count = |labels: &str| {
+        text.lines()
+            .find_map(|line| {
+                line.strip_prefix(&format!(
+                    "agentloop_tool_call_duration_seconds_count{{{labels}}} "
+                ))
+            })
+            .map(|value| value.parse::<f64>().unwrap())
+    };
+    assert_eq!(
+        count(r#"tool="lookup",outcome="output""#),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        count(r#"tool="lookup",outcome="error""#),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(!text.contains("no_such_tool"), "{text}");
+}
+
+#[tokio::test]
 async fn bad_requests_are_refused_before_dispatch() {
     let limits = GatewayLimits {
         max_arguments_bytes: 64,

@@ -211,6 +211,14 @@ pub(crate) fn parse(
 
 #[async_trait::async_trait]
 impl Model for AnthropicModel {
+    fn provider(&self) -> &'static str {
+        "anthropic"
+    }
+
+    fn request_model(&self) -> &str {
+        &self.settings.model
+    }
+
     async fn decide_with(
         &self,
         request: &DecideRequest,

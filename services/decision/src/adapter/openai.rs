@@ -195,6 +195,14 @@ pub(crate) fn parse(
 
 #[async_trait::async_trait]
 impl Model for OpenAiModel {
+    fn provider(&self) -> &'static str {
+        "openai"
+    }
+
+    fn request_model(&self) -> &str {
+        &self.settings.model
+    }
+
     async fn decide_with(
         &self,
         request: &DecideRequest,

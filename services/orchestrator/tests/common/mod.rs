@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop_demo_executor::{DemoExecutor, FaultConfig};
-use agentloop_engine::UnixMillis;
+use agentloop_engine::{TerminalReason, UnixMillis};
 use agentloop_lease::testing::RedisServer;
 use agentloop_lease::{
     Lease, LeaseBackend, LeaseError, RedisHandoff, RedisLeaseConfig, RedisLeases, Revocations,
@@ -192,8 +192,13 @@ impl Cluster {
         leases: Arc<dyn LeaseBackend>,
     ) -> Worker {
         let workers = Workers::new(leases, self.handoff(), &config.workers);
-        let orchestrator =
-            Orchestrator::with_workers(config, store, self.services.ports(), workers);
+        let orchestrator = Orchestrator::with_workers(
+            config,
+            store,
+            self.services.ports(),
+            workers,
+            agentloop_telemetry::Telemetry::off(),
+        );
         orchestrator.resume().await.unwrap();
         let (l, endpoint) = listener().await;
         let shutdown = CancellationToken::new();
@@ -513,6 +518,9 @@ impl<F: StoreFaults> EventStore for FaultyStore<F> {
     }
     async fn expired_waits(&self, now: UnixMillis, limit: u32) -> Result<Vec<Uuid>, StoreError> {
         self.inner.expired_waits(now, limit).await
+    }
+    async fn count_waiting(&self) -> Result<Vec<(TerminalReason, u64)>, StoreError> {
+        self.inner.count_waiting().await
     }
 }
 
