@@ -541,6 +541,7 @@ impl Stack {
         std::fs::create_dir_all(&data_dir)
             .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
         let lock = lock(&data_dir)?;
+        let telemetry = options.telemetry;
         let (listener, endpoint) = listen(&options.listen).await?;
         let services = Services::start(options.wiring, options.services).await?;
         let store = SqliteStore::open_in(&data_dir).await?;
@@ -555,11 +556,13 @@ impl Stack {
             Arc::new(store.clone()),
             services.ports(),
             workers,
-            options.telemetry,
+            telemetry.clone(),
         );
         // The public port: the orchestrator's API alone, whatever the wiring.
         let api = orchestrator.api(auth);
-        let served = ServiceSet::new().add(server::orchestrator(api.clone()));
+        let served = ServiceSet::new()
+            .telemetry(&telemetry)
+            .add(server::orchestrator(api.clone()));
         let stop = CancellationToken::new();
         let (drained, stopped) = (orchestrator.clone(), stop.clone());
         let server = tokio::spawn(agentloop_server::serve(listener, served, async move {
