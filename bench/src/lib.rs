@@ -43,6 +43,13 @@
 //! - `fsyncs_per_turn`: fsyncs the store asked for, divided by the turns: one per write
 //!   transaction committed (group commit; creates included) and two per WAL checkpoint.
 //!
+//! **Traces** (`--traces`): every service has its own telemetry, as in its own process,
+//! and exports every span (sampled at 100%) over OTLP gRPC to a receiver in this
+//! process (the collector's TraceService over tonic) that counts them and keeps none.
+//! Its export is a real one, with the batching, encoding and loopback gRPC it costs;
+//! `spans_per_turn` tells what was sent. Without it, nothing is exported (metrics are
+//! recorded either way, as in every deployment).
+//!
 //! **Park mode** (`--park`) measures what a waiting invocation costs: all N invocations
 //! start and park in their first model call; once all of them wait, the resident set
 //! grown since before the first start, divided by N, is the memory per parked
@@ -60,8 +67,10 @@ use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
-use agentloop_stack::{ServicesOptions, Stack, StackOptions, Wiring};
+use agentloop_stack::{ServiceTelemetry, ServicesOptions, Stack, StackOptions, Wiring};
 use agentloop_store::EventStore;
+use agentloop_telemetry::receiver::OtlpReceiver;
+use agentloop_telemetry::{Metrics, SamplerKind, Telemetry, TelemetryConfig};
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -125,6 +134,9 @@ pub struct BenchOptions {
     /// Cedar policy files for the default profile: every call is authorized by them
     /// (they must permit the workload's `lookup` calls).
     pub policies: Vec<PathBuf>,
+    /// Export every service's spans, sampled at 100%, to an OTLP receiver in this
+    /// process.
+    pub traces: bool,
 }
 
 /// Two percentiles, in milliseconds.
@@ -158,6 +170,10 @@ pub struct Report {
     pub auth: bool,
     /// The policy files every call was authorized by (none: authorization off).
     pub policies: Vec<PathBuf>,
+    /// Whether every service exported its spans.
+    pub traces: bool,
+    /// Spans the receiver got, divided by the turns (0 without traces).
+    pub spans_per_turn: f64,
     /// Invocations started.
     pub invocations: u32,
     /// Turns per invocation.
@@ -233,6 +249,7 @@ pub async fn run(options: BenchOptions) -> anyhow::Result<Report> {
             return Err(error);
         }
     };
+    let spans = deployment.spans().await;
     let storage = deployment.stack.store().storage().await?;
     let stats = deployment.stack.store().stats();
     deployment.stop().await;
@@ -244,6 +261,8 @@ pub async fn run(options: BenchOptions) -> anyhow::Result<Report> {
         mode: options.mode,
         auth: options.auth,
         policies: options.policies.clone(),
+        traces: options.traces,
+        spans_per_turn: spans as f64 / turns,
         invocations: options.invocations,
         turns_per_invocation: options.turns,
         completed: figures.completed,
@@ -288,8 +307,13 @@ impl Report {
                 .collect();
             format!(", every call authorized by {}", files.join(", "))
         };
+        let traces = if self.traces {
+            ", every span exported over OTLP"
+        } else {
+            ""
+        };
         let mut text = format!(
-            "agentloop bench, {mode}{auth}{policies}: {} invocations x {} turns\n\
+            "agentloop bench, {mode}{auth}{policies}{traces}: {} invocations x {} turns\n\
              completed        {} of {}\n\
              turns            {} in {:.2} s: {:.0} turns/s\n",
             self.invocations,
@@ -324,6 +348,12 @@ impl Report {
             self.commits,
             self.largest_group,
         ));
+        if self.traces {
+            text.push_str(&format!(
+                "spans            {:.1} per turn exported\n",
+                self.spans_per_turn
+            ));
+        }
         if let Some(park) = &self.park {
             text.push_str(&format!(
                 "parked           {} at once: {:.0} B each ({:.1} -> {:.1} MiB resident)\n",
@@ -552,6 +582,21 @@ impl Client {
 struct Deployment {
     client: Client,
     stack: Stack,
+    /// With `--traces`: the receiver, and every service's telemetry.
+    traced: Option<(OtlpReceiver, Vec<Telemetry>)>,
+}
+
+/// Telemetry for `service` that exports every span to `receiver`.
+fn exporting(receiver: &OtlpReceiver, service: &str) -> anyhow::Result<Telemetry> {
+    let config = TelemetryConfig {
+        otlp_endpoint: Some(receiver.endpoint().to_owned()),
+        sampler: Some(SamplerKind::AlwaysOn),
+        ..TelemetryConfig::default()
+    };
+    let resolved = config
+        .resolve(service, Vec::new())
+        .map_err(|error| anyhow::anyhow!("{error}"))?;
+    Ok(Telemetry::start(&resolved, Metrics::new())?)
 }
 
 impl Deployment {
@@ -605,10 +650,37 @@ impl Deployment {
         } else {
             None
         };
+        let (telemetry, traced) = if options.traces {
+            let receiver = OtlpReceiver::counting().await?;
+            let of = |service: &str| exporting(&receiver, service);
+            let orchestrator = of("agentloop-orchestrator")?;
+            services.telemetry = ServiceTelemetry {
+                decision: of("agentloop-decision")?,
+                policy: of("agentloop-policy")?,
+                tools: of("agentloop-tools")?,
+                ledger: of("agentloop-ledger")?,
+                demo_executor: of("agentloop-demo-executor")?,
+            };
+            let t = &services.telemetry;
+            let every = vec![
+                orchestrator.clone(),
+                t.decision.clone(),
+                t.policy.clone(),
+                t.tools.clone(),
+                t.ledger.clone(),
+                t.demo_executor.clone(),
+            ];
+            (orchestrator, Some((receiver, every)))
+        } else {
+            let off = Telemetry::off();
+            services.telemetry = ServiceTelemetry::shared(&off);
+            (off, None)
+        };
         let stack = Stack::start(StackOptions {
             wiring,
             orchestrator,
             services,
+            telemetry,
             ..StackOptions::embedded(dir.to_path_buf())
         })
         .await?;
@@ -623,7 +695,22 @@ impl Deployment {
                 agentloop_stack::channel_as(&stack.endpoint(), token.as_deref()).await?,
             )),
         };
-        Ok(Deployment { client, stack })
+        Ok(Deployment {
+            client,
+            stack,
+            traced,
+        })
+    }
+
+    /// With `--traces`, the spans exported once every service flushed what it buffers.
+    async fn spans(&self) -> u64 {
+        let Some((receiver, every)) = &self.traced else {
+            return 0;
+        };
+        for telemetry in every {
+            telemetry.flush().await;
+        }
+        receiver.count()
     }
 
     /// Drains the orchestrator, stops the servers and closes the store.

@@ -256,6 +256,11 @@ struct BenchArgs {
     /// authorized by these (they must permit `lookup`), and both are reported.
     #[arg(long = "policies", value_name = "FILE")]
     policies: Vec<PathBuf>,
+    /// The workload runs with telemetry off, then with every service exporting every
+    /// span (100% sampling) over OTLP to a receiver in this process, and both are
+    /// reported.
+    #[arg(long)]
+    traces: bool,
     /// JSON instead of text (one object per run).
     #[arg(long)]
     json: bool,
@@ -586,13 +591,20 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 dir: args.dir,
                 auth: args.auth,
                 policies: Vec::new(),
+                traces: false,
             };
-            // With policies, the same workload without them first: the pair is measured
-            // in one run, on the same machine.
+            // With policies or traces, the same workload without them first: each pair
+            // is measured in one run, on the same machine.
             let mut runs = vec![options.clone()];
             if !args.policies.is_empty() {
                 runs.push(bench::BenchOptions {
                     policies: args.policies,
+                    ..options.clone()
+                });
+            }
+            if args.traces {
+                runs.push(bench::BenchOptions {
+                    traces: true,
                     ..options
                 });
             }
@@ -606,14 +618,21 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 }
                 reports.push(report);
             }
-            if let [without, with] = reports.as_slice()
+            if let [without, with @ ..] = reports.as_slice()
                 && !args.json
                 && without.turns_per_s > 0.0
             {
-                println!(
-                    "with policies    {:.1}% of the turns/s without",
-                    100.0 * with.turns_per_s / without.turns_per_s
-                );
+                for with in with {
+                    let what = if with.traces {
+                        "with traces "
+                    } else {
+                        "with policies"
+                    };
+                    println!(
+                        "{what}    {:.1}% of the turns/s without",
+                        100.0 * with.turns_per_s / without.turns_per_s
+                    );
+                }
             }
             Ok(if reports.iter().all(|r| r.failed == 0) {
                 0

@@ -114,6 +114,46 @@ fn distributed_bench_reports_consistent_figures() {
 }
 
 #[test]
+fn traces_runs_the_workload_untraced_then_exporting_every_span() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(
+        dir.path(),
+        &[
+            "--invocations",
+            "6",
+            "--turns",
+            "3",
+            "--mode",
+            "distributed",
+            "--traces",
+            "--json",
+        ],
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let reports: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let [off, on] = reports.as_slice() else {
+        panic!("two runs: {reports:?}")
+    };
+    for report in [off, on] {
+        check_consistent(report, 6, 3);
+    }
+    assert_eq!(off["traces"], false);
+    assert_eq!(number(off, "spans_per_turn"), 0.0);
+    assert_eq!(on["traces"], true);
+    // A lookup turn alone is a Decide, a chat, an authorize, a policy Evaluate, two
+    // execute_tool, the gateway's stage, two executor calls and a commit.
+    assert!(number(on, "spans_per_turn") >= 4.0, "{on}");
+}
+
+#[test]
 fn park_mode_reports_memory_per_parked_invocation() {
     let dir = tempfile::tempdir().unwrap();
     let output = bench(
