@@ -496,7 +496,7 @@ impl Runner {
             writes: self.engine.protocol().wrote,
             within,
         };
-        let turn = self.engine.protocol().totals.steps;
+        let turn = self.progress.turn.load(Relaxed);
         self.span.boxed(async move {
             let span = verify
                 .shared
