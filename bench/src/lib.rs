@@ -46,9 +46,12 @@
 //! **Traces** (`--traces`): every service has its own telemetry, as in its own process,
 //! and exports every span (sampled at 100%) over OTLP gRPC to a receiver in this
 //! process (the collector's TraceService over tonic) that counts them and keeps none.
-//! Its export is a real one, with the batching, encoding and loopback gRPC it costs;
-//! `spans_per_turn` tells what was sent. Without it, nothing is exported (metrics are
-//! recorded either way, as in every deployment).
+//! Its export is a real one, with the batching, encoding and loopback gRPC it costs,
+//! and the run's wall and CPU time last until every service has exported what it
+//! buffered. `spans_per_turn` tells what arrived; `spans_dropped`, what the services
+//! ended but dropped (a full queue: `OTEL_BSP_MAX_QUEUE_SIZE` and the other `OTEL_BSP_*`
+//! variables of the bench's environment apply). Without it, nothing is exported
+//! (metrics are recorded either way, as in every deployment).
 //!
 //! **Park mode** (`--park`) measures what a waiting invocation costs: all N invocations
 //! start and park in their first model call; once all of them wait, the resident set
@@ -70,7 +73,7 @@ use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
 use agentloop_stack::{ServiceTelemetry, ServicesOptions, Stack, StackOptions, Wiring};
 use agentloop_store::EventStore;
 use agentloop_telemetry::receiver::OtlpReceiver;
-use agentloop_telemetry::{Metrics, SamplerKind, Telemetry, TelemetryConfig};
+use agentloop_telemetry::{Metrics, Telemetry, metrics};
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -174,6 +177,8 @@ pub struct Report {
     pub traces: bool,
     /// Spans the receiver got, divided by the turns (0 without traces).
     pub spans_per_turn: f64,
+    /// Spans the services ended but never exported (0 without traces).
+    pub spans_dropped: u64,
     /// Invocations started.
     pub invocations: u32,
     /// Turns per invocation.
@@ -249,7 +254,7 @@ pub async fn run(options: BenchOptions) -> anyhow::Result<Report> {
             return Err(error);
         }
     };
-    let spans = deployment.spans().await;
+    let spans = deployment.spans();
     let storage = deployment.stack.store().storage().await?;
     let stats = deployment.stack.store().stats();
     deployment.stop().await;
@@ -262,7 +267,8 @@ pub async fn run(options: BenchOptions) -> anyhow::Result<Report> {
         auth: options.auth,
         policies: options.policies.clone(),
         traces: options.traces,
-        spans_per_turn: spans as f64 / turns,
+        spans_per_turn: spans.received as f64 / turns,
+        spans_dropped: spans.ended.saturating_sub(spans.received),
         invocations: options.invocations,
         turns_per_invocation: options.turns,
         completed: figures.completed,
@@ -350,8 +356,8 @@ impl Report {
         ));
         if self.traces {
             text.push_str(&format!(
-                "spans            {:.1} per turn exported\n",
-                self.spans_per_turn
+                "spans            {:.1} per turn exported, {} dropped\n",
+                self.spans_per_turn, self.spans_dropped
             ));
         }
         if let Some(park) = &self.park {
@@ -368,6 +374,13 @@ impl Report {
         }
         text
     }
+}
+
+/// Spans of a traced run.
+#[derive(Debug, Default)]
+struct Spans {
+    ended: u64,
+    received: u64,
 }
 
 /// What a run measured, before the store's figures are added.
@@ -586,19 +599,6 @@ struct Deployment {
     traced: Option<(OtlpReceiver, Vec<Telemetry>)>,
 }
 
-/// Telemetry for `service` that exports every span to `receiver`.
-fn exporting(receiver: &OtlpReceiver, service: &str) -> anyhow::Result<Telemetry> {
-    let config = TelemetryConfig {
-        otlp_endpoint: Some(receiver.endpoint().to_owned()),
-        sampler: Some(SamplerKind::AlwaysOn),
-        ..TelemetryConfig::default()
-    };
-    let resolved = config
-        .resolve(service, Vec::new())
-        .map_err(|error| anyhow::anyhow!("{error}"))?;
-    Ok(Telemetry::start(&resolved, Metrics::new())?)
-}
-
 impl Deployment {
     async fn start(
         dir: &Path,
@@ -652,7 +652,7 @@ impl Deployment {
         };
         let (telemetry, traced) = if options.traces {
             let receiver = OtlpReceiver::counting().await?;
-            let of = |service: &str| exporting(&receiver, service);
+            let of = |service: &str| receiver.telemetry(service, Metrics::new(), std::env::vars());
             let orchestrator = of("agentloop-orchestrator")?;
             services.telemetry = ServiceTelemetry {
                 decision: of("agentloop-decision")?,
@@ -702,15 +702,29 @@ impl Deployment {
         })
     }
 
-    /// With `--traces`, the spans exported once every service flushed what it buffers.
-    async fn spans(&self) -> u64 {
-        let Some((receiver, every)) = &self.traced else {
-            return 0;
-        };
-        for telemetry in every {
+    /// With `--traces`, waits until every service has exported what it buffers.
+    async fn flush_spans(&self) {
+        for telemetry in self.traced.iter().flat_map(|(_, every)| every) {
             telemetry.flush().await;
         }
-        receiver.count()
+    }
+
+    /// With `--traces`, the spans the services ended and those the receiver got.
+    fn spans(&self) -> Spans {
+        let Some((receiver, every)) = &self.traced else {
+            return Spans::default();
+        };
+        let ended = every
+            .iter()
+            .filter_map(|telemetry| {
+                metrics::sample(&telemetry.metrics().encode(), "agentloop_spans_ended_total")
+            })
+            .sum::<f64>();
+        Spans {
+            // A count, exact below 2^53.
+            ended: ended as u64,
+            received: receiver.count(),
+        }
     }
 
     /// Drains the orchestrator, stops the servers and closes the store.
@@ -877,6 +891,7 @@ async fn drive(deployment: &Deployment, options: &BenchOptions) -> anyhow::Resul
     tokio::time::timeout(RUN_TIMEOUT, collect)
         .await
         .context("the run took longer than an hour")??;
+    deployment.flush_spans().await;
     figures.elapsed = started.elapsed();
     figures.cpu = cpu_time()?.saturating_sub(cpu_before);
     Ok(figures)
@@ -927,6 +942,7 @@ async fn park(
     tokio::time::timeout(RUN_TIMEOUT, finished)
         .await
         .context("the released invocations did not end within an hour")??;
+    deployment.flush_spans().await;
     let elapsed = started.elapsed();
     let storage = deployment.stack.store().storage().await?;
     // Each invocation commits at most T + 1 events (its step budget is T); all of them

@@ -17,14 +17,25 @@ fn bench(dir: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn report(output: &Output) -> Value {
+/// The reports of a run that succeeded, one JSON line each.
+fn reports(output: &Output) -> Vec<Value> {
     assert_eq!(
         output.status.code(),
         Some(0),
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    serde_json::from_slice(&output.stdout).unwrap()
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// The one report of a run that succeeded.
+fn report(output: &Output) -> Value {
+    let [report] =
+        <[Value; 1]>::try_from(reports(output)).unwrap_or_else(|all| panic!("one report: {all:?}"));
+    report
 }
 
 fn number(report: &Value, field: &str) -> f64 {
@@ -129,16 +140,7 @@ fn traces_runs_the_workload_untraced_then_exporting_every_span() {
             "--json",
         ],
     );
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let reports: Vec<Value> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+    let reports = reports(&output);
     let [off, on] = reports.as_slice() else {
         panic!("two runs: {reports:?}")
     };
@@ -151,6 +153,7 @@ fn traces_runs_the_workload_untraced_then_exporting_every_span() {
     // A lookup turn alone is a Decide, a chat, an authorize, a policy Evaluate, two
     // execute_tool, the gateway's stage, two executor calls and a commit.
     assert!(number(on, "spans_per_turn") >= 4.0, "{on}");
+    assert_eq!(number(on, "spans_dropped"), 0.0, "{on}");
 }
 
 #[test]

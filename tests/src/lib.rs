@@ -97,10 +97,7 @@ impl System {
     /// The value of the metric sample `series` (`name{labels}` as the text format prints
     /// it) across every service; `None` when no such sample is recorded.
     pub fn metric(&self, series: &str) -> Option<f64> {
-        let text = self.telemetry.metrics().encode();
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-            .map(|value| value.parse().unwrap())
+        agentloop_telemetry::metrics::sample(&self.telemetry.metrics().encode(), series)
     }
 
     /// The demo executor, to observe what tools saw.

@@ -13,14 +13,14 @@
     clippy::wildcard_enum_match_arm
 )]
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use agentloop_e2e::*;
 use agentloop_stack::{ServiceTelemetry, Stack, StackOptions};
 use agentloop_telemetry::receiver::{OtlpReceiver, ReceivedSpan};
-use agentloop_telemetry::{Metrics, SamplerKind, SpanKind, SpanStart, Telemetry, TelemetryConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use agentloop_telemetry::{Metrics, SpanKind, SpanStart};
+use agentloop_telemetry::{metrics, scrape};
 use tokio_util::sync::CancellationToken;
 
 /// Turn 1 reads; turn 2 asks for an approval of one transfer; turn 3 answers.
@@ -40,20 +40,6 @@ const SERVICES: [&str; 6] = [
     "agentloop-demo-executor",
 ];
 
-/// Telemetry for `service` that exports every span to `receiver`.
-fn exporting(receiver: &OtlpReceiver, service: &str) -> Telemetry {
-    let config = TelemetryConfig {
-        otlp_endpoint: Some(receiver.endpoint().to_owned()),
-        sampler: Some(SamplerKind::AlwaysOn),
-        ..TelemetryConfig::default()
-    };
-    Telemetry::start(
-        &config.resolve(service, Vec::new()).unwrap(),
-        Metrics::new(),
-    )
-    .unwrap()
-}
-
 /// Serves `metrics` on `/metrics` of a free port, until `stop`; its address.
 async fn serve_metrics(metrics: Metrics, stop: &CancellationToken) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -66,23 +52,8 @@ async fn serve_metrics(metrics: Metrics, stop: &CancellationToken) -> String {
 }
 
 /// `GET /metrics` of `address`: the samples, by series (`name{labels}`).
-async fn scrape(address: &str) -> HashMap<String, f64> {
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    body.lines()
-        .filter(|line| !line.starts_with('#') && !line.is_empty())
-        .map(|line| {
-            let (series, value) = line.rsplit_once(' ').unwrap();
-            (series.to_owned(), value.parse().unwrap())
-        })
-        .collect()
+async fn scrape(address: &str) -> BTreeMap<String, f64> {
+    metrics::samples(&scrape::get(address).await.unwrap())
 }
 
 fn named<'a>(spans: &'a [ReceivedSpan], service: &str, name: &str) -> Vec<&'a ReceivedSpan> {
@@ -96,7 +67,7 @@ fn named<'a>(spans: &'a [ReceivedSpan], service: &str, name: &str) -> Vec<&'a Re
 async fn one_invocation_is_one_trace_across_every_service_and_each_one_counts_it() {
     agentloop_server::install_crypto_provider();
     let receiver = OtlpReceiver::start().await.unwrap();
-    let of = |service: &str| exporting(&receiver, service);
+    let of = |service: &str| receiver.telemetry(service, Metrics::new(), []).unwrap();
     let orchestrator = of(SERVICES[0]);
     let services = ServiceTelemetry {
         decision: of(SERVICES[1]),

@@ -3,57 +3,28 @@
 //! code on `/metrics`; and JSON log lines that carry the trace and span IDs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentloop_server::{ServiceSet, serve};
 use agentloop_telemetry::receiver::{OtlpReceiver, ReceivedSpan};
-use agentloop_telemetry::{KeyValue, Metrics, SpanKind, SpanStart, Telemetry, TelemetryConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use agentloop_telemetry::{KeyValue, Metrics, SpanKind, SpanStart};
+use agentloop_telemetry::{metrics, scrape};
 use tokio::net::TcpListener;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
-
-/// Telemetry of `service` exporting to `receiver`, every span kept.
-fn exporting(service: &str, receiver: &OtlpReceiver, metrics: Metrics) -> Telemetry {
-    let config = TelemetryConfig {
-        otlp_endpoint: Some(receiver.endpoint().to_owned()),
-        service_name: Some(service.to_owned()),
-        sampler: Some(agentloop_telemetry::SamplerKind::AlwaysOn),
-        ..TelemetryConfig::default()
-    };
-    let resolved = config.resolve(service, Vec::new()).unwrap();
-    Telemetry::start(&resolved, metrics).unwrap()
-}
-
-/// `GET /metrics`, parsed into `name{labels}` → value.
-async fn scrape(address: std::net::SocketAddr) -> BTreeMap<String, f64> {
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    body.lines()
-        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            Some((series.to_owned(), value.parse().ok()?))
-        })
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_continues_the_callers_trace_and_is_counted_by_code() {
     agentloop_server::install_crypto_provider();
     let receiver = OtlpReceiver::start().await.unwrap();
     let server_metrics = Metrics::new();
-    let server_telemetry = exporting("test-server", &receiver, server_metrics.clone());
-    let client_telemetry = exporting("test-client", &receiver, Metrics::new());
+    let server_telemetry = receiver
+        .telemetry("test-server", server_metrics.clone(), [])
+        .unwrap();
+    let client_telemetry = receiver
+        .telemetry("test-client", Metrics::new(), [])
+        .unwrap();
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
@@ -158,7 +129,7 @@ async fn a_call_continues_the_callers_trace_and_is_counted_by_code() {
     assert_eq!(root.parent_span_id, None);
     assert_eq!(root.attribute("rpc.grpc.status_code"), Some("5"));
 
-    let scraped = scrape(metrics_address).await;
+    let scraped = metrics::samples(&scrape::get(&metrics_address.to_string()).await.unwrap());
     let count = |code: &str| {
         scraped
             .get(&format!(
@@ -168,6 +139,13 @@ async fn a_call_continues_the_callers_trace_and_is_counted_by_code() {
     };
     assert_eq!(count("OK"), Some(1.0), "{scraped:#?}");
     assert_eq!(count("NOT_FOUND"), Some(1.0), "{scraped:#?}");
+    // The server ended two spans and exported both (its flush waited for the export).
+    assert_eq!(scraped.get("agentloop_spans_ended_total"), Some(&2.0));
+    assert_eq!(
+        scraped.get("agentloop_spans_exported_total{outcome=\"ok\"}"),
+        Some(&2.0),
+        "{scraped:#?}"
+    );
 
     let _ = stop.send(());
     server.await.unwrap().unwrap();

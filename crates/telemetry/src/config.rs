@@ -28,6 +28,10 @@ pub const OTEL_TRACES_SAMPLER_ARG: &str = "OTEL_TRACES_SAMPLER_ARG";
 pub const OTEL_RESOURCE_ATTRIBUTES: &str = "OTEL_RESOURCE_ATTRIBUTES";
 /// `OTEL_SDK_DISABLED`: `true` turns traces off whatever else is set.
 pub const OTEL_SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
+/// `OTEL_BSP_MAX_QUEUE_SIZE`: the most ended spans waiting for export.
+pub const OTEL_BSP_MAX_QUEUE_SIZE: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
+/// `OTEL_BSP_MAX_CONCURRENT_EXPORTS`: the most exports in flight at once.
+pub const OTEL_BSP_MAX_CONCURRENT_EXPORTS: &str = "OTEL_BSP_MAX_CONCURRENT_EXPORTS";
 
 /// The most resource attributes a configuration may name (they go on every export).
 pub const MAX_RESOURCE_ATTRIBUTES: usize = 64;
@@ -35,6 +39,19 @@ pub const MAX_RESOURCE_ATTRIBUTES: usize = 64;
 pub const MAX_REDACT_KEYS: usize = 256;
 /// The largest [`TelemetryConfig::max_content_bytes`].
 pub const MAX_CONTENT_BYTES: usize = 64 * 1024;
+/// [`TelemetryConfig::max_queued_spans`] by default: about 100 ms of the spans of a
+/// process committing 20,000 turns/s, a few tens of MiB at most.
+pub const DEFAULT_QUEUED_SPANS: usize = 65_536;
+/// [`TelemetryConfig::max_concurrent_exports`] by default. One export at a time (the
+/// SDK's default) caps a process at one collector round trip per batch of 512 spans,
+/// which `agentloop bench --traces` outran at a few thousand turns/s.
+pub const DEFAULT_CONCURRENT_EXPORTS: usize = 4;
+/// The largest [`TelemetryConfig::max_concurrent_exports`].
+pub const MAX_CONCURRENT_EXPORTS: usize = 64;
+/// The largest [`TelemetryConfig::max_queued_spans`]: a queued span holds its attributes
+/// (a few hundred bytes to a few kilobytes), so this bounds the memory of a collector
+/// that stops answering.
+pub const MAX_QUEUED_SPANS: usize = 1 << 20;
 
 /// How spans reach the collector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,6 +133,14 @@ pub struct TelemetryConfig {
     /// The longest an export may take, in milliseconds (default 10000).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub otlp_timeout_ms: Option<u64>,
+    /// The most ended spans waiting for export (`OTEL_BSP_MAX_QUEUE_SIZE`); past it,
+    /// spans are dropped and counted as such. Default [`DEFAULT_QUEUED_SPANS`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_queued_spans: Option<usize>,
+    /// The most exports in flight at once (`OTEL_BSP_MAX_CONCURRENT_EXPORTS`). Default
+    /// [`DEFAULT_CONCURRENT_EXPORTS`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_exports: Option<usize>,
     /// `service.name` (`OTEL_SERVICE_NAME`); default: the binary's name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_name: Option<String>,
@@ -161,6 +186,10 @@ pub struct Resolved {
     pub protocol: Protocol,
     /// Longest export.
     pub timeout: Duration,
+    /// The most spans waiting for export.
+    pub max_queued_spans: usize,
+    /// The most exports in flight.
+    pub max_concurrent_exports: usize,
     /// `service.name`.
     pub service_name: String,
     /// The sampler and its ratio.
@@ -278,6 +307,37 @@ impl TelemetryConfig {
                 "telemetry.max_content_bytes: {max_bytes}, at most {MAX_CONTENT_BYTES}"
             ));
         }
+        // A count from the configuration, else its variable, else the default; 1..=max.
+        let count = |configured: Option<usize>, key: &str, name: &str, default, max| {
+            let count = match configured {
+                Some(count) => count,
+                None => match var(name) {
+                    Some(value) => value
+                        .parse::<usize>()
+                        .map_err(|_| format!("{name}: {value:?} is not a number"))?,
+                    None => default,
+                },
+            };
+            if (1..=max).contains(&count) {
+                Ok(count)
+            } else {
+                Err(format!("telemetry.{key}: {count}, from 1 to {max}"))
+            }
+        };
+        let max_queued_spans = count(
+            self.max_queued_spans,
+            "max_queued_spans",
+            OTEL_BSP_MAX_QUEUE_SIZE,
+            DEFAULT_QUEUED_SPANS,
+            MAX_QUEUED_SPANS,
+        )?;
+        let max_concurrent_exports = count(
+            self.max_concurrent_exports,
+            "max_concurrent_exports",
+            OTEL_BSP_MAX_CONCURRENT_EXPORTS,
+            DEFAULT_CONCURRENT_EXPORTS,
+            MAX_CONCURRENT_EXPORTS,
+        )?;
         let log_format = match self.log_format {
             Some(format) => format,
             None if var(LOG_FORMAT_ENV).is_some_and(|v| v.eq_ignore_ascii_case("json")) => {
@@ -289,6 +349,8 @@ impl TelemetryConfig {
             endpoint,
             protocol,
             timeout: Duration::from_millis(self.otlp_timeout_ms.unwrap_or(10_000)),
+            max_queued_spans,
+            max_concurrent_exports,
             service_name,
             sampler: (sampler, ratio),
             resource_attributes,
@@ -372,6 +434,8 @@ mod tests {
         assert_eq!(resolved.endpoint, None);
         assert_eq!(resolved.service_name, "agentloop-ledger");
         assert_eq!(resolved.log_format, LogFormat::Text);
+        assert_eq!(resolved.max_queued_spans, DEFAULT_QUEUED_SPANS);
+        assert_eq!(resolved.max_concurrent_exports, DEFAULT_CONCURRENT_EXPORTS);
         assert!(!resolved.content.records());
     }
 
@@ -383,6 +447,8 @@ mod tests {
             (OTEL_SERVICE_NAME, "orders-agent"),
             (OTEL_TRACES_SAMPLER, "parentbased_traceidratio"),
             (OTEL_TRACES_SAMPLER_ARG, "0.25"),
+            (OTEL_BSP_MAX_QUEUE_SIZE, "50000"),
+            (OTEL_BSP_MAX_CONCURRENT_EXPORTS, "8"),
             (
                 OTEL_RESOURCE_ATTRIBUTES,
                 "deployment.environment.name=prod,team=a%2Cb",
@@ -402,16 +468,22 @@ mod tests {
             (SamplerKind::ParentbasedTraceidratio, 0.25)
         );
         assert_eq!(resolved.resource_attributes["team"], "a,b");
+        assert_eq!(resolved.max_queued_spans, 50_000);
+        assert_eq!(resolved.max_concurrent_exports, 8);
 
         let configured = TelemetryConfig {
             otlp_endpoint: Some("http://other:4317".into()),
             otlp_protocol: Some(Protocol::Grpc),
             service_name: Some("mine".into()),
             resource_attributes: BTreeMap::from([("team".into(), "c".into())]),
+            max_queued_spans: Some(100),
+            max_concurrent_exports: Some(2),
             ..TelemetryConfig::default()
         }
         .resolve("agentloop-orchestrator", vars)
         .unwrap();
+        assert_eq!(configured.max_queued_spans, 100);
+        assert_eq!(configured.max_concurrent_exports, 2);
         assert_eq!(configured.endpoint.as_deref(), Some("http://other:4317"));
         assert_eq!(configured.service_name, "mine");
         assert_eq!(configured.resource_attributes["team"], "c");
@@ -441,6 +513,12 @@ mod tests {
             (vec![(OTEL_TRACES_SAMPLER, "sometimes")], "sometimes"),
             (vec![(OTEL_TRACES_SAMPLER_ARG, "2")], "sampler_arg"),
             (vec![(OTEL_RESOURCE_ATTRIBUTES, "novalue")], "novalue"),
+            (vec![(OTEL_BSP_MAX_QUEUE_SIZE, "many")], "many"),
+            (vec![(OTEL_BSP_MAX_QUEUE_SIZE, "0")], "max_queued_spans"),
+            (
+                vec![(OTEL_BSP_MAX_CONCURRENT_EXPORTS, "65")],
+                "max_concurrent_exports",
+            ),
             (
                 vec![(OTEL_EXPORTER_OTLP_ENDPOINT, "collector:4317")],
                 "http://",

@@ -19,8 +19,10 @@ pub mod config;
 pub mod content;
 pub mod log;
 pub mod metrics;
-#[cfg(feature = "receiver")]
+#[cfg(feature = "testing")]
 pub mod receiver;
+#[cfg(feature = "testing")]
+pub mod scrape;
 pub mod semconv;
 mod trace;
 
@@ -66,7 +68,7 @@ impl Telemetry {
     pub fn start(resolved: &config::Resolved, metrics: Metrics) -> Result<Telemetry, TraceError> {
         Ok(Telemetry {
             inner: Arc::new(Inner {
-                spans: trace::Spans::start(resolved)?,
+                spans: trace::Spans::start(resolved, &metrics)?,
                 metrics,
                 content: resolved.content.clone(),
             }),

@@ -8,7 +8,7 @@
 //! much runs.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -181,6 +181,26 @@ impl Metrics {
     }
 }
 
+/// The value of the sample `series` (`name{labels}` as the text format prints it) in
+/// `text` (what [`Metrics::encode`] or a scrape returns); `None` when there is no such
+/// sample.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// Every sample in `text`, by series; comments and malformed lines are skipped.
+pub fn samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            Some((series.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
 /// The content type of [`Metrics::encode`].
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -236,6 +256,10 @@ pub async fn serve(
     }
 }
 
+/// `EMFILE` and `ENFILE` (Linux): too many open files in the process or the system,
+/// which passes as connections close. The standard library has no kind for them.
+const TOO_MANY_OPEN_FILES: [i32; 2] = [24, 23];
+
 fn is_transient(error: &std::io::Error) -> bool {
     use std::io::ErrorKind;
     matches!(
@@ -244,7 +268,9 @@ fn is_transient(error: &std::io::Error) -> bool {
             | ErrorKind::ConnectionReset
             | ErrorKind::Interrupted
             | ErrorKind::WouldBlock
-    ) || error.raw_os_error() == Some(24)
+    ) || error
+        .raw_os_error()
+        .is_some_and(|errno| TOO_MANY_OPEN_FILES.contains(&errno))
 }
 
 fn respond(metrics: &Metrics, request: &Request<Incoming>) -> Response<Full<Bytes>> {
@@ -270,6 +296,24 @@ fn respond(metrics: &Metrics, request: &Request<Incoming>) -> Response<Full<Byte
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const TEXT: &str = "# HELP agentloop_x X.\n# TYPE agentloop_x counter\n\
+        agentloop_x_total 3\nagentloop_x_total{code=\"OK\"} 2.5\nagentloop_x_created 1.7e9\n# EOF\n";
+
+    #[test]
+    fn a_series_is_matched_whole() {
+        assert_eq!(sample(TEXT, "agentloop_x_total"), Some(3.0));
+        assert_eq!(sample(TEXT, "agentloop_x_total{code=\"OK\"}"), Some(2.5));
+        assert_eq!(sample(TEXT, "agentloop_x"), None);
+        assert_eq!(sample(TEXT, "agentloop_y_total"), None);
+    }
+
+    #[test]
+    fn samples_skip_comments() {
+        let all = samples(TEXT);
+        assert_eq!(all.len(), 3, "{all:?}");
+        assert_eq!(all["agentloop_x_created"], 1.7e9);
+    }
 
     #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
     struct Reason {

@@ -18,6 +18,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
+use crate::{Metrics, SamplerKind, Telemetry, TelemetryConfig, TraceError};
+
 /// One received span, flattened: IDs as lowercase hex, attribute values as text.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReceivedSpan {
@@ -108,6 +110,28 @@ impl OtlpReceiver {
     /// `http://127.0.0.1:PORT`, for `OTEL_EXPORTER_OTLP_ENDPOINT`.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// Telemetry of `service` that exports every span here (sampled at 100%), its
+    /// metrics into `metrics`, under the variables `env` (`OTEL_BSP_*`, say). Must run
+    /// inside a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// When the exporter cannot be built or `env` holds an invalid value.
+    pub fn telemetry(
+        &self,
+        service: &str,
+        metrics: Metrics,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Telemetry, TraceError> {
+        let config = TelemetryConfig {
+            otlp_endpoint: Some(self.endpoint.clone()),
+            sampler: Some(SamplerKind::AlwaysOn),
+            ..TelemetryConfig::default()
+        };
+        let resolved = config.resolve(service, env).map_err(TraceError::Exporter)?;
+        Telemetry::start(&resolved, metrics)
     }
 
     /// How many spans arrived.

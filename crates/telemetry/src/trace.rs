@@ -10,6 +10,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use futures::future::Either;
 use opentelemetry::context::FutureExt as _;
@@ -19,10 +20,19 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, Sampler, SdkTracer, SdkTracerProvider, SpanData, SpanExporter,
+    SpanProcessor,
+};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tonic::codegen::http::HeaderMap;
 
+use crate::Metrics;
 use crate::config::{Protocol, Resolved, SamplerKind};
 
 /// Whether any tracer exists in this process: while none does, [`inject`] and
@@ -53,9 +63,10 @@ pub enum TraceError {
 }
 
 impl Spans {
-    /// A tracer exporting to `resolved.endpoint`, or none. Must run inside a tokio
-    /// runtime: the batch processor is a task on it.
-    pub(crate) fn start(resolved: &Resolved) -> Result<Spans, TraceError> {
+    /// A tracer exporting to `resolved.endpoint`, or none; what it ends and exports is
+    /// counted in `metrics`. Must run inside a tokio runtime: the batch processor is a
+    /// task on it.
+    pub(crate) fn start(resolved: &Resolved, metrics: &Metrics) -> Result<Spans, TraceError> {
         let Some(endpoint) = &resolved.endpoint else {
             return Ok(Spans::default());
         };
@@ -73,12 +84,27 @@ impl Spans {
                 .build(),
         }
         .map_err(|e| TraceError::Exporter(e.to_string()))?;
-        let processor =
-            opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
-                exporter,
-                opentelemetry_sdk::runtime::Tokio,
-            )
+        let exporter = Counted {
+            inner: exporter,
+            exported: metrics.counters(
+                "spans_exported",
+                "Spans handed to the exporter, by outcome; those ended but never handed were dropped because the queue was full.",
+            ),
+        };
+        // The other `OTEL_BSP_*` variables are read by the SDK itself.
+        let batch = BatchConfigBuilder::default()
+            .with_max_queue_size(resolved.max_queued_spans)
+            .with_max_concurrent_exports(resolved.max_concurrent_exports)
             .build();
+        let processor = Counting {
+            inner: BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio)
+                .with_batch_config(batch)
+                .build(),
+            ended: metrics.counter(
+                "spans_ended",
+                "Sampled spans that ended and were queued for export.",
+            ),
+        };
         let (kind, ratio) = resolved.sampler;
         let sampler = match kind {
             SamplerKind::AlwaysOn => Sampler::AlwaysOn,
@@ -165,6 +191,75 @@ impl Spans {
         if let Some(provider) = &self.provider {
             let _ = provider.shutdown();
         }
+    }
+}
+
+/// Counts the sampled spans that end, then queues them.
+#[derive(Debug)]
+struct Counting<P> {
+    inner: P,
+    ended: Counter,
+}
+
+impl<P: SpanProcessor> SpanProcessor for Counting<P> {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        if span.span_context.is_sampled() {
+            self.ended.inc();
+        }
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// Labels of `agentloop_spans_exported_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Exported {
+    outcome: &'static str,
+}
+
+/// Counts the spans of every batch by the outcome of its export.
+#[derive(Debug)]
+struct Counted<E> {
+    inner: E,
+    exported: Family<Exported, Counter>,
+}
+
+impl<E: SpanExporter> SpanExporter for Counted<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let spans = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+        let result = self.inner.export(batch).await;
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        self.exported
+            .get_or_create(&Exported { outcome })
+            .inc_by(spans);
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
     }
 }
 
@@ -365,5 +460,61 @@ impl Extractor for HeaderExtractor<'_> {
 
     fn keys(&self) -> Vec<&str> {
         self.0.keys().map(|name| name.as_str()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::SpanKind;
+
+    use crate::config::{SamplerKind, TelemetryConfig};
+    use crate::metrics::sample;
+    use crate::{Metrics, SpanStart, Telemetry};
+
+    /// A queue of two on a single-threaded runtime: while the test ends ten spans
+    /// without yielding, the batch task cannot take any, so at most the queue's worth
+    /// is handed over and the rest dropped. The collector is a closed port, so what is
+    /// handed over fails to export.
+    #[tokio::test(flavor = "current_thread")]
+    async fn spans_past_a_full_queue_are_dropped_and_what_is_handed_over_is_counted() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let config = TelemetryConfig {
+            otlp_endpoint: Some(endpoint),
+            sampler: Some(SamplerKind::AlwaysOn),
+            max_queued_spans: Some(2),
+            ..TelemetryConfig::default()
+        };
+        let metrics = Metrics::new();
+        let telemetry = Telemetry::start(
+            &config.resolve("test", Vec::new()).unwrap(),
+            metrics.clone(),
+        )
+        .unwrap();
+        for _ in 0..10 {
+            telemetry
+                .span(SpanKind::Internal, || SpanStart::new("work", Vec::new()))
+                .end();
+        }
+        // The batch task takes what was queued and fails to export it; the shutdown
+        // waits behind that export (and ends the provider off this runtime's thread,
+        // which a drop here would block).
+        tokio::task::yield_now().await;
+        telemetry.shutdown().await;
+
+        let text = metrics.encode();
+        assert_eq!(
+            sample(&text, "agentloop_spans_ended_total"),
+            Some(10.0),
+            "{text}"
+        );
+        // The queue's two places, and the SDK channel's place per sender at most.
+        let handed = sample(&text, "agentloop_spans_exported_total{outcome=\"error\"}");
+        assert!(handed.is_some_and(|n| (1.0..=3.0).contains(&n)), "{text}");
+        assert_eq!(
+            sample(&text, "agentloop_spans_exported_total{outcome=\"ok\"}"),
+            None
+        );
     }
 }

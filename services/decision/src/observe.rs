@@ -2,6 +2,7 @@
 //! OpenTelemetry GenAI conventions) and the model metrics, labelled by provider and the
 //! configured model, both closed sets (the configuration names them).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use agentloop_proto::v1::{DecideRequest, ToolDescriptor};
@@ -21,7 +22,7 @@ use crate::model::{Model, ModelError, ModelReply};
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Called {
     provider: &'static str,
-    model: String,
+    model: Arc<str>,
     outcome: &'static str,
 }
 
@@ -29,7 +30,7 @@ struct Called {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Tokens {
     provider: &'static str,
-    model: String,
+    model: Arc<str>,
     r#type: &'static str,
 }
 
@@ -37,7 +38,7 @@ struct Tokens {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Priced {
     provider: &'static str,
-    model: String,
+    model: Arc<str>,
 }
 
 /// The service's telemetry and its model metrics.
@@ -93,10 +94,12 @@ impl Recorded {
         let began = Instant::now();
         let reply = span.scope(model.decide_with(request, tools)).await;
         let outcome = if reply.is_ok() { "ok" } else { "error" };
+        // One copy of the name serves every label set of the call.
+        let label: Arc<str> = Arc::from(name);
         self.seconds
             .get_or_create(&Called {
                 provider,
-                model: name.to_owned(),
+                model: Arc::clone(&label),
                 outcome,
             })
             .observe(began.elapsed().as_secs_f64());
@@ -110,7 +113,7 @@ impl Recorded {
                     self.tokens
                         .get_or_create(&Tokens {
                             provider,
-                            model: name.to_owned(),
+                            model: Arc::clone(&label),
                             r#type: kind,
                         })
                         .inc_by(count);
@@ -119,7 +122,7 @@ impl Recorded {
                     self.cost
                         .get_or_create(&Priced {
                             provider,
-                            model: name.to_owned(),
+                            model: label,
                         })
                         .inc_by(micro as f64 / 1_000_000.0);
                 }

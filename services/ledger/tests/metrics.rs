@@ -11,9 +11,7 @@ use tonic::Request;
 
 /// The value of the sample `name{labels}` in `text`; 0 when it is absent.
 fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |value| value.parse().unwrap())
+    agentloop_telemetry::metrics::sample(text, series).unwrap_or(0.0)
 }
 
 async fn effects_are_counted_by_state(store: LedgerStore) {

@@ -8,8 +8,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use agentloop_proto::v1 as pb;
+use agentloop_telemetry::metrics::sample;
 use agentloop_telemetry::receiver::OtlpReceiver;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use agentloop_telemetry::scrape;
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// Two free loopback ports (bound, read, released).
 fn free_ports() -> (String, String) {
@@ -84,26 +86,26 @@ async fn the_binary_exports_spans_serves_metrics_and_logs_json() {
         .await
         .unwrap();
 
-    let mut stream = tokio::net::TcpStream::connect(&metrics).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut scraped = String::new();
-    stream.read_to_string(&mut scraped).await.unwrap();
-    assert!(
-        scraped.contains(
-            "agentloop_rpc_responses_total{service=\"agentloop.v1.EffectLedgerService\",code=\"NOT_FOUND\"} 1"
+    let scraped = scrape::get(&metrics).await.unwrap();
+    assert_eq!(
+        sample(
+            &scraped,
+            "agentloop_rpc_responses_total{service=\"agentloop.v1.EffectLedgerService\",code=\"NOT_FOUND\"}"
         ),
+        Some(1.0),
         "{scraped}"
     );
-    assert!(
-        scraped.contains("agentloop_effect_transitions_total{state=\"prepared\"} 1"),
+    assert_eq!(
+        sample(
+            &scraped,
+            "agentloop_effect_transitions_total{state=\"prepared\"}"
+        ),
+        Some(1.0),
         "{scraped}"
     );
     // Counted in the database, at start and on a period.
     assert!(
-        scraped.contains("agentloop_effects_unresolved{state=\"prepared\"} "),
+        sample(&scraped, "agentloop_effects_unresolved{state=\"prepared\"}").is_some(),
         "{scraped}"
     );
 

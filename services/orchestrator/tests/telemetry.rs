@@ -13,22 +13,11 @@ use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
 use agentloop_stack::{Services, ServicesOptions, Wiring};
 use agentloop_store::SqliteStore;
+use agentloop_telemetry::metrics;
 use agentloop_telemetry::receiver::{OtlpReceiver, ReceivedSpan};
-use agentloop_telemetry::{Metrics, SpanKind, SpanStart, Telemetry, TelemetryConfig};
+use agentloop_telemetry::{Metrics, SpanKind, SpanStart};
 use tokio_stream::StreamExt as _;
 use tonic::Request;
-
-fn exporting(receiver: &OtlpReceiver) -> Telemetry {
-    let config = TelemetryConfig {
-        otlp_endpoint: Some(receiver.endpoint().to_owned()),
-        sampler: Some(agentloop_telemetry::SamplerKind::AlwaysOn),
-        ..TelemetryConfig::default()
-    };
-    let resolved = config
-        .resolve("agentloop-orchestrator", Vec::new())
-        .unwrap();
-    Telemetry::start(&resolved, Metrics::new()).unwrap()
-}
 
 fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> &'a ReceivedSpan {
     spans
@@ -44,7 +33,9 @@ fn names(spans: &[ReceivedSpan]) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_invocation_is_one_trace_of_genai_spans_and_its_counters_move() {
     let receiver = OtlpReceiver::start().await.unwrap();
-    let telemetry = exporting(&receiver);
+    let telemetry = receiver
+        .telemetry("agentloop-orchestrator", Metrics::new(), [])
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let services = Services::start(Wiring::Embedded, ServicesOptions::new(dir.path().into()))
         .await
@@ -180,32 +171,25 @@ async fn one_invocation_is_one_trace_of_genai_spans_and_its_counters_move() {
     assert!(commit.attributes.contains_key("agentloop.commit.events"));
 
     let text = telemetry.metrics().encode();
-    let line = |name: &str| {
-        text.lines()
-            .find(|line| line.starts_with(name))
-            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-            .rsplit(' ')
-            .next()
-            .unwrap()
-            .parse::<f64>()
-            .unwrap()
+    let line = |series: &str| {
+        metrics::sample(&text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"))
     };
-    assert_eq!(line("agentloop_invocations_started_total "), 1.0);
+    assert_eq!(line("agentloop_invocations_started_total"), 1.0);
     assert_eq!(
         line(&format!(
-            "agentloop_invocations_ended_total{{reason=\"{reason}\"}} "
+            "agentloop_invocations_ended_total{{reason=\"{reason}\"}}"
         )),
         1.0
     );
-    assert_eq!(line("agentloop_turn_duration_seconds_count "), 2.0);
-    assert!(line("agentloop_commit_duration_seconds_count ") >= 2.0);
+    assert_eq!(line("agentloop_turn_duration_seconds_count"), 2.0);
+    assert!(line("agentloop_commit_duration_seconds_count") >= 2.0);
     assert_eq!(
         line(
-            "agentloop_model_call_duration_seconds_count{provider=\"scripted\",model=\"scripted\",outcome=\"ok\"} "
+            "agentloop_model_call_duration_seconds_count{provider=\"scripted\",model=\"scripted\",outcome=\"ok\"}"
         ),
         2.0
     );
-    assert_eq!(line("agentloop_invocations_running "), 0.0);
-    assert_eq!(line("agentloop_leases_held "), 0.0);
+    assert_eq!(line("agentloop_invocations_running"), 0.0);
+    assert_eq!(line("agentloop_leases_held"), 0.0);
     services.stop().await.unwrap();
 }

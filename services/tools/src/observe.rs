@@ -95,13 +95,12 @@ mod tests {
         observed.call_done("one-too-many", &output, Duration::ZERO);
         let text = telemetry.metrics().encode();
         let count = |tool: &str| {
-            text.lines()
-                .find_map(|line| {
-                    line.strip_prefix(&format!(
-                        "agentloop_tool_call_duration_seconds_count{{tool=\"{tool}\",outcome=\"output\"}} "
-                    ))
-                })
-                .map(|value| value.parse::<f64>().unwrap_or_default())
+            agentloop_telemetry::metrics::sample(
+                &text,
+                &format!(
+                    "agentloop_tool_call_duration_seconds_count{{tool=\"{tool}\",outcome=\"output\"}}"
+                ),
+            )
         };
         assert_eq!(count("tool0"), Some(2.0));
         assert_eq!(count("other"), Some(1.0));

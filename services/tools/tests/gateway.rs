@@ -235,13 +235,10 @@ async fn calls_are_timed_by_registered_tool_and_outcome() {
 
     let text = telemetry.metrics().encode();
     let count = |labels: &str| {
-        text.lines()
-            .find_map(|line| {
-                line.strip_prefix(&format!(
-                    "agentloop_tool_call_duration_seconds_count{{{labels}}} "
-                ))
-            })
-            .map(|value| value.parse::<f64>().unwrap())
+        agentloop_telemetry::metrics::sample(
+            &text,
+            &format!("agentloop_tool_call_duration_seconds_count{{{labels}}}"),
+        )
     };
     assert_eq!(
         count(r#"tool="lookup",outcome="output""#),
