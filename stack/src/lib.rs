@@ -560,14 +560,15 @@ impl Stack {
         );
         // The public port: the orchestrator's API alone, whatever the wiring.
         let api = orchestrator.api(auth);
+        let drained = orchestrator.clone();
         let served = ServiceSet::new()
             .telemetry(&telemetry)
-            .add(server::orchestrator(api.clone()));
+            .add(server::orchestrator(api.clone()))
+            .drain(async move { drained.shutdown().await });
         let stop = CancellationToken::new();
-        let (drained, stopped) = (orchestrator.clone(), stop.clone());
+        let stopped = stop.clone();
         let server = tokio::spawn(agentloop_server::serve(listener, served, async move {
             stopped.cancelled().await;
-            drained.shutdown().await;
         }));
         orchestrator.resume().await?;
         Ok(Stack {

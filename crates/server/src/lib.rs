@@ -182,12 +182,25 @@ impl<S> Routable for S where
 ///
 /// Services of different types are combined through tonic's [`RoutesBuilder`]; the
 /// names are kept so that health can report each one.
-#[derive(Debug)]
 pub struct ServiceSet {
     routes: RoutesBuilder,
     names: Vec<&'static str>,
     tls: Option<tonic::transport::ServerTlsConfig>,
     telemetry: agentloop_telemetry::Telemetry,
+    drain: Option<Drain>,
+}
+
+/// What a service does between NOT_SERVING and closing its listener.
+type Drain = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl std::fmt::Debug for ServiceSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceSet")
+            .field("names", &self.names)
+            .field("tls", &self.tls.is_some())
+            .field("drain", &self.drain.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for ServiceSet {
@@ -197,6 +210,7 @@ impl Default for ServiceSet {
             names: Vec::new(),
             tls: None,
             telemetry: process_telemetry(),
+            drain: None,
         }
     }
 }
@@ -226,6 +240,16 @@ impl ServiceSet {
     #[must_use]
     pub fn telemetry(mut self, telemetry: &agentloop_telemetry::Telemetry) -> Self {
         self.telemetry = telemetry.clone();
+        self
+    }
+
+    /// Runs `drain` once shutdown is asked for, after health has turned NOT_SERVING
+    /// and before the listener closes: the service's own wind-down (the orchestrator
+    /// parks its runners), during which balancers and readiness probes already see the
+    /// process leaving while its connections still serve.
+    #[must_use]
+    pub fn drain(mut self, drain: impl Future<Output = ()> + Send + 'static) -> Self {
+        self.drain = Some(Box::pin(drain));
         self
     }
 
@@ -279,9 +303,9 @@ fn caller_errors_are_not_failures() -> GrpcErrorsAsFailures {
 /// caller's trace and the count of answers by code (with the set's telemetry), `grpc.health.v1.Health`
 /// (overall status `""` and each added service SERVING) and gRPC reflection v1 and
 /// v1alpha over the agentloop descriptor set. When `shutdown` resolves, health flips
-/// every status to NOT_SERVING first (so load balancers stop routing), then tonic stops
-/// accepting connections and waits for in-flight RPCs to finish before this returns
-/// `Ok(())`.
+/// every status to NOT_SERVING first (so load balancers stop routing), then the set's
+/// [`ServiceSet::drain`] runs, then tonic stops accepting connections and waits for
+/// in-flight RPCs to finish before this returns `Ok(())`.
 ///
 /// The caller binds the listener, so tests can bind `127.0.0.1:0` and read the port. The
 /// connections it accepts get TCP_NODELAY.
@@ -295,6 +319,7 @@ pub async fn serve(
         names,
         tls,
         telemetry,
+        drain: wind_down,
     } = services;
     let observe = observe::Observe::new(
         telemetry,
@@ -353,7 +378,10 @@ pub async fn serve(
                 .set_service_status(name, ServingStatus::NotServing)
                 .await;
         }
-        tracing::info!("shutdown requested: health NOT_SERVING, draining in-flight RPCs");
+        tracing::info!("shutdown requested: health NOT_SERVING, draining");
+        if let Some(wind_down) = wind_down {
+            wind_down.await;
+        }
     };
 
     let local_addr = listener.local_addr().ok();

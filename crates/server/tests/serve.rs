@@ -225,3 +225,48 @@ async fn shutdown_flips_health_then_drains_and_closes_the_port() {
     let refused = tokio::net::TcpStream::connect(server.addr).await;
     assert!(refused.is_err(), "port still accepts connections");
 }
+
+#[tokio::test]
+async fn a_service_winds_down_after_health_turns_not_serving_and_before_the_port_closes() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (began, winding) = oneshot::channel::<()>();
+    let (finish, finished) = oneshot::channel::<()>();
+    let services = ServiceSet::new()
+        .add(ToolExecutorServiceServer::new(Idle))
+        .drain(async move {
+            let _ = began.send(());
+            let _ = finished.await;
+        });
+    let handle = tokio::spawn(serve(listener, services, async {
+        let _ = stopped.await;
+    }));
+    let mut health = HealthClient::new(channel(addr).await);
+    assert_eq!(
+        status_of(&mut health, EXECUTOR).await.unwrap(),
+        ServingStatus::Serving as i32
+    );
+
+    stop.send(()).unwrap();
+    winding.await.unwrap();
+    // While the service winds down, a new connection is still accepted and told
+    // NOT_SERVING: readiness fails at once, not when the wind-down is over.
+    let mut fresh = HealthClient::new(channel(addr).await);
+    for service in [EXECUTOR, ""] {
+        assert_eq!(
+            status_of(&mut fresh, service).await.unwrap(),
+            ServingStatus::NotServing as i32,
+            "{service:?}"
+        );
+    }
+    assert!(
+        !handle.is_finished(),
+        "serve returned before the wind-down ended"
+    );
+
+    finish.send(()).unwrap();
+    drop(fresh);
+    drop(health);
+    handle.await.unwrap().unwrap();
+}

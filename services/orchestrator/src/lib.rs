@@ -265,12 +265,9 @@ pub async fn run(
 ) -> Result<(), agentloop_server::ServeError> {
     let services = agentloop_server::ServiceSet::new()
         .tls(tls)
-        .add(orchestrator.service(auth));
-    agentloop_server::serve(listener, services, async move {
-        shutdown.await;
-        orchestrator.shutdown().await;
-    })
-    .await
+        .add(orchestrator.service(auth))
+        .drain(async move { orchestrator.shutdown().await });
+    agentloop_server::serve(listener, services, shutdown).await
 }
 
 /// What the process keeps of an invocation it runs. (Its tenant's place is given back
