@@ -414,6 +414,51 @@ pub async fn show_local(data_dir: &Path, id: &str, json: bool) -> anyhow::Result
     Ok(0)
 }
 
+/// How long `health` waits between two questions, and for one answer.
+const HEALTH_RETRY: Duration = Duration::from_millis(100);
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `health`: asks `endpoint` about `service` until it answers SERVING or `wait` has
+/// passed. A process that is still starting (refused connections) or draining
+/// (NOT_SERVING) is asked again; the last answer is printed when it never serves.
+pub async fn health(endpoint: &str, service: &str, wait: Duration) -> anyhow::Result<u8> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let until = Instant::now() + wait;
+    loop {
+        let config = ClientConfig::default()
+            .with_connect_timeout(HEALTH_TIMEOUT)
+            .with_request_timeout(Some(HEALTH_TIMEOUT));
+        let answer = match connect(endpoint, config).await {
+            Ok(channel) => HealthClient::new(channel)
+                .check(HealthCheckRequest {
+                    service: service.to_owned(),
+                })
+                .await
+                .map(|response| response.into_inner().status())
+                .map_err(|s| status("health check", s)),
+            Err(error) => {
+                Err(anyhow::Error::new(error).context(format!("cannot reach {endpoint}")))
+            }
+        };
+        let last = match answer {
+            Ok(ServingStatus::Serving) => {
+                println!("SERVING");
+                return Ok(0);
+            }
+            Ok(other) => other.as_str_name().to_owned(),
+            Err(error) => format!("{error:#}"),
+        };
+        if Instant::now() + HEALTH_RETRY > until {
+            eprintln!("agentloop: {endpoint}: {last}");
+            return Ok(exit::FAILURE);
+        }
+        tokio::time::sleep(HEALTH_RETRY).await;
+    }
+}
+
 /// `cancel` on a running orchestrator.
 pub async fn cancel(server: Server<'_>, id: &str, reason: &str) -> anyhow::Result<u8> {
     let mut orchestrator = client(server).await?;

@@ -139,6 +139,21 @@ enum Command {
         #[command(flatten)]
         reply: ReplyArgs,
     },
+    /// Asks a server's gRPC health service (`grpc.health.v1.Health`) for a status:
+    /// exits 0 once it answers SERVING. Any agentloop process answers it, without a
+    /// token; scripts wait on it for a process to be ready.
+    Health {
+        /// The server.
+        #[arg(long, default_value = "http://127.0.0.1:50051")]
+        server: String,
+        /// The served service to ask about (`agentloop.v1.OrchestratorService`); the
+        /// process's overall status by default.
+        #[arg(long, default_value = "")]
+        service: String,
+        /// Keep asking until it answers SERVING or this long has passed: `30s`.
+        #[arg(long, value_parser = client::parse_duration)]
+        wait: Option<std::time::Duration>,
+    },
     /// Cancels an invocation on a running orchestrator.
     Cancel {
         /// The invocation.
@@ -565,6 +580,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             target.close().await?;
             result
         }
+        Command::Health {
+            server,
+            service,
+            wait,
+        } => client::health(&server, &service, wait.unwrap_or_default()).await,
         Command::Cancel {
             id,
             server: endpoint,
