@@ -180,71 +180,69 @@ impl TraceService for Collector {
         request: Request<ExportTraceServiceRequest>,
     ) -> Result<Response<ExportTraceServiceResponse>, Status> {
         let request = request.into_inner();
-        if !self.0.keep {
-            // Counting only (the bench): the spans are not converted, so the receiver
-            // costs what decoding them costs, as a collector elsewhere would.
-            let count: usize = request
-                .resource_spans
-                .iter()
-                .flat_map(|r| &r.scope_spans)
-                .map(|scope| scope.spans.len())
-                .sum();
-            self.0.count.fetch_add(
-                u64::try_from(count).unwrap_or(u64::MAX),
-                std::sync::atomic::Ordering::Relaxed,
-            );
-            self.0.arrived.notify_waiters();
-            return Ok(Response::new(ExportTraceServiceResponse {
-                partial_success: None,
-            }));
+        let count: usize = request
+            .resource_spans
+            .iter()
+            .flat_map(|r| &r.scope_spans)
+            .map(|scope| scope.spans.len())
+            .sum();
+        // Counting only (the bench) converts nothing, so the receiver costs what
+        // decoding the spans costs, as a collector elsewhere would.
+        if self.0.keep {
+            let flat = flatten(request);
+            self.0
+                .spans
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend(flat);
         }
-        let mut flat = Vec::new();
-        for resource_spans in request.resource_spans {
-            let service = resource_spans
-                .resource
-                .as_ref()
-                .and_then(|r| r.attributes.iter().find(|kv| kv.key == "service.name"))
-                .map(value_of)
-                .unwrap_or_default();
-            for scope in resource_spans.scope_spans {
-                for span in scope.spans {
-                    flat.push(ReceivedSpan {
-                        service: service.clone(),
-                        trace_id: hex(&span.trace_id),
-                        span_id: hex(&span.span_id),
-                        parent_span_id: (!span.parent_span_id.is_empty())
-                            .then(|| hex(&span.parent_span_id)),
-                        name: span.name,
-                        kind: span.kind,
-                        attributes: span
-                            .attributes
-                            .iter()
-                            .map(|kv| (kv.key.clone(), value_of(kv)))
-                            .collect(),
-                        links: span
-                            .links
-                            .iter()
-                            .map(|link| (hex(&link.trace_id), hex(&link.span_id)))
-                            .collect(),
-                        status: span.status.map(|s| s.code).unwrap_or_default(),
-                    });
-                }
-            }
-        }
-        let count = u64::try_from(flat.len()).unwrap_or(u64::MAX);
-        self.0
-            .count
-            .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
-        self.0
-            .spans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend(flat);
+        self.0.count.fetch_add(
+            u64::try_from(count).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         self.0.arrived.notify_waiters();
         Ok(Response::new(ExportTraceServiceResponse {
             partial_success: None,
         }))
     }
+}
+
+/// Every span of `request`, flattened.
+fn flatten(request: ExportTraceServiceRequest) -> Vec<ReceivedSpan> {
+    let mut flat = Vec::new();
+    for resource_spans in request.resource_spans {
+        let service = resource_spans
+            .resource
+            .as_ref()
+            .and_then(|r| r.attributes.iter().find(|kv| kv.key == "service.name"))
+            .map(value_of)
+            .unwrap_or_default();
+        for scope in resource_spans.scope_spans {
+            for span in scope.spans {
+                flat.push(ReceivedSpan {
+                    service: service.clone(),
+                    trace_id: hex(&span.trace_id),
+                    span_id: hex(&span.span_id),
+                    parent_span_id: (!span.parent_span_id.is_empty())
+                        .then(|| hex(&span.parent_span_id)),
+                    name: span.name,
+                    kind: span.kind,
+                    attributes: span
+                        .attributes
+                        .iter()
+                        .map(|kv| (kv.key.clone(), value_of(kv)))
+                        .collect(),
+                    links: span
+                        .links
+                        .iter()
+                        .map(|link| (hex(&link.trace_id), hex(&link.span_id)))
+                        .collect(),
+                    status: span.status.map(|s| s.code).unwrap_or_default(),
+                });
+            }
+        }
+    }
+    flat
 }
 
 fn value_of(kv: &KeyValue) -> String {
