@@ -242,48 +242,35 @@ fn the_manifests_the_local_cluster_and_the_services_read_the_same_keys() {
             .push((name.clone(), value));
     }
 
-    let no_flags = std::collections::BTreeMap::<String, String>::new();
     for (binary, config, mounts) in &deployments {
         let file = k8s.join("base/config").join(config);
         let prefix = prefix_of(binary);
         let env = by_prefix.get(prefix.as_str()).cloned().unwrap_or_default();
+        // The binary's own configuration type, which refuses unknown keys.
+        fn load<C>(
+            file: &std::path::Path,
+            env: Vec<(String, String)>,
+            prefix: &str,
+        ) -> Result<(), String>
+        where
+            C: serde::de::DeserializeOwned + serde::Serialize + Default,
+        {
+            let no_flags = std::collections::BTreeMap::<String, String>::new();
+            load_from::<C>(Some(file), env, prefix, &no_flags)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }
         let loaded = match binary.as_str() {
-            "agentloop-orchestrator" => load_from::<agentloop_orchestrator::OrchestratorConfig>(
-                Some(&file),
-                env,
-                &prefix,
-                &no_flags,
-            )
-            .map(drop),
-            "agentloop-decision" => load_from::<agentloop_decision::DecisionConfig>(
-                Some(&file),
-                env,
-                &prefix,
-                &no_flags,
-            )
-            .map(drop),
-            "agentloop-policy" => {
-                load_from::<agentloop_policy::PolicyConfig>(Some(&file), env, &prefix, &no_flags)
-                    .map(drop)
+            "agentloop-orchestrator" => {
+                load::<agentloop_orchestrator::OrchestratorConfig>(&file, env, &prefix)
             }
-            "agentloop-tools" => load_from::<agentloop_tools::ToolsServiceConfig>(
-                Some(&file),
-                env,
-                &prefix,
-                &no_flags,
-            )
-            .map(drop),
-            "agentloop-ledger" => {
-                load_from::<agentloop_ledger::LedgerConfig>(Some(&file), env, &prefix, &no_flags)
-                    .map(drop)
+            "agentloop-decision" => load::<agentloop_decision::DecisionConfig>(&file, env, &prefix),
+            "agentloop-policy" => load::<agentloop_policy::PolicyConfig>(&file, env, &prefix),
+            "agentloop-tools" => load::<agentloop_tools::ToolsServiceConfig>(&file, env, &prefix),
+            "agentloop-ledger" => load::<agentloop_ledger::LedgerConfig>(&file, env, &prefix),
+            "agentloop-demo-executor" => {
+                load::<agentloop_demo_executor::DemoConfig>(&file, env, &prefix)
             }
-            "agentloop-demo-executor" => load_from::<agentloop_demo_executor::DemoConfig>(
-                Some(&file),
-                env,
-                &prefix,
-                &no_flags,
-            )
-            .map(drop),
             other => panic!("no configuration type for {other}"),
         };
         loaded.unwrap_or_else(|e| panic!("{binary} with {config} and its variables: {e}"));
