@@ -3,9 +3,11 @@
 //! One trait, [`EventStore`], with two backends that run the same conformance suite
 //! (`conformance`): SQLite ([`SqliteStore`]), the embedded default, and PostgreSQL
 //! ([`PgStore`]), which several orchestrator processes on several machines share.
-//! `testing` makes throwaway PostgreSQL databases for tests here and in other crates. Both
-//! modules exist only with the `test-util` feature, which only `[dev-dependencies]` enable:
-//! they panic where a test should fail, so no production build carries them.
+//! [`databases`] creates and drops PostgreSQL databases of one's own (the cluster bench
+//! runs on two); `testing` builds on it for the throwaway databases of tests here and in
+//! other crates. `conformance` and `testing` exist only with the `test-util` feature, which
+//! only `[dev-dependencies]` enable: they panic where a test should fail, so no production
+//! build carries them.
 //! The store persists what the engine commits — it does not interpret events beyond what
 //! it needs to index an invocation (its state and terminal reason).
 //!
@@ -25,6 +27,7 @@
 mod codec;
 #[cfg(feature = "test-util")]
 pub mod conformance;
+pub mod databases;
 mod postgres;
 mod sqlite;
 #[cfg(feature = "test-util")]
