@@ -203,6 +203,8 @@ fn the_manifests_the_local_cluster_and_the_services_read_the_same_keys() {
         match name.split_once("${prefix}_") {
             // A placeholder in a comment: `AGENTLOOP_<SERVICE>_LISTEN`.
             None if name == "AGENTLOOP" => {}
+            // A service's prefix alone, which `--env` variables are matched against.
+            None if name == "AGENTLOOP_${prefix}" => {}
             Some((_, key)) => {
                 for prefix in &prefixes {
                     variables.insert(format!("{prefix}{key}"), None);
