@@ -21,7 +21,14 @@
 //! talking gRPC to each other with the shared client and server settings; the bench is
 //! a gRPC client. They share one process (and its two cores), so
 //! loopback gRPC is measured, not a network. The workload only reads, so the ledger is
-//! wired but never written.
+//! wired but never written. `cluster`: the production overlay as processes
+//! (`deploy/local/cluster`: every service binary with its manifest's file and variables,
+//! two orchestrators over PostgreSQL and Redis); the bench creates two databases of its
+//! own on the PostgreSQL server it is given, starts the cluster, sends half the
+//! invocations to each orchestrator with the caller's JWT, and counts on the wire what the
+//! processes ask of PostgreSQL and Redis ([`wire`]). Its model is the scripted one (the
+//! decision service is a process of its own): the same decisions as the bench model, as a
+//! script each start request carries and the decision service parses once.
 //!
 //! **Figures.**
 //! - `turns_per_s`: turns committed / wall time from the first start request to the
@@ -42,6 +49,11 @@
 //!   alone.
 //! - `fsyncs_per_turn`: fsyncs the store asked for, divided by the turns: one per write
 //!   transaction committed (group commit; creates included) and two per WAL checkpoint.
+//! - In `cluster` mode, CPU and peak RSS are those of the cluster's processes, summed
+//!   (not the bench's, nor PostgreSQL's and Redis's); the SQLite figures give way to
+//!   `postgres_statements_per_turn`, `postgres_round_trips_per_turn` and
+//!   `redis_commands_per_turn` (by name too), counted over the run: the cost model of
+//!   scaling out.
 //!
 //! **Traces** (`--traces`): every service has its own telemetry, as in its own process,
 //! and exports every span (sampled at 100%) over OTLP gRPC to a receiver in this
@@ -64,6 +76,11 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use agentloop_auth::{AuthConfig, AuthMode, DevToken};
+pub mod cluster;
+pub mod wire;
+
+use std::collections::BTreeMap;
+
 use agentloop_decision::{Model, ModelError, ModelReply};
 use agentloop_orchestrator::{Api, OrchestratorConfig};
 use agentloop_proto::client::Transport;
@@ -72,6 +89,7 @@ use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
 use agentloop_stack::{ServiceTelemetry, ServicesOptions, Stack, StackOptions, Wiring};
 use agentloop_store::EventStore;
+use agentloop_store::databases::{self, Database};
 use agentloop_telemetry::receiver::OtlpReceiver;
 use agentloop_telemetry::{Metrics, Telemetry, metrics};
 use anyhow::{Context, bail};
@@ -81,6 +99,9 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tonic::metadata::{Ascii, MetadataValue};
+
+use crate::cluster::{ClusterOptions, LocalCluster};
+use crate::wire::{CountingProxy, Protocol};
 
 /// Most invocations one run may start.
 pub const MAX_INVOCATIONS: u32 = 1_000_000;
@@ -116,6 +137,27 @@ pub enum Mode {
     Embedded,
     /// Five gRPC servers on loopback ports (in this process).
     Distributed,
+    /// The production overlay as processes: two orchestrators over PostgreSQL and Redis.
+    Cluster,
+}
+
+/// The PostgreSQL server `cluster` mode uses unless told otherwise (this machine's).
+pub const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+/// The Redis `cluster` mode uses unless told otherwise (this machine's).
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
+
+/// Where `cluster` mode finds what it starts.
+#[derive(Debug, Clone)]
+pub struct ClusterSettings {
+    /// `deploy/local/cluster`.
+    pub script: PathBuf,
+    /// The service binaries.
+    pub bin_dir: PathBuf,
+    /// A PostgreSQL server's admin URL: two databases of the bench's own are created on
+    /// it, and dropped afterwards.
+    pub postgres_url: String,
+    /// A Redis for the orchestrators' leases.
+    pub redis_url: String,
 }
 
 /// What to run.
@@ -140,6 +182,36 @@ pub struct BenchOptions {
     /// Export every service's spans, sampled at 100%, to an OTLP receiver in this
     /// process.
     pub traces: bool,
+    /// What `cluster` mode starts, and on which servers.
+    pub cluster: ClusterSettings,
+}
+
+impl BenchOptions {
+    /// Whether the options go together and are within their bounds.
+    ///
+    /// # Errors
+    ///
+    /// Says which option is wrong.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if !(1..=MAX_INVOCATIONS).contains(&self.invocations) {
+            bail!("--invocations must be within 1..={MAX_INVOCATIONS}");
+        }
+        if !(1..=MAX_TURNS).contains(&self.turns) {
+            bail!("--turns must be within 1..={MAX_TURNS}");
+        }
+        if self.mode == Mode::Cluster {
+            if self.park || self.traces {
+                bail!("--park and --traces measure in-process services: embedded or distributed");
+            }
+            if !self.policies.is_empty() {
+                bail!(
+                    "--policies: the cluster authorizes every call by its manifests' policies \
+                     (deploy/k8s/base/config/policies)"
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Two percentiles, in milliseconds.
@@ -201,8 +273,22 @@ pub struct Report {
     pub invocation_latency_ms: Percentiles,
     /// CPU time (user + system, all threads) per turn, in microseconds.
     pub cpu_us_per_turn: f64,
-    /// Peak resident set (`VmHWM`), in bytes.
+    /// Peak resident set (`VmHWM`), in bytes; in `cluster` mode, the sum of every
+    /// process's.
     pub peak_rss_bytes: u64,
+    /// The SQLite store's figures (`embedded` and `distributed`).
+    #[serde(flatten)]
+    pub store: Option<StoreFigures>,
+    /// What the processes asked of PostgreSQL and Redis (`cluster`).
+    #[serde(flatten)]
+    pub backends: Option<BackendFigures>,
+    /// Park mode's figures.
+    pub park: Option<ParkReport>,
+}
+
+/// The embedded store's figures of one run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoreFigures {
     /// Database bytes in use per turn.
     pub stored_bytes_per_turn: f64,
     /// Event body bytes per turn.
@@ -215,8 +301,26 @@ pub struct Report {
     pub fsyncs_per_turn: f64,
     /// The most writes one transaction carried.
     pub largest_group: u64,
-    /// Park mode's figures.
-    pub park: Option<ParkReport>,
+}
+
+/// What the cluster's processes sent PostgreSQL and Redis during the run, per turn
+/// ([`wire`] says how each is counted).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BackendFigures {
+    /// The processes measured.
+    pub processes: u32,
+    /// PostgreSQL statements (event store and ledger).
+    pub postgres_statements_per_turn: f64,
+    /// PostgreSQL statements per turn, by first keyword.
+    pub postgres_statements_by_kind_per_turn: BTreeMap<String, f64>,
+    /// PostgreSQL round trips.
+    pub postgres_round_trips_per_turn: f64,
+    /// Round trips that ran nothing: the connection pools' checks of a connection.
+    pub postgres_pings_per_turn: f64,
+    /// Redis commands.
+    pub redis_commands_per_turn: f64,
+    /// Redis commands per turn, by name.
+    pub redis_commands_by_name_per_turn: BTreeMap<String, f64>,
 }
 
 /// Runs the workload and reports.
@@ -226,12 +330,7 @@ pub struct Report {
 /// When the options are out of range or the services cannot start; invocations that do
 /// not complete are reported (`failed`), not errors.
 pub async fn run(options: BenchOptions) -> anyhow::Result<Report> {
-    if !(1..=MAX_INVOCATIONS).contains(&options.invocations) {
-        bail!("--invocations must be within 1..={MAX_INVOCATIONS}");
-    }
-    if !(1..=MAX_TURNS).contains(&options.turns) {
-        bail!("--turns must be within 1..={MAX_TURNS}");
-    }
+    options.check()?;
     let dir = match &options.dir {
         Some(parent) => tempfile::tempdir_in(parent),
         None => tempfile::tempdir(),
@@ -243,6 +342,7 @@ pub async fn run(options: BenchOptions) -> anyhow::Result<Report> {
         gate: gate.clone(),
     });
     let deployment = Deployment::start(dir.path(), &options, model).await?;
+    let wire_before = deployment.wire_counts();
     let result = match &gate {
         Some(gate) => park(&deployment, &options, gate).await,
         None => drive(&deployment, &options).await,
@@ -254,17 +354,26 @@ pub async fn run(options: BenchOptions) -> anyhow::Result<Report> {
             return Err(error);
         }
     };
+    let turns = figures.turns.max(1) as f64;
     let spans = deployment.spans();
-    let storage = deployment.stack.store().storage().await?;
-    let stats = deployment.stack.store().stats();
+    let backends = match (deployment.wire_counts(), wire_before) {
+        (Some(after), Some(before)) => Some(backend_figures(
+            &after.since(&before),
+            deployment.pids().len(),
+            turns,
+        )),
+        _ => None,
+    };
+    let store = deployment.store_figures(turns).await;
+    let peak_rss_bytes = deployment.peak_rss();
     deployment.stop().await;
     drop(dir);
+    let store = store?;
 
-    let turns = figures.turns.max(1) as f64;
-    let fsyncs = stats.commits + 2 * stats.checkpoints;
     Ok(Report {
         mode: options.mode,
-        auth: options.auth,
+        // The cluster's orchestrators always verify a JWT, as the manifests configure.
+        auth: options.auth || options.mode == Mode::Cluster,
         policies: options.policies.clone(),
         traces: options.traces,
         spans_per_turn: spans.received as f64 / turns,
@@ -280,15 +389,29 @@ pub async fn run(options: BenchOptions) -> anyhow::Result<Report> {
         turn_latency_ms: figures.turn_latency.percentiles(),
         invocation_latency_ms: figures.invocation_latency.percentiles(),
         cpu_us_per_turn: figures.cpu.as_secs_f64() * 1e6 / turns,
-        peak_rss_bytes: process_status("VmHWM:").unwrap_or(0),
-        stored_bytes_per_turn: storage.used_bytes as f64 / turns,
-        event_bytes_per_turn: storage.event_body_bytes as f64 / turns,
-        fsyncs,
-        commits: stats.commits,
-        fsyncs_per_turn: fsyncs as f64 / turns,
-        largest_group: stats.largest_group,
+        peak_rss_bytes,
+        store,
+        backends,
         park: figures.park,
     })
+}
+
+/// The wire's counts of a run, per turn.
+fn backend_figures(counts: &wire::WireCounts, processes: usize, turns: f64) -> BackendFigures {
+    let per_turn = |by: &BTreeMap<String, u64>| {
+        by.iter()
+            .map(|(key, n)| (key.clone(), *n as f64 / turns))
+            .collect()
+    };
+    BackendFigures {
+        processes: u32::try_from(processes).unwrap_or(u32::MAX),
+        postgres_statements_per_turn: counts.statements as f64 / turns,
+        postgres_statements_by_kind_per_turn: per_turn(&counts.statements_by_kind),
+        postgres_round_trips_per_turn: counts.round_trips as f64 / turns,
+        postgres_pings_per_turn: counts.pings as f64 / turns,
+        redis_commands_per_turn: counts.commands as f64 / turns,
+        redis_commands_by_name_per_turn: per_turn(&counts.commands_by_name),
+    }
 }
 
 impl Report {
@@ -297,6 +420,7 @@ impl Report {
         let mode = match self.mode {
             Mode::Embedded => "embedded (in-process ports and executor)",
             Mode::Distributed => "distributed (five gRPC servers on loopback)",
+            Mode::Cluster => "cluster (the production overlay as processes)",
         };
         let auth = if self.auth {
             ", every call authenticated"
@@ -340,20 +464,45 @@ impl Report {
                 self.invocation_latency_ms.p99,
             ));
         }
+        let whose = match &self.backends {
+            Some(backends) => format!("{} processes, summed", backends.processes),
+            None => "all threads".to_owned(),
+        };
         text.push_str(&format!(
-            "cpu              {:.1} us per turn (all threads)\n\
-             peak RSS         {:.1} MiB\n\
-             stored           {:.0} B per turn ({:.0} B of event bodies)\n\
-             fsyncs           {:.4} per turn ({} in all: {} group commits, largest group {})\n",
+            "cpu              {:.1} us per turn ({whose})\n\
+             peak RSS         {:.1} MiB\n",
             self.cpu_us_per_turn,
             self.peak_rss_bytes as f64 / (1024.0 * 1024.0),
-            self.stored_bytes_per_turn,
-            self.event_bytes_per_turn,
-            self.fsyncs_per_turn,
-            self.fsyncs,
-            self.commits,
-            self.largest_group,
         ));
+        if let Some(store) = &self.store {
+            text.push_str(&format!(
+                "stored           {:.0} B per turn ({:.0} B of event bodies)\n\
+                 fsyncs           {:.4} per turn ({} in all: {} group commits, largest group {})\n",
+                store.stored_bytes_per_turn,
+                store.event_bytes_per_turn,
+                store.fsyncs_per_turn,
+                store.fsyncs,
+                store.commits,
+                store.largest_group,
+            ));
+        }
+        if let Some(backends) = &self.backends {
+            let listed = |by: &BTreeMap<String, f64>| {
+                let each: Vec<String> = by.iter().map(|(key, n)| format!("{key} {n:.2}")).collect();
+                each.join(", ")
+            };
+            text.push_str(&format!(
+                "postgres         {:.2} statements per turn ({})\n\
+                 \x20                {:.2} round trips per turn ({:.2} of them pings)\n\
+                 redis            {:.2} commands per turn ({})\n",
+                backends.postgres_statements_per_turn,
+                listed(&backends.postgres_statements_by_kind_per_turn),
+                backends.postgres_round_trips_per_turn,
+                backends.postgres_pings_per_turn,
+                backends.redis_commands_per_turn,
+                listed(&backends.redis_commands_by_name_per_turn),
+            ));
+        }
         if self.traces {
             text.push_str(&format!(
                 "spans            {:.1} per turn exported, {} dropped\n",
@@ -434,6 +583,44 @@ fn keys_of(turn: u32) -> [(&'static str, &'static str); 2] {
     [KEYS[first], KEYS[(first + 1) % KEYS.len()]]
 }
 
+/// The calls of turn `turn` (before the last): call IDs unique per turn, and the keys.
+fn calls_of(turn: u32) -> [(String, &'static str); 2] {
+    let [(first, _), (second, _)] = keys_of(turn);
+    [
+        (format!("call-{turn}-a"), first),
+        (format!("call-{turn}-b"), second),
+    ]
+}
+
+/// The calls the answer of an invocation of `turns` turns cites: its last lookups.
+fn evidence_of(turns: u32) -> Vec<String> {
+    match turns {
+        0 | 1 => Vec::new(),
+        _ => calls_of(turns - 1).into_iter().map(|(id, _)| id).collect(),
+    }
+}
+
+/// The workload's decisions as a scripted model (the format of `docs/models.md`), for
+/// a decision service in a process of its own.
+fn script(turns: u32) -> String {
+    let mut decisions: Vec<serde_json::Value> = (1..turns)
+        .map(|turn| {
+            let calls: Vec<_> = calls_of(turn)
+                .into_iter()
+                .map(|(id, key)| {
+                    serde_json::json!({"id": id, "name": LOOKUP, "arguments": {"key": key}})
+                })
+                .collect();
+            serde_json::json!({ "tool_calls": calls })
+        })
+        .collect();
+    decisions.push(serde_json::json!({
+        "final": expected_answer(turns),
+        "evidence": evidence_of(turns),
+    }));
+    serde_json::json!({ "turns": decisions }).to_string()
+}
+
 /// The answer of an invocation of `turns` turns: what its last lookups returned.
 fn expected_answer(turns: u32) -> String {
     match turns {
@@ -499,11 +686,10 @@ impl Model for BenchModel {
             gate.pass().await;
         }
         let kind = if request.turn < self.turns {
-            let calls = keys_of(request.turn)
-                .iter()
-                .zip(["a", "b"])
-                .map(|((key, _), suffix)| pb::ToolCall {
-                    call_id: format!("call-{}-{suffix}", request.turn),
+            let calls = calls_of(request.turn)
+                .into_iter()
+                .map(|(call_id, key)| pb::ToolCall {
+                    call_id,
                     tool: LOOKUP.to_owned(),
                     arguments_json: format!(r#"{{"key":"{key}"}}"#),
                 })
@@ -511,14 +697,9 @@ impl Model for BenchModel {
             Kind::ToolCalls(ToolCalls { calls })
         } else {
             // Citing the last turn's lookups (if any), which the acceptance rules check.
-            let cited = request.turn - 1;
-            let suffixes: &[&str] = if cited == 0 { &[] } else { &["a", "b"] };
             Kind::Final(Final {
                 answer: answer_from(&request.history),
-                evidence: suffixes
-                    .iter()
-                    .map(|suffix| format!("call-{cited}-{suffix}"))
-                    .collect(),
+                evidence: evidence_of(request.turn),
             })
         };
         Ok(ModelReply {
@@ -593,11 +774,35 @@ impl Client {
 }
 
 struct Deployment {
-    client: Client,
-    stack: Stack,
-    /// With `--traces`: the receiver, and every service's telemetry.
-    traced: Option<(OtlpReceiver, Vec<Telemetry>)>,
+    /// Where invocations start, in turn: one client, or one per orchestrator.
+    clients: Vec<Client>,
+    /// What every start request asks for.
+    start: pb::StartInvocationRequest,
+    backend: Backend,
 }
+
+enum Backend {
+    /// Every service in this process.
+    InProcess {
+        stack: Stack,
+        /// With `--traces`: the receiver, and every service's telemetry.
+        traced: Option<(OtlpReceiver, Vec<Telemetry>)>,
+    },
+    /// The local cluster's processes.
+    Cluster(ClusterBackend),
+}
+
+/// The cluster and what it runs on; the fields drop in order, so the processes stop
+/// before the proxies and the databases go.
+struct ClusterBackend {
+    cluster: LocalCluster,
+    postgres: CountingProxy,
+    redis: CountingProxy,
+    databases: [Database; 2],
+}
+
+/// The prefix of the bench's databases.
+const DATABASE_PREFIX: &str = "agentloop_bench_";
 
 impl Deployment {
     async fn start(
@@ -606,10 +811,28 @@ impl Deployment {
         model: Arc<BenchModel>,
     ) -> anyhow::Result<Deployment> {
         let data_file = dir.join("lookup.json");
-        let table: std::collections::BTreeMap<_, _> = KEYS.into_iter().collect();
+        let table: BTreeMap<_, _> = KEYS.into_iter().collect();
         std::fs::write(&data_file, serde_json::to_vec(&table)?)?;
+        match options.mode {
+            Mode::Embedded => {
+                Deployment::in_process(dir, options, model, &data_file, Wiring::Embedded).await
+            }
+            Mode::Distributed => {
+                Deployment::in_process(dir, options, model, &data_file, Wiring::Distributed).await
+            }
+            Mode::Cluster => Deployment::cluster(dir, options, &data_file).await,
+        }
+    }
+
+    async fn in_process(
+        dir: &Path,
+        options: &BenchOptions,
+        model: Arc<BenchModel>,
+        data_file: &Path,
+        wiring: Wiring,
+    ) -> anyhow::Result<Deployment> {
         let mut services = ServicesOptions::new(dir.to_path_buf());
-        services.demo.data_file = Some(data_file);
+        services.demo.data_file = Some(data_file.to_path_buf());
         // Every invocation's two lookups may be in flight at once.
         services.gateway.max_concurrent_calls_per_executor =
             (2 * options.invocations as usize).max(64);
@@ -622,10 +845,6 @@ impl Deployment {
                 options.policies.clone(),
             )]);
         }
-        let wiring = match options.mode {
-            Mode::Embedded => Wiring::Embedded,
-            Mode::Distributed => Wiring::Distributed,
-        };
         let mut orchestrator = orchestrator_config(options);
         let token = if options.auth {
             let secret_file = dir.join("jwt-secret");
@@ -684,34 +903,112 @@ impl Deployment {
             ..StackOptions::embedded(dir.to_path_buf())
         })
         .await?;
-        let client = match options.mode {
-            Mode::Embedded => {
+        let client = match wiring {
+            Wiring::Embedded => {
                 let authorization = token
                     .map(|token| format!("Bearer {token}").parse())
                     .transpose()?;
                 Client::InProcess(stack.api().clone(), authorization)
             }
-            Mode::Distributed => Client::Grpc(agentloop_proto::client::orchestrator(
+            Wiring::Distributed => Client::Grpc(agentloop_proto::client::orchestrator(
                 agentloop_stack::channel_as(&stack.endpoint(), token.as_deref()).await?,
             )),
         };
         Ok(Deployment {
-            client,
-            stack,
-            traced,
+            clients: vec![client],
+            start: start_request(),
+            backend: Backend::InProcess { stack, traced },
         })
+    }
+
+    /// Two databases and two counting proxies, then the cluster over them.
+    async fn cluster(
+        dir: &Path,
+        options: &BenchOptions,
+        data_file: &Path,
+    ) -> anyhow::Result<Deployment> {
+        let settings = &options.cluster;
+        let postgres_upstream = wire::upstream(&settings.postgres_url, Protocol::Postgres)?;
+        let redis_upstream = wire::upstream(&settings.redis_url, Protocol::Redis)?;
+        let create = || async {
+            Database::create(&settings.postgres_url, DATABASE_PREFIX)
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot create a database on {}",
+                        databases::redact(&settings.postgres_url)
+                    )
+                })
+        };
+        let databases = [create().await?, create().await?];
+        let postgres = CountingProxy::start(Protocol::Postgres, postgres_upstream).await?;
+        let redis = CountingProxy::start(Protocol::Redis, redis_upstream).await?;
+        let cluster = LocalCluster::up(&ClusterOptions {
+            script: settings.script.clone(),
+            bin_dir: settings.bin_dir.clone(),
+            parent_dir: Some(dir.to_path_buf()),
+            database_url: wire::through(databases[0].url(), postgres.address())?,
+            ledger_database_url: wire::through(databases[1].url(), postgres.address())?,
+            redis_url: wire::through(&settings.redis_url, redis.address())?,
+            env: vec![format!(
+                "AGENTLOOP_DEMO_EXECUTOR_DATA_FILE={}",
+                data_file.display()
+            )],
+        })
+        .await?;
+        let mut clients = Vec::with_capacity(2);
+        for endpoint in cluster.orchestrators()? {
+            clients.push(Client::Grpc(cluster.client(endpoint).await?));
+        }
+        let tool_calls = 2 * options.turns.saturating_sub(1);
+        Ok(Deployment {
+            clients,
+            start: pb::StartInvocationRequest {
+                scripted_model_json: script(options.turns),
+                budget_overrides: Some(pb::BudgetOverrides {
+                    max_steps: Some(options.turns),
+                    max_tool_calls: Some(tool_calls),
+                    ..pb::BudgetOverrides::default()
+                }),
+                ..start_request()
+            },
+            backend: Backend::Cluster(ClusterBackend {
+                cluster,
+                postgres,
+                redis,
+                databases,
+            }),
+        })
+    }
+
+    /// The in-process services (park mode needs them).
+    fn stack(&self) -> anyhow::Result<&Stack> {
+        match &self.backend {
+            Backend::InProcess { stack, .. } => Ok(stack),
+            Backend::Cluster(_) => bail!("the cluster's services are not in this process"),
+        }
     }
 
     /// With `--traces`, waits until every service has exported what it buffers.
     async fn flush_spans(&self) {
-        for telemetry in self.traced.iter().flat_map(|(_, every)| every) {
-            telemetry.flush().await;
+        if let Backend::InProcess {
+            traced: Some((_, every)),
+            ..
+        } = &self.backend
+        {
+            for telemetry in every {
+                telemetry.flush().await;
+            }
         }
     }
 
     /// With `--traces`, the spans the services ended and those the receiver got.
     fn spans(&self) -> Spans {
-        let Some((receiver, every)) = &self.traced else {
+        let Backend::InProcess {
+            traced: Some((receiver, every)),
+            ..
+        } = &self.backend
+        else {
             return Spans::default();
         };
         let ended = every
@@ -727,16 +1024,90 @@ impl Deployment {
         }
     }
 
-    /// Drains the orchestrator, stops the servers and closes the store.
+    /// The processes whose CPU and memory are measured: none but this one in-process.
+    fn pids(&self) -> Vec<String> {
+        match &self.backend {
+            Backend::InProcess { .. } => vec!["self".to_owned()],
+            Backend::Cluster(backend) => backend
+                .cluster
+                .pids()
+                .values()
+                .map(u32::to_string)
+                .collect(),
+        }
+    }
+
+    /// User + system CPU time of the measured processes so far.
+    fn cpu_time(&self) -> anyhow::Result<Duration> {
+        self.pids().iter().map(|pid| cpu_time(pid)).sum()
+    }
+
+    /// The measured processes' peak resident sets, summed.
+    fn peak_rss(&self) -> u64 {
+        self.pids()
+            .iter()
+            .filter_map(|pid| process_status(pid, "VmHWM:"))
+            .sum()
+    }
+
+    /// What the cluster's processes sent PostgreSQL and Redis so far.
+    fn wire_counts(&self) -> Option<wire::WireCounts> {
+        let Backend::Cluster(backend) = &self.backend else {
+            return None;
+        };
+        Some(wire::WireCounts::join(
+            backend.postgres.counts(),
+            backend.redis.counts(),
+        ))
+    }
+
+    /// The SQLite store's figures, per turn.
+    async fn store_figures(&self, turns: f64) -> anyhow::Result<Option<StoreFigures>> {
+        let Backend::InProcess { stack, .. } = &self.backend else {
+            return Ok(None);
+        };
+        let storage = stack.store().storage().await?;
+        let stats = stack.store().stats();
+        let fsyncs = stats.commits + 2 * stats.checkpoints;
+        Ok(Some(StoreFigures {
+            stored_bytes_per_turn: storage.used_bytes as f64 / turns,
+            event_bytes_per_turn: storage.event_body_bytes as f64 / turns,
+            fsyncs,
+            commits: stats.commits,
+            fsyncs_per_turn: fsyncs as f64 / turns,
+            largest_group: stats.largest_group,
+        }))
+    }
+
+    /// Drains the orchestrators and stops the services; a cluster's databases go too.
     async fn stop(self) {
-        if let Err(error) = self.stack.stop().await {
-            tracing::warn!(%error, "a bench server failed");
+        match self.backend {
+            Backend::InProcess { stack, .. } => {
+                if let Err(error) = stack.stop().await {
+                    tracing::warn!(%error, "a bench server failed");
+                }
+            }
+            Backend::Cluster(backend) => {
+                let ClusterBackend {
+                    cluster,
+                    postgres,
+                    redis,
+                    databases,
+                } = backend;
+                if let Err(error) = cluster.down().await {
+                    tracing::warn!(%error, "the cluster did not stop cleanly");
+                }
+                drop((postgres, redis));
+                for database in databases {
+                    if let Err(error) = database.drop_database().await {
+                        tracing::warn!(%error, "a bench database was not dropped");
+                    }
+                }
+            }
         }
     }
 }
 
-/// The orchestrator's configuration for the workload: budgets that fit T turns exactly,
-/// and room for N invocations at once.
 /// The issuer and audience of the bench's tokens.
 const ISSUER: &str = "https://agentloop-bench.invalid";
 const AUDIENCE: &str = "agentloop";
@@ -747,6 +1118,8 @@ fn hex_secret() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The orchestrator's configuration for the workload: budgets that fit T turns exactly,
+/// and room for N invocations at once.
 fn orchestrator_config(options: &BenchOptions) -> OrchestratorConfig {
     let mut config = OrchestratorConfig::default();
     let tool_calls = 2 * options.turns.saturating_sub(1);
@@ -779,8 +1152,9 @@ struct Observed {
     failure: Option<String>,
 }
 
-/// Starts one invocation, follows it to its end and checks it.
-async fn follow(client: Client, turns: u32) -> Observed {
+/// Starts one invocation, follows it to its end and checks it: its answer, and what
+/// its last lookups returned (which the answer must have been built from).
+async fn follow(client: Client, start: pb::StartInvocationRequest, turns: u32) -> Observed {
     let started = Instant::now();
     let mut observed = Observed {
         turns: 0,
@@ -788,7 +1162,7 @@ async fn follow(client: Client, turns: u32) -> Observed {
         total: Duration::ZERO,
         failure: None,
     };
-    let stream = match client.start(start_request()).await {
+    let stream = match client.start(start).await {
         Ok(id) => client.watch(id).await,
         Err(status) => Err(status),
     };
@@ -800,6 +1174,7 @@ async fn follow(client: Client, turns: u32) -> Observed {
         }
     };
     let mut last: Option<Duration> = None;
+    let mut lookups: Option<pb::Event> = None;
     let mut end = None;
     while let Some(item) = stream.next().await {
         let event = match item {
@@ -812,7 +1187,7 @@ async fn follow(client: Client, turns: u32) -> Observed {
         let Some(event) = event else { continue };
         // The last turn commits its `Turn` and the `Ended` event together.
         match event.body {
-            Some(pb::event::Body::Turn(_)) => {
+            Some(pb::event::Body::Turn(ref turn)) => {
                 observed.turns += 1;
                 let committed = event.committed_at.map_or(Duration::ZERO, |at| {
                     Duration::new(
@@ -825,6 +1200,9 @@ async fn follow(client: Client, turns: u32) -> Observed {
                     observed.gaps.push(u64::try_from(gap).unwrap_or(u64::MAX));
                 }
                 last = Some(committed);
+                if !turn.results.is_empty() {
+                    lookups = Some(event);
+                }
             }
             Some(pb::event::Body::Ended(ended)) => {
                 end = Some(ended);
@@ -843,6 +1221,10 @@ async fn follow(client: Client, turns: u32) -> Observed {
         Some(ended) if ended.answer.as_deref() != Some(expected.as_str()) => {
             Some(format!("answer {:?}, expected {expected:?}", ended.answer))
         }
+        Some(_) if answer_from(lookups.as_slice()) != expected => Some(format!(
+            "the last lookups returned {:?}, expected {expected:?}",
+            answer_from(lookups.as_slice())
+        )),
         Some(_) if observed.turns != u64::from(turns) => Some(format!(
             "{} turns committed, expected {turns}",
             observed.turns
@@ -853,11 +1235,15 @@ async fn follow(client: Client, turns: u32) -> Observed {
 }
 
 async fn drive(deployment: &Deployment, options: &BenchOptions) -> anyhow::Result<Figures> {
-    let cpu_before = cpu_time()?;
+    let cpu_before = deployment.cpu_time()?;
     let started = Instant::now();
     let mut tasks = JoinSet::new();
-    for _ in 0..options.invocations {
-        tasks.spawn(follow(deployment.client.clone(), options.turns));
+    for (_, client) in (0..options.invocations).zip(deployment.clients.iter().cycle()) {
+        tasks.spawn(follow(
+            client.clone(),
+            deployment.start.clone(),
+            options.turns,
+        ));
     }
     let mut figures = Figures {
         completed: 0,
@@ -893,7 +1279,7 @@ async fn drive(deployment: &Deployment, options: &BenchOptions) -> anyhow::Resul
         .context("the run took longer than an hour")??;
     deployment.flush_spans().await;
     figures.elapsed = started.elapsed();
-    figures.cpu = cpu_time()?.saturating_sub(cpu_before);
+    figures.cpu = deployment.cpu_time()?.saturating_sub(cpu_before);
     Ok(figures)
 }
 
@@ -904,16 +1290,18 @@ async fn park(
     gate: &Gate,
 ) -> anyhow::Result<Figures> {
     let total = u64::from(options.invocations);
-    let rss_before = process_status("VmRSS:").context("cannot read VmRSS")?;
-    let cpu_before = cpu_time()?;
+    let stack = deployment.stack()?;
+    let rss_before = process_status("self", "VmRSS:").context("cannot read VmRSS")?;
+    let cpu_before = deployment.cpu_time()?;
     let started = Instant::now();
     let next = Arc::new(AtomicU64::new(0));
     let mut starters = JoinSet::new();
     for _ in 0..PARK_STARTERS {
-        let (client, next) = (deployment.client.clone(), Arc::clone(&next));
+        let (client, next) = (deployment.clients[0].clone(), Arc::clone(&next));
+        let start = deployment.start.clone();
         starters.spawn(async move {
             while next.fetch_add(1, Relaxed) < total {
-                client.start(start_request()).await?;
+                client.start(start.clone()).await?;
             }
             Ok::<(), tonic::Status>(())
         });
@@ -925,15 +1313,15 @@ async fn park(
     tokio::time::timeout(RUN_TIMEOUT, waiting.wait_for(|n| *n >= total))
         .await
         .context("the invocations did not all park within an hour")??;
-    let rss_parked = process_status("VmRSS:").context("cannot read VmRSS")?;
+    let rss_parked = process_status("self", "VmRSS:").context("cannot read VmRSS")?;
     gate.released.send_replace(true);
 
     // T turns, the last one committed with the `Ended` event.
     let expected_events = total * (u64::from(options.turns) + 1);
     let finished = async {
         loop {
-            let stats = deployment.stack.store().stats();
-            if deployment.stack.store().running(None, 1).await?.is_empty() {
+            let stats = stack.store().stats();
+            if stack.store().running(None, 1).await?.is_empty() {
                 return anyhow::Ok(stats);
             }
             tokio::time::sleep(PARK_POLL).await;
@@ -944,7 +1332,7 @@ async fn park(
         .context("the released invocations did not end within an hour")??;
     deployment.flush_spans().await;
     let elapsed = started.elapsed();
-    let storage = deployment.stack.store().storage().await?;
+    let storage = stack.store().storage().await?;
     // Each invocation commits at most T + 1 events (its step budget is T); all of them
     // means every invocation got to its answer.
     let complete = storage.events == expected_events;
@@ -958,7 +1346,7 @@ async fn park(
         }),
         turns: storage.events.saturating_sub(total),
         elapsed,
-        cpu: cpu_time()?.saturating_sub(cpu_before),
+        cpu: deployment.cpu_time()?.saturating_sub(cpu_before),
         turn_latency: Histogram::default(),
         invocation_latency: Histogram::default(),
         park: Some(ParkReport {
@@ -1045,9 +1433,9 @@ impl Histogram {
     }
 }
 
-/// A `kB` line of `/proc/self/status`, in bytes.
-fn process_status(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+/// A `kB` line of `/proc/PID/status` (`pid` may be `self`), in bytes.
+fn process_status(pid: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|line| line.starts_with(field))?;
     let kib: u64 = line[field.len()..]
         .trim()
@@ -1058,18 +1446,21 @@ fn process_status(field: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// User + system CPU time of the process so far (`/proc/self/stat`, in USER_HZ = 100
-/// ticks per second on Linux).
-fn cpu_time() -> anyhow::Result<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").context("cannot read /proc/self/stat")?;
+/// User + system CPU time of a process so far (`/proc/PID/stat`, `pid` may be `self`;
+/// in USER_HZ = 100 ticks per second on Linux).
+fn cpu_time(pid: &str) -> anyhow::Result<Duration> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
     // Fields after the command name, which is in parentheses and may hold spaces.
     let rest = stat
         .rsplit_once(')')
         .map(|(_, rest)| rest)
-        .context("/proc/self/stat has no command name")?;
+        .with_context(|| format!("{path} has no command name"))?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let tick = |index: usize| -> anyhow::Result<u64> {
-        let field = fields.get(index).context("/proc/self/stat is too short")?;
+        let field = fields
+            .get(index)
+            .with_context(|| format!("{path} is too short"))?;
         Ok(field.parse()?)
     };
     // utime and stime are fields 14 and 15 of the line; 12 and 13 after the name.
@@ -1112,6 +1503,55 @@ mod tests {
         assert_eq!(histogram.quantile(0.5), 496);
         assert!(histogram.quantile(0.99) >= 960 && histogram.quantile(0.99) <= 990);
         assert_eq!(Histogram::default().quantile(0.5), 0);
+    }
+
+    /// A committed turn whose lookups returned what the demo executor's table holds.
+    fn looked_up(turn: u32) -> pb::Event {
+        let results = calls_of(turn)
+            .into_iter()
+            .map(|(call_id, key)| {
+                let value = KEYS
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, v)| *v)
+                    .unwrap();
+                pb::ToolResult {
+                    call_id,
+                    outcome: Some(pb::tool_result::Outcome::Output(pb::ToolOutput {
+                        output_json: serde_json::json!({"key": key, "value": value}).to_string(),
+                        ..Default::default()
+                    })),
+                }
+            })
+            .collect();
+        pb::Event {
+            body: Some(pb::event::Body::Turn(pb::TurnCommitted {
+                turn,
+                results,
+                ..Default::default()
+            })),
+            ..Default::default()
+        }
+    }
+
+    /// The cluster's scripted model and the in-process bench model are one workload.
+    #[tokio::test]
+    async fn the_script_decides_what_the_bench_model_decides_turn_by_turn() {
+        for turns in [1, 2, 5] {
+            let script = agentloop_decision::ScriptedModel::parse(&script(turns)).unwrap();
+            let bench = BenchModel { turns, gate: None };
+            for turn in 1..=turns {
+                let request = pb::DecideRequest {
+                    invocation_id: "i".to_owned(),
+                    turn,
+                    history: (1..turn).map(looked_up).collect(),
+                    ..Default::default()
+                };
+                let scripted = script.decide_with(&request, &[]).await.unwrap().outcome;
+                let modelled = bench.decide_with(&request, &[]).await.unwrap().outcome;
+                assert_eq!(scripted, modelled, "turn {turn} of {turns}");
+            }
+        }
     }
 
     #[test]

@@ -255,9 +255,25 @@ struct BenchArgs {
     /// Turns per invocation: T-1 turns of two lookups, then the answer.
     #[arg(long, default_value_t = 10)]
     turns: u32,
-    /// `embedded`: in-process ports; `distributed`: five gRPC servers on loopback.
+    /// `embedded`: in-process ports; `distributed`: five gRPC servers on loopback;
+    /// `cluster`: the production overlay as processes (`deploy/local/cluster`) over
+    /// PostgreSQL and Redis, run after `embedded` and `distributed`, all three reported.
     #[arg(long, value_enum, default_value = "embedded")]
     mode: bench::Mode,
+    /// `cluster`: a PostgreSQL server's admin URL; the bench creates two databases of its
+    /// own there and drops them afterwards.
+    #[arg(long, default_value = bench::DEFAULT_POSTGRES_URL)]
+    postgres_url: String,
+    /// `cluster`: the Redis the orchestrators keep their leases in.
+    #[arg(long, default_value = bench::DEFAULT_REDIS_URL)]
+    redis_url: String,
+    /// `cluster`: the folder of the service binaries (default: this binary's).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// `cluster`: the script that starts it (default: the repository's
+    /// `deploy/local/cluster`, where this binary was built).
+    #[arg(long)]
+    cluster_script: Option<PathBuf>,
     /// Park every invocation in its first model call and report the memory each costs.
     #[arg(long)]
     park: bool,
@@ -603,6 +619,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             effects::unresolved(source, invocation.as_deref(), json).await
         }
         Command::Bench(args) => {
+            let bin_dir = match args.bin_dir {
+                Some(dir) => dir,
+                None => std::env::current_exe()?
+                    .parent()
+                    .map(Path::to_path_buf)
+                    .ok_or_else(|| anyhow::anyhow!("this binary's path has no folder"))?,
+            };
             let options = bench::BenchOptions {
                 invocations: args.invocations,
                 turns: args.turns,
@@ -612,10 +635,35 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 auth: args.auth,
                 policies: Vec::new(),
                 traces: false,
+                cluster: bench::ClusterSettings {
+                    script: args
+                        .cluster_script
+                        .unwrap_or_else(bench::cluster::default_script),
+                    bin_dir,
+                    postgres_url: args.postgres_url,
+                    redis_url: args.redis_url,
+                },
             };
-            // With policies or traces, the same workload without them first: each pair
-            // is measured in one run, on the same machine.
-            let mut runs = vec![options.clone()];
+            bench::BenchOptions {
+                policies: args.policies.clone(),
+                traces: args.traces,
+                ..options.clone()
+            }
+            .check()?;
+            // With policies or traces, the same workload without them first; a cluster
+            // after the two in-process wirings: each set is measured in one run, on the
+            // same machine.
+            let mut runs = match args.mode {
+                bench::Mode::Cluster => [bench::Mode::Embedded, bench::Mode::Distributed]
+                    .into_iter()
+                    .map(|mode| bench::BenchOptions {
+                        mode,
+                        ..options.clone()
+                    })
+                    .collect(),
+                bench::Mode::Embedded | bench::Mode::Distributed => Vec::new(),
+            };
+            runs.push(options.clone());
             if !args.policies.is_empty() {
                 runs.push(bench::BenchOptions {
                     policies: args.policies,
@@ -642,7 +690,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 && !args.json
                 && without.turns_per_s > 0.0
             {
-                for with in with {
+                for with in with.iter().filter(|with| with.mode == without.mode) {
                     let what = if with.traces {
                         "with traces "
                     } else {

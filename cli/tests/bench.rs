@@ -60,6 +60,17 @@ fn check_consistent(report: &Value, invocations: u64, turns: u64) {
         (rate - expected_rate).abs() <= expected_rate * 1e-6,
         "{report}"
     );
+    assert!(number(report, "cpu_us_per_turn") > 0.0);
+    assert!(number(report, "peak_rss_bytes") > 1_000_000.0);
+    match report["mode"].as_str() {
+        Some("cluster") => check_backends(report, invocations, turns),
+        Some("embedded" | "distributed") => check_store(report, invocations, turns),
+        other => panic!("mode {other:?} in {report}"),
+    }
+}
+
+/// The SQLite store's figures of an in-process run.
+fn check_store(report: &Value, invocations: u64, turns: u64) {
     let fsyncs = number(report, "fsyncs");
     assert!(fsyncs > 0.0, "every turn is committed durably");
     let per_turn = number(report, "fsyncs_per_turn");
@@ -68,8 +79,39 @@ fn check_consistent(report: &Value, invocations: u64, turns: u64) {
     let stored = number(report, "stored_bytes_per_turn");
     let bodies = number(report, "event_bytes_per_turn");
     assert!(bodies > 100.0 && stored > bodies, "{report}");
-    assert!(number(report, "cpu_us_per_turn") > 0.0);
-    assert!(number(report, "peak_rss_bytes") > 1_000_000.0);
+    assert!(report.get("postgres_statements_per_turn").is_none());
+}
+
+/// What a cluster run's processes asked of PostgreSQL and Redis.
+fn check_backends(report: &Value, invocations: u64, turns: u64) {
+    assert_eq!(report["processes"], 7, "{report}");
+    assert_eq!(
+        report["auth"], true,
+        "the cluster's orchestrators verify a JWT"
+    );
+    // Every turn is committed to PostgreSQL: at least one statement and round trip each.
+    assert!(
+        number(report, "postgres_statements_per_turn") >= 1.0,
+        "{report}"
+    );
+    assert!(
+        number(report, "postgres_round_trips_per_turn") >= 1.0,
+        "{report}"
+    );
+    // Every invocation takes a lease in Redis.
+    let commands = number(report, "redis_commands_per_turn");
+    assert!(
+        commands * (invocations * turns) as f64 >= invocations as f64,
+        "{report}"
+    );
+    let by_name: f64 = report["redis_commands_by_name_per_turn"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_f64().unwrap())
+        .sum();
+    assert!((by_name - commands).abs() < 1e-9, "{report}");
+    assert!(report.get("fsyncs").is_none(), "{report}");
 }
 
 fn check_latencies(report: &Value) {
@@ -122,6 +164,82 @@ fn distributed_bench_reports_consistent_figures() {
     assert_eq!(report["mode"], "distributed");
     check_consistent(&report, 6, 3);
     check_latencies(&report);
+}
+
+/// `bench --mode cluster` on a PostgreSQL and a Redis of the test's: the three wirings
+/// in one run, then the bench's databases are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_bench_runs_the_three_wirings_and_counts_what_the_cluster_asks_of_its_backends() {
+    let Some(postgres) = agentloop_store::testing::PostgresServer::for_test("cluster_bench").await
+    else {
+        return;
+    };
+    let Some(redis) = agentloop_lease::testing::RedisServer::start_or_skip("cluster_bench").await
+    else {
+        return;
+    };
+    let count_bench_databases = || async {
+        let mut conn = agentloop_store::databases::connect(postgres.admin_url())
+            .await
+            .unwrap();
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE 'agentloop\\_bench\\_%'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+    };
+    let databases_before = count_bench_databases().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (admin_url, redis_url) = (postgres.admin_url().to_owned(), redis.url());
+    let path = dir.path().to_owned();
+    let output = tokio::task::spawn_blocking(move || {
+        bench(
+            &path,
+            &[
+                "--mode",
+                "cluster",
+                "--invocations",
+                "6",
+                "--turns",
+                "3",
+                "--postgres-url",
+                &admin_url,
+                "--redis-url",
+                &redis_url,
+                "--json",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    let reports = reports(&output);
+    let [embedded, distributed, cluster] = reports.as_slice() else {
+        panic!("three runs: {reports:?}")
+    };
+    assert_eq!(embedded["mode"], "embedded");
+    assert_eq!(distributed["mode"], "distributed");
+    assert_eq!(cluster["mode"], "cluster");
+    for report in [embedded, distributed, cluster] {
+        check_consistent(report, 6, 3);
+        check_latencies(report);
+    }
+    assert_eq!(count_bench_databases().await, databases_before);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn cluster_mode_refuses_what_only_an_in_process_run_measures() {
+    let dir = tempfile::tempdir().unwrap();
+    for flag in ["--park", "--traces"] {
+        let output = bench(dir.path(), &["--mode", "cluster", flag]);
+        assert_eq!(output.status.code(), Some(1), "{flag}");
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("embedded or distributed"),
+            "{flag}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }
 
 #[test]

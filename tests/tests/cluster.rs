@@ -8,12 +8,11 @@
 //! builds them); `AGENTLOOP_BIN_DIR` names another folder.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use agentloop_e2e::{Client, PATIENCE, get, reason, turns, watch};
-use agentloop_proto::client::{ClientConfig, connect};
+use agentloop_bench::cluster::{ClusterOptions, LocalCluster};
+use agentloop_e2e::{PATIENCE, get, reason, turns, watch};
 use agentloop_proto::v1 as pb;
 use futures::StreamExt;
 
@@ -27,98 +26,6 @@ fn bin_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
-/// 17 consecutive free loopback ports below the ephemeral range (where the other tests'
-/// port-0 listeners land), as the script's `--port-base`.
-fn free_port_base() -> u16 {
-    let start = 20_000 + (std::process::id() % 400) as u16 * 20;
-    (0..400u16)
-        .map(|n| 20_000 + (start - 20_000 + n * 20) % 8_000)
-        .find(|base| {
-            (0..17).all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok())
-        })
-        .expect("no 17 free ports in 20000..28000")
-}
-
-/// Stops the cluster however the test ends.
-struct Cluster {
-    script: PathBuf,
-    dir: tempfile::TempDir,
-    env: BTreeMap<String, String>,
-}
-
-impl Cluster {
-    fn up(database: &str, ledger_database: &str, redis: &str) -> Cluster {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let script = root.join("deploy/local/cluster");
-        let dir = tempfile::tempdir().unwrap();
-        let output = Command::new("bash")
-            .arg(&script)
-            .arg("up")
-            .arg("--dir")
-            .arg(dir.path())
-            .args(["--database-url", database])
-            .args(["--ledger-database-url", ledger_database])
-            .args(["--redis-url", redis])
-            .arg("--bin-dir")
-            .arg(bin_dir())
-            .args(["--port-base", &free_port_base().to_string()])
-            .output()
-            .unwrap();
-        let cluster = Cluster {
-            script,
-            env: BTreeMap::new(),
-            dir,
-        };
-        assert!(
-            output.status.success(),
-            "deploy/local/cluster up failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let mut cluster = cluster;
-        cluster.env = std::fs::read_to_string(cluster.dir.path().join("cluster.env"))
-            .unwrap()
-            .lines()
-            .filter_map(|line| line.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
-        cluster
-    }
-
-    fn get(&self, key: &str) -> &str {
-        self.env
-            .get(key)
-            .unwrap_or_else(|| panic!("cluster.env has no {key}"))
-    }
-
-    async fn client(&self, orchestrator: &str) -> Client {
-        let token = std::fs::read_to_string(self.get("TOKEN_FILE")).unwrap();
-        let config = ClientConfig::default()
-            .with_request_timeout(None)
-            .with_bearer(Some(token.trim()))
-            .unwrap();
-        agentloop_proto::client::orchestrator(
-            connect(self.get(orchestrator), config).await.unwrap(),
-        )
-    }
-
-    fn log(&self, process: &str) -> String {
-        std::fs::read_to_string(self.dir.path().join(format!("logs/{process}.log")))
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(&self.script)
-            .arg("down")
-            .arg("--dir")
-            .arg(self.dir.path())
-            .status();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orchestrator_killed_mid_invocation_is_taken_over_by_the_other() {
     let Some(postgres) = agentloop_store::testing::PostgresServer::for_test("cluster").await else {
@@ -129,7 +36,18 @@ async fn an_orchestrator_killed_mid_invocation_is_taken_over_by_the_other() {
     };
     let events = postgres.create_database().await.unwrap();
     let ledger = postgres.create_database().await.unwrap();
-    let cluster = Cluster::up(events.url(), ledger.url(), &redis.url());
+    let cluster = LocalCluster::up(&ClusterOptions {
+        script: agentloop_bench::cluster::default_script(),
+        bin_dir: bin_dir(),
+        parent_dir: None,
+        database_url: events.url().to_owned(),
+        ledger_database_url: ledger.url().to_owned(),
+        redis_url: redis.url(),
+        env: Vec::new(),
+    })
+    .await
+    .unwrap();
+    let [first_endpoint, second_endpoint] = cluster.orchestrators().unwrap();
 
     // Turn 1 looks a value up; the model takes 2 s over turn 2, long enough to kill the
     // orchestrator in between; turn 3 answers from both lookups.
@@ -138,7 +56,7 @@ async fn an_orchestrator_killed_mid_invocation_is_taken_over_by_the_other() {
       {"tool_calls": [{"id": "b", "name": "lookup", "arguments": {"key": "policy"}}],
        "delay_ms": 2000},
       {"final": "profile=active; policy=refund-under-100", "evidence": ["a", "b"]}]}"#;
-    let mut first = cluster.client("ORCHESTRATOR_0").await;
+    let mut first = cluster.client(first_endpoint).await.unwrap();
     let id = first
         .start_invocation(pb::StartInvocationRequest {
             goal: "survive a dead orchestrator".into(),
@@ -163,7 +81,7 @@ async fn an_orchestrator_killed_mid_invocation_is_taken_over_by_the_other() {
     .await
     .expect("turn 1 was never committed");
     assert_eq!(committed.turn, 1);
-    let pid = cluster.get("PID_ORCHESTRATOR_0").to_owned();
+    let pid = cluster.pids()["orchestrator-0"].to_string();
     assert!(
         Command::new("kill")
             .args(["-KILL", &pid])
@@ -174,7 +92,7 @@ async fn an_orchestrator_killed_mid_invocation_is_taken_over_by_the_other() {
     drop(stream);
 
     // The second orchestrator sweeps the dead one's lease once its TTL has run out.
-    let mut second = cluster.client("ORCHESTRATOR_1").await;
+    let mut second = cluster.client(second_endpoint).await.unwrap();
     let log = tokio::time::timeout(
         PATIENCE,
         agentloop_e2e::events_until_end(&mut second, &id, 1),
@@ -191,7 +109,7 @@ async fn an_orchestrator_killed_mid_invocation_is_taken_over_by_the_other() {
     assert_eq!(numbers, [1, 2, 3], "each turn committed once");
 
     // The takeover was the second orchestrator's, by its sweep.
-    let metrics = agentloop_telemetry::scrape::get(cluster.get("ORCHESTRATOR_1_METRICS"))
+    let metrics = agentloop_telemetry::scrape::get(cluster.get("ORCHESTRATOR_1_METRICS").unwrap())
         .await
         .unwrap();
     let taken = agentloop_telemetry::metrics::sample(
@@ -199,4 +117,36 @@ async fn an_orchestrator_killed_mid_invocation_is_taken_over_by_the_other() {
         r#"agentloop_leases_taken_over_total{how="sweep"}"#,
     );
     assert_eq!(taken, Some(1.0), "{metrics}");
+}
+
+#[test]
+fn a_variable_of_no_service_is_refused_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    for variable in [
+        "AGENTLOOP_NOPE_KEY=1",
+        "AGENTLOOP_POLICY_=1",
+        "AGENTLOOP_POLICY_KEY",
+    ] {
+        let output = Command::new("bash")
+            .arg(agentloop_bench::cluster::default_script())
+            .arg("up")
+            .arg("--dir")
+            .arg(dir.path())
+            .args(["--database-url", "postgres://db/events"])
+            .args(["--ledger-database-url", "postgres://db/ledger"])
+            .args(["--redis-url", "redis://redis:6379"])
+            .args(["--env", variable])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1), "{variable}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(&format!("--env {variable} names no service")),
+            "{variable}: {stderr}"
+        );
+        assert!(
+            !dir.path().join("pids").exists(),
+            "{variable}: nothing started"
+        );
+    }
 }
