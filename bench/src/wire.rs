@@ -40,6 +40,8 @@ pub const MAX_LINE_BYTES: usize = 1_024;
 pub const MAX_NAME_BYTES: usize = 32;
 /// Size of each direction's copy buffer.
 const BUFFER_BYTES: usize = 16 * 1024;
+/// How long the accept loop waits after a failed accept.
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Which protocol a proxy reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,10 +292,10 @@ async fn accept(
         let client = match accepted {
             Ok((client, _)) => client,
             Err(error) => {
-                // A full descriptor table clears as connections close; anything else
-                // is logged and the loop goes on, bounded by the peers' retries.
+                // A full descriptor table clears as connections close: back off instead
+                // of spinning on the same error.
                 tracing::warn!(%error, "the counting proxy could not accept");
-                tokio::task::yield_now().await;
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
         };
