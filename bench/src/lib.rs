@@ -70,17 +70,16 @@
 //! grown since before the first start, divided by N, is the memory per parked
 //! invocation. Then they are released and run to the end.
 
+pub mod cluster;
+pub mod wire;
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use agentloop_auth::{AuthConfig, AuthMode, DevToken};
-pub mod cluster;
-pub mod wire;
-
-use std::collections::BTreeMap;
-
 use agentloop_decision::{Model, ModelError, ModelReply};
 use agentloop_orchestrator::{Api, OrchestratorConfig};
 use agentloop_proto::client::Transport;
@@ -1213,6 +1212,7 @@ async fn follow(client: Client, start: pb::StartInvocationRequest, turns: u32) -
     }
     observed.total = started.elapsed();
     let expected = expected_answer(turns);
+    let looked_up = answer_from(lookups.as_slice());
     observed.failure = match end {
         None => Some("the watch ended before the invocation did".to_owned()),
         Some(ended) if ended.reason() != pb::TerminalReason::Completed => {
@@ -1221,9 +1221,8 @@ async fn follow(client: Client, start: pb::StartInvocationRequest, turns: u32) -
         Some(ended) if ended.answer.as_deref() != Some(expected.as_str()) => {
             Some(format!("answer {:?}, expected {expected:?}", ended.answer))
         }
-        Some(_) if answer_from(lookups.as_slice()) != expected => Some(format!(
-            "the last lookups returned {:?}, expected {expected:?}",
-            answer_from(lookups.as_slice())
+        Some(_) if looked_up != expected => Some(format!(
+            "the last lookups returned {looked_up:?}, expected {expected:?}"
         )),
         Some(_) if observed.turns != u64::from(turns) => Some(format!(
             "{} turns committed, expected {turns}",
