@@ -1,12 +1,16 @@
 //! Throwaway PostgreSQL databases for tests, shared by every crate that tests against the
 //! server (the event store here, the ledger store, ...) so the rules live in one place:
 //!
-//! - the server is `DATABASE_URL`, or [`DEFAULT_POSTGRES_URL`] (the machine's PostgreSQL
-//!   with trust auth); its database is only used to create and drop others;
-//! - each test gets a database of its own, `agentloop_test_<random>`, dropped (with
-//!   `WITH (FORCE)`, so leftover connections do not keep it alive) when the
-//!   [`TestDatabase`] is dropped (`crate::databases`);
-//! - when no server is reachable, a test skips loudly (a `SKIPPED` line on stderr) — unless
+//! - the server is the one `AGENTLOOP_TEST_POSTGRES_URL` names; without it, one the test
+//!   process starts for itself (`initdb` into a temporary folder, `postgres` on a free
+//!   loopback port, both gone with the process), shared by the tests of that process.
+//!   Its binaries come from Debian's `postgresql` package (or `PATH`); nothing needs
+//!   to be running beforehand;
+//! - the server's own database is only used to create and drop others: each test gets a
+//!   database of its own, `agentloop_test_<random>`, dropped (with `WITH (FORCE)`, so
+//!   leftover connections do not keep it alive) when the [`TestDatabase`] is dropped
+//!   (`crate::databases`);
+//! - when no server can be had, a test skips loudly (a `SKIPPED` line on stderr) — unless
 //!   `AGENTLOOP_REQUIRE_POSTGRES=1`, as CI sets, in which case it fails.
 //!
 //! This is test support behind the `test-util` feature (like [`crate::conformance`]), not
@@ -35,15 +39,15 @@ use sqlx::migrate::Migrator;
 
 use crate::databases::redact;
 
-/// The environment variable naming the server's admin URL.
-pub const DATABASE_URL_VAR: &str = "DATABASE_URL";
+mod throwaway;
+
+/// The environment variable naming an existing server's admin URL, for tests to use
+/// instead of starting one.
+pub const POSTGRES_URL_VAR: &str = "AGENTLOOP_TEST_POSTGRES_URL";
 
 /// The environment variable that, set to `1`, turns a skip for a missing server into a
 /// failure.
 pub const REQUIRE_POSTGRES_VAR: &str = "AGENTLOOP_REQUIRE_POSTGRES";
-
-/// The server used when `DATABASE_URL` is not set.
-pub const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
 /// The prefix of every database this module creates (so a leftover is easy to spot).
 pub const TEST_DATABASE_PREFIX: &str = "agentloop_test_";
@@ -55,29 +59,33 @@ pub struct PostgresServer {
 }
 
 impl PostgresServer {
-    /// The server tests should use: `DATABASE_URL` or the default.
+    /// The server tests should use: the one `AGENTLOOP_TEST_POSTGRES_URL` names, else this
+    /// process's own (started by the first test that asks).
     ///
-    /// Returns `None` after printing a `SKIPPED` line naming `test` when it is unreachable.
+    /// Returns `None` after printing a `SKIPPED` line naming `test` when there is none.
     ///
     /// # Panics
     ///
-    /// When it is unreachable and `AGENTLOOP_REQUIRE_POSTGRES=1`.
+    /// When there is none and `AGENTLOOP_REQUIRE_POSTGRES=1`.
     pub async fn for_test(test: &str) -> Option<PostgresServer> {
-        let url = std::env::var(DATABASE_URL_VAR)
+        let named = std::env::var(POSTGRES_URL_VAR)
             .ok()
-            .filter(|url| !url.is_empty())
-            .unwrap_or_else(|| DEFAULT_POSTGRES_URL.to_owned());
-        match PostgresServer::connect(&url).await {
+            .filter(|url| !url.is_empty());
+        let found = match named {
+            Some(url) => PostgresServer::connect(&url)
+                .await
+                .map_err(|error| format!("no PostgreSQL at {} ({error})", redact(&url))),
+            None => own_server().map(|admin_url| PostgresServer { admin_url }),
+        };
+        match found {
             Ok(server) => Some(server),
-            Err(error) if postgres_required() => panic!(
-                "{test}: PostgreSQL at {} is unreachable and {REQUIRE_POSTGRES_VAR}=1: {error}",
-                redact(&url)
-            ),
-            Err(error) => {
+            Err(why) if postgres_required() => {
+                panic!("{test}: {why}, and {REQUIRE_POSTGRES_VAR}=1")
+            }
+            Err(why) => {
                 loud(&format!(
-                    "SKIPPED {test}: no PostgreSQL at {} ({error}); set {DATABASE_URL_VAR} to \
-                     point at one, or {REQUIRE_POSTGRES_VAR}=1 to fail instead of skipping",
-                    redact(&url)
+                    "SKIPPED {test}: {why}; set {POSTGRES_URL_VAR} to use a running server, \
+                     or {REQUIRE_POSTGRES_VAR}=1 to fail instead of skipping"
                 ));
                 None
             }
@@ -107,6 +115,20 @@ impl PostgresServer {
 
 /// A database that exists for one test; dropped with the value.
 pub type TestDatabase = crate::databases::Database;
+
+/// The admin URL of this process's own server, started on first use; every test of the
+/// process shares it (each in a database of its own), and a failed start is reported to
+/// each.
+fn own_server() -> Result<String, String> {
+    static SERVER: std::sync::OnceLock<Result<throwaway::Throwaway, String>> =
+        std::sync::OnceLock::new();
+    // Blocking, once per process: the tests that ask meanwhile wait for the same server.
+    SERVER
+        .get_or_init(throwaway::Throwaway::start)
+        .as_ref()
+        .map(throwaway::Throwaway::admin_url)
+        .map_err(|why| format!("no PostgreSQL server of its own: {why}"))
+}
 
 /// Writes a line to the process's stderr directly: the test harness captures `eprintln!`
 /// of a passing test, and a skip must be seen.
