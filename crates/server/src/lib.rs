@@ -30,7 +30,8 @@ mod start;
 mod tls;
 
 pub use start::{
-    CommonFlags, Prepared, Service, ServiceConfig, StartError, Started, client_config, exposure,
+    CommonFlags, Configured, Prepared, Service, ServiceConfig, StartError, Started, client_config,
+    exposure,
 };
 pub use tls::{Access, ClientTlsFiles, ServerTls};
 

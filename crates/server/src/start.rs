@@ -94,6 +94,17 @@ pub struct Started<C, V> {
     pub telemetry: agentloop_telemetry::Telemetry,
 }
 
+/// What [`Service::configure`] returns: nothing bound, nothing started.
+#[derive(Debug)]
+pub struct Configured<C, V> {
+    /// The effective configuration, validated.
+    pub config: C,
+    /// What the service's validation returned.
+    pub validated: V,
+    /// The telemetry settings: the `[telemetry]` section under the `OTEL_*` variables.
+    pub telemetry: agentloop_telemetry::config::Resolved,
+}
+
 /// The outcome of [`Service::prepare`] when nothing is wrong.
 #[derive(Debug)]
 pub enum Prepared<C, V> {
@@ -370,22 +381,11 @@ impl Service {
         C: ServiceConfig,
         E: Display,
     {
-        let env: Vec<(String, String)> = env.into_iter().collect();
-        let config_env = self.config_env();
-        // The flag wins; an empty variable counts as unset, as with clap's `env`.
-        let file = flags.config.clone().or_else(|| {
-            env.iter()
-                .find(|(key, value)| *key == config_env && !value.is_empty())
-                .map(|(_, value)| PathBuf::from(value))
-        });
-        let config: C =
-            config::load_from(file.as_deref(), env.clone(), &self.env_prefix(), overrides)?;
-        let validated =
-            validate(&config).map_err(|error| StartError::Invalid(error.to_string()))?;
-        let resolved = config
-            .telemetry()
-            .resolve(self.name, env.iter().cloned())
-            .map_err(StartError::Telemetry)?;
+        let Configured {
+            config,
+            validated,
+            telemetry: resolved,
+        } = self.configure(flags, overrides, env, validate)?;
         loaded(&resolved);
         let address = config.listen();
         exposure(
@@ -417,6 +417,48 @@ impl Service {
             metrics_listener,
             telemetry,
         }))
+    }
+
+    /// Steps 2 and 3 of [`Service::start`] alone, for a process that binds and serves by
+    /// itself (`agentloop dev` and `run` embed the orchestrator): the layered
+    /// configuration, validated, and its telemetry settings resolved with the `OTEL_*`
+    /// variables of `env`.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError::Config`], [`StartError::Invalid`] or [`StartError::Telemetry`].
+    pub fn configure<C, V, E>(
+        &self,
+        flags: &CommonFlags,
+        overrides: impl Serialize,
+        env: impl IntoIterator<Item = (String, String)>,
+        validate: impl FnOnce(&C) -> Result<V, E>,
+    ) -> Result<Configured<C, V>, StartError>
+    where
+        C: ServiceConfig,
+        E: Display,
+    {
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        let config_env = self.config_env();
+        // The flag wins; an empty variable counts as unset, as with clap's `env`.
+        let file = flags.config.clone().or_else(|| {
+            env.iter()
+                .find(|(key, value)| *key == config_env && !value.is_empty())
+                .map(|(_, value)| PathBuf::from(value))
+        });
+        let config: C =
+            config::load_from(file.as_deref(), env.clone(), &self.env_prefix(), overrides)?;
+        let validated =
+            validate(&config).map_err(|error| StartError::Invalid(error.to_string()))?;
+        let telemetry = config
+            .telemetry()
+            .resolve(self.name, env)
+            .map_err(StartError::Telemetry)?;
+        Ok(Configured {
+            config,
+            validated,
+            telemetry,
+        })
     }
 
     /// Who may reach this service: the callers `callers` accepts and the listener's

@@ -1,0 +1,214 @@
+//! The orchestrator that `dev`, `run`, `demo` and the embedded replies start in this
+//! process: configured and observed as the orchestrator binary is (its file, its
+//! `AGENTLOOP_ORCHESTRATOR_*` variables, `[telemetry]` and the `OTEL_*` variables), so a
+//! setting means the same embedded and deployed, and an embedded invocation is one trace
+//! of the same spans.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use agentloop_orchestrator::OrchestratorConfig;
+use agentloop_server::{CommonFlags, Configured, Service};
+use agentloop_stack::{ServiceTelemetry, Stack, StackOptions};
+use agentloop_telemetry::{Metrics, Telemetry};
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+/// The configuration is the orchestrator's, under its variables; spans are exported as
+/// the orchestrator's unless `OTEL_SERVICE_NAME` says otherwise.
+const ORCHESTRATOR: Service = Service::new("agentloop-orchestrator");
+
+/// A configuration the operator must fix: the command exits 78, as the orchestrator
+/// binary does.
+#[derive(Debug, thiserror::Error)]
+#[error("bad configuration: {0}")]
+pub(crate) struct BadConfig(String);
+
+/// How the embedded orchestrator is served, from the command's flags.
+#[derive(Debug, Default)]
+pub(crate) struct Serving<'a> {
+    /// `--config`; without it, the file `AGENTLOOP_ORCHESTRATOR_CONFIG` names, if any.
+    pub(crate) config: Option<&'a Path>,
+    /// Where the orchestrator listens, over the file's `listen`.
+    pub(crate) listen: Option<SocketAddr>,
+    /// Where `/metrics` is served (`dev --metrics`), over the file's `metrics_listen`;
+    /// only `dev` serves it.
+    pub(crate) metrics: Option<SocketAddr>,
+    /// `--insecure-no-auth`.
+    pub(crate) insecure_no_auth: bool,
+}
+
+impl Serving<'_> {
+    /// A free loopback port, nothing else given: the orchestrator of one command.
+    pub(crate) fn local() -> Self {
+        Serving {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            ..Serving::default()
+        }
+    }
+}
+
+/// The flags, as overrides of the configuration's keys.
+#[derive(Serialize)]
+struct Overrides<'a> {
+    #[serde(flatten)]
+    common: &'a CommonFlags,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics_listen: Option<SocketAddr>,
+}
+
+/// The loaded configuration and its telemetry, before the stack starts: the command
+/// may still adjust [`Configuration::config`] (a real model's repair turn).
+#[derive(Debug)]
+pub(crate) struct Configuration {
+    /// The orchestrator's configuration, validated.
+    pub(crate) config: OrchestratorConfig,
+    telemetry: Telemetry,
+    listen: SocketAddr,
+}
+
+/// Loads, validates and checks the configuration, and starts its telemetry (an exporter
+/// when an endpoint is configured).
+///
+/// # Errors
+///
+/// [`BadConfig`] for anything the operator must fix.
+pub(crate) async fn configure(serving: Serving<'_>) -> Result<Configuration, BadConfig> {
+    let bad = |error: &dyn std::fmt::Display| BadConfig(error.to_string());
+    let flags = CommonFlags {
+        config: serving.config.map(Path::to_path_buf),
+        listen: serving.listen,
+        dump_config: false,
+        insecure_no_auth: serving.insecure_no_auth,
+    };
+    let overrides = Overrides {
+        common: &flags,
+        metrics_listen: serving.metrics,
+    };
+    let Configured {
+        config,
+        telemetry: resolved,
+        ..
+    } = ORCHESTRATOR
+        .configure(
+            &flags,
+            &overrides,
+            agentloop_server::config::process_env(),
+            OrchestratorConfig::validate,
+        )
+        .map_err(|e| bad(&e))?;
+    let listen = serving.listen.unwrap_or(config.listen);
+    agentloop_server::exposure(
+        listen,
+        config.auth.is_on(),
+        serving.insecure_no_auth || config.insecure_no_auth,
+    )
+    .map_err(|e| bad(&e))?;
+    let telemetry = Telemetry::start(&resolved, Metrics::new()).map_err(|e| bad(&e))?;
+    Ok(Configuration {
+        config,
+        telemetry,
+        listen,
+    })
+}
+
+/// The embedded orchestrator of one command, with what observes it.
+#[derive(Debug)]
+pub(crate) struct Embedded {
+    stack: Stack,
+    telemetry: Telemetry,
+    metrics: Option<MetricsEndpoint>,
+}
+
+/// `/metrics`, served until [`Embedded::stop`].
+#[derive(Debug)]
+struct MetricsEndpoint {
+    address: SocketAddr,
+    stop: CancellationToken,
+    task: AbortOnDropHandle<()>,
+}
+
+impl Configuration {
+    /// Starts the stack `options` describes, under this configuration and telemetry,
+    /// serving `/metrics` when `metrics` says so and the configuration names an address.
+    ///
+    /// # Errors
+    ///
+    /// [`BadConfig`] when the metrics address cannot be bound; the stack's own errors.
+    pub(crate) async fn start(
+        self,
+        mut options: StackOptions,
+        metrics: bool,
+    ) -> anyhow::Result<Embedded> {
+        let metrics = match self.config.metrics_listen.filter(|_| metrics) {
+            Some(address) => Some(
+                TcpListener::bind(address)
+                    .await
+                    .map_err(|e| BadConfig(format!("cannot serve /metrics on {address}: {e}")))?,
+            ),
+            None => None,
+        };
+        options.listen = self.listen.to_string();
+        options.orchestrator = self.config;
+        options.telemetry = self.telemetry.clone();
+        options.services.telemetry = ServiceTelemetry::shared(&self.telemetry);
+        let stack = Stack::start(options).await?;
+        let metrics = match metrics {
+            Some(listener) => {
+                let address = listener.local_addr()?;
+                let stop = CancellationToken::new();
+                let stopped = stop.clone();
+                let registry = self.telemetry.metrics().clone();
+                let task = tokio::spawn(async move {
+                    let shutdown = async move { stopped.cancelled().await };
+                    if let Err(error) =
+                        agentloop_telemetry::metrics::serve(listener, registry, shutdown).await
+                    {
+                        tracing::error!(%error, "the metrics endpoint stopped");
+                    }
+                });
+                Some(MetricsEndpoint {
+                    address,
+                    stop,
+                    task: AbortOnDropHandle::new(task),
+                })
+            }
+            None => None,
+        };
+        Ok(Embedded {
+            stack,
+            telemetry: self.telemetry,
+            metrics,
+        })
+    }
+}
+
+impl Embedded {
+    /// The stack.
+    pub(crate) fn stack(&self) -> &Stack {
+        &self.stack
+    }
+
+    /// Where `/metrics` is served, if it is.
+    pub(crate) fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|metrics| metrics.address)
+    }
+
+    /// Stops the stack, then the metrics endpoint, and exports the spans still buffered
+    /// (a command's process ends right after).
+    ///
+    /// # Errors
+    ///
+    /// The stack's.
+    pub(crate) async fn stop(self) -> anyhow::Result<()> {
+        let stopped = self.stack.stop().await;
+        if let Some(metrics) = self.metrics {
+            metrics.stop.cancel();
+            let _ = metrics.task.await;
+        }
+        self.telemetry.shutdown().await;
+        stopped
+    }
+}
