@@ -1,8 +1,9 @@
 //! `agentloop effects --unresolved`: the effect ledger's unresolved entries, for an
 //! operator. An entry in `reconciliation_required` is one the runtime has given up on —
 //! its executor could not tell whether the change was applied — and only an operator can
-//! settle it (a guarded `Record` of COMMITTED or REJECTED after checking the executor's
-//! system); the others are still the runtime's to reconcile.
+//! settle it, after checking the executor's system: `agentloop effects settle`, through
+//! the orchestrator's `SettleEffect`, which checks the caller's role and tenant like
+//! every other call. The others are still the runtime's to reconcile.
 //!
 //! The entries come from an orchestrator's `ListUnresolvedEffects` over gRPC
 //! (`--server`, which checks the caller's token like every other call), or from the
@@ -217,6 +218,69 @@ async fn page_through(
         }
         token = page.next_page_token;
     }
+}
+
+/// What an operator found in the executor's system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Outcome {
+    /// The change was applied.
+    Committed,
+    /// The change was not applied.
+    Rejected,
+}
+
+/// An operator's settlement of one effect.
+#[derive(Debug, Clone)]
+pub struct Settle {
+    /// The invocation whose call carried the effect.
+    pub invocation_id: String,
+    /// The effect.
+    pub effect_key: String,
+    /// What was found.
+    pub outcome: Outcome,
+    /// The executor's identifier of the applied change.
+    pub receipt: String,
+    /// How it was checked.
+    pub detail: String,
+    /// Who settles it (empty with a token: the token's actor).
+    pub actor: String,
+}
+
+/// Settles an effect through the orchestrator's `SettleEffect` and prints the settled
+/// entry (a line, or one JSON object with `json`). Returns the exit code: 0.
+pub async fn settle(server: Server<'_>, settle: Settle, json: bool) -> anyhow::Result<u8> {
+    let state = match settle.outcome {
+        Outcome::Committed => pb::EffectState::Committed,
+        Outcome::Rejected => pb::EffectState::Rejected,
+    };
+    let settled = crate::client::client(server)
+        .await?
+        .settle_effect(pb::SettleEffectRequest {
+            invocation_id: settle.invocation_id,
+            effect_key: settle.effect_key,
+            state: state.into(),
+            receipt: settle.receipt,
+            detail: settle.detail,
+            actor: settle.actor,
+        })
+        .await
+        .map_err(|status| crate::client::status("cannot settle the effect", status))?
+        .into_inner();
+    let entry = settled
+        .entry
+        .context("the orchestrator answered without the entry")?;
+    let output = if json {
+        json_lines(std::slice::from_ref(&entry))?
+    } else {
+        format!(
+            "settled {} of invocation {}: {}\n",
+            entry.effect_key,
+            printable(&entry.invocation_id, usize::MAX),
+            state_name(entry.state)
+        )
+    };
+    write_stdout(&output)?;
+    Ok(0)
 }
 
 /// Lists the unresolved entries on stdout (a table, or JSON lines with `json`). Returns

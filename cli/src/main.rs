@@ -15,10 +15,12 @@ use std::process::ExitCode;
 use agentloop::client::{self, RunOptions};
 use agentloop::{effects, exit, humans, policy};
 use agentloop_bench as bench;
-use agentloop_stack::{Stack, StackOptions};
+use agentloop_stack::StackOptions;
 use agentloop_tools::ToolsConfig;
 use clap::{Args, Parser, Subcommand};
+use embedded::{Embedded, Serving};
 
+mod embedded;
 mod model;
 
 /// Where the embedded default keeps its data, unless told otherwise.
@@ -64,9 +66,14 @@ enum Command {
         #[arg(long)]
         tools: Option<PathBuf>,
         /// The orchestrator's configuration file (TOML: `[auth]`, `[limits]`, `[tenants]`,
-        /// ...), layered under `AGENTLOOP_ORCHESTRATOR_*` variables as the orchestrator's.
-        #[arg(long, value_name = "FILE", env = "AGENTLOOP_ORCHESTRATOR_CONFIG")]
+        /// `[telemetry]`, ...), layered under `AGENTLOOP_ORCHESTRATOR_*` variables as the
+        /// orchestrator's [env: AGENTLOOP_ORCHESTRATOR_CONFIG].
+        #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Serve Prometheus `/metrics` on this address (the configuration's
+        /// `metrics_listen`).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<SocketAddr>,
         /// Listen beyond loopback without authentication (no `[auth]`): anyone who
         /// reaches the port acts as any tenant.
         #[arg(long)]
@@ -166,8 +173,11 @@ enum Command {
         reason: String,
     },
     /// Lists the effect ledger's unresolved entries; `reconciliation_required` ones
-    /// wait for an operator.
+    /// wait for an operator, who settles them with `effects settle`.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Effects {
+        #[command(subcommand)]
+        command: Option<EffectsCommand>,
         /// List the unresolved entries: prepared, dispatched, outcome_unknown and
         /// reconciliation_required (required: the only listing there is).
         #[arg(long, required = true)]
@@ -217,9 +227,43 @@ enum Command {
         #[command(subcommand)]
         command: policy::PolicyCommand,
     },
-    /// The seeds' example end to end: two parallel lookups, then the answer.
+    /// An example end to end: two parallel lookups, then an answer that cites both.
     Demo {
         /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What an operator does to an effect.
+#[derive(Debug, Subcommand)]
+enum EffectsCommand {
+    /// Settles an effect in `reconciliation_required` with what the executor's system
+    /// says: `--outcome committed` (applied) or `rejected` (not applied). With `[auth]`
+    /// on, the token needs the operator role.
+    Settle {
+        /// The effect key (as `effects --unresolved` lists it).
+        effect_key: String,
+        /// The invocation whose call carried it.
+        #[arg(long)]
+        invocation: String,
+        /// What the executor's system says.
+        #[arg(long, value_enum)]
+        outcome: effects::Outcome,
+        /// The executor's identifier of the applied change.
+        #[arg(long, default_value = "")]
+        receipt: String,
+        /// How it was checked (kept in the ledger with who settled it).
+        #[arg(long)]
+        detail: String,
+        /// Who settles it, when the orchestrator authenticates nobody (default: $USER);
+        /// with `--token`, the token's actor.
+        #[arg(long)]
+        actor: Option<String>,
+        /// A running orchestrator; without it, the embedded one over the data directory.
+        #[arg(long)]
+        server: Option<String>,
+        /// The settled entry as one JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -313,6 +357,10 @@ struct RunArgs {
     /// Tools config (TOML) for the embedded run; without it the demo executor's tools.
     #[arg(long, conflicts_with = "server")]
     tools: Option<PathBuf>,
+    /// The embedded orchestrator's configuration file, as `dev --config` reads it
+    /// (`[limits]`, `[telemetry]`, ...) [env: AGENTLOOP_ORCHESTRATOR_CONFIG].
+    #[arg(long, value_name = "FILE", conflicts_with = "server")]
+    config: Option<PathBuf>,
     /// Cedar policy files authorizing every call of the embedded run (`docs/policies.md`).
     #[arg(long = "policies", value_name = "FILE", conflicts_with = "server")]
     policies: Vec<PathBuf>,
@@ -401,48 +449,37 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             listen,
             tools,
             config,
+            metrics,
             insecure_no_auth,
             policies,
             acceptance,
         } => {
-            let mut options = embedded(
+            let options = embedded(
                 cli.data_dir,
                 tools.as_deref(),
                 policies,
                 acceptance.as_deref(),
             )?;
-            options.listen = listen.to_string();
-            // A configuration `dev` cannot serve is the operator's to fix: exit 78, as the
-            // orchestrator binary does.
-            let configured = agentloop_server::config::load_from(
-                config.as_deref(),
-                agentloop_server::config::process_env(),
-                &DEV_SERVICE.env_prefix(),
-                std::collections::BTreeMap::<String, String>::new(),
-            )
-            .map_err(|e| e.to_string())
-            .and_then(|orchestrator: agentloop_orchestrator::OrchestratorConfig| {
-                orchestrator.validate()?;
-                agentloop_server::exposure(
-                    listen,
-                    orchestrator.auth.is_on(),
-                    insecure_no_auth || orchestrator.insecure_no_auth,
-                )
-                .map_err(|e| e.to_string())?;
-                Ok(orchestrator)
-            });
-            options.orchestrator = match configured {
-                Ok(orchestrator) => orchestrator,
-                Err(error) => {
-                    eprintln!("agentloop: bad configuration: {error}");
-                    return Ok(exit::BAD_CONFIG);
-                }
+            let serving = Serving {
+                config: config.as_deref(),
+                listen: Some(listen),
+                metrics,
+                insecure_no_auth,
             };
-            let stack = Stack::start(options).await?;
-            println!("agentloop dev: the orchestrator on {}", stack.endpoint());
+            let running = embedded::configure(serving)
+                .await?
+                .start(options, true)
+                .await?;
+            println!(
+                "agentloop dev: the orchestrator on {}",
+                running.stack().endpoint()
+            );
+            if let Some(address) = running.metrics_address() {
+                println!("agentloop dev: metrics on http://{address}/metrics");
+            }
             println!("press Ctrl-C to stop");
             agentloop_server::shutdown_signal().await;
-            stack.stop().await?;
+            running.stop().await?;
             Ok(0)
         }
         Command::Run(args) => {
@@ -502,17 +539,23 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                         args.policies,
                         args.acceptance.as_deref(),
                     )?;
+                    let mut configuration = embedded::configure(Serving {
+                        config: args.config.as_deref(),
+                        ..Serving::local()
+                    })
+                    .await?;
                     if model.is_some() {
                         // A real model gets one repair turn: an output that breaks the
                         // protocol is fed back once before the run ends `invalid_decision`.
-                        stack_options.orchestrator.limits.decision_repairs = 1;
+                        configuration.config.limits.decision_repairs = 1;
                     }
                     stack_options.services.model = model;
-                    let stack = Stack::start(stack_options).await?;
+                    let running = configuration.start(stack_options, false).await?;
+                    let endpoint = running.stack().endpoint();
                     // Attached, the reply reaches this process's port; after it exits,
                     // the embedded orchestrator the reply starts over the data directory.
                     let resume_flags = match on_wait {
-                        client::OnWait::Follow => format!(" --server {}", stack.endpoint()),
+                        client::OnWait::Follow => format!(" --server {endpoint}"),
                         client::OnWait::Exit => data_dir_flags,
                     };
                     let follow = client::Follow {
@@ -521,8 +564,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                         resume_flags,
                     };
                     let result =
-                        client::run(server(&stack.endpoint(), None), options, follow).await;
-                    stack.stop().await?;
+                        client::run(server(&endpoint, cli.token.as_deref()), options, follow).await;
+                    running.stop().await?;
                     result
                 }
             }
@@ -607,6 +650,34 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             reason,
         } => client::cancel(server(&endpoint, cli.token.as_deref()), &id, &reason).await,
         Command::Effects {
+            command:
+                Some(EffectsCommand::Settle {
+                    effect_key,
+                    invocation,
+                    outcome,
+                    receipt,
+                    detail,
+                    actor,
+                    server: endpoint,
+                    json,
+                }),
+            ..
+        } => {
+            let target = Target::open(endpoint, cli.token, &cli.data_dir, Vec::new(), None).await?;
+            let settle = effects::Settle {
+                invocation_id: invocation,
+                effect_key,
+                outcome,
+                receipt,
+                detail,
+                actor: target.actor(actor),
+            };
+            let result = effects::settle(target.server(), settle, json).await;
+            target.close().await?;
+            result
+        }
+        Command::Effects {
+            command: None,
             unresolved: _,
             server: endpoint,
             invocation,
@@ -735,7 +806,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Policy { command } => policy::run(command),
         Command::Demo { json } => {
             let resume_flags = data_dir_flag(&cli.data_dir);
-            let stack = Stack::start(StackOptions::embedded(cli.data_dir)).await?;
+            let running = local(StackOptions::embedded(cli.data_dir)).await?;
+            let endpoint = running.stack().endpoint();
             let options = RunOptions {
                 goal: "Load the customer profile and the refund policy".into(),
                 script: client::DEMO_SCRIPT.to_owned(),
@@ -754,16 +826,22 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 on_wait: client::OnWait::Exit,
                 resume_flags,
             };
-            let result = client::run(server(&stack.endpoint(), None), options, follow).await;
-            stack.stop().await?;
+            let result =
+                client::run(server(&endpoint, cli.token.as_deref()), options, follow).await;
+            running.stop().await?;
             result
         }
     }
 }
 
-/// The configuration `dev --config` reads is the orchestrator's, under its variables.
-const DEV_SERVICE: agentloop_server::Service =
-    agentloop_server::Service::new("agentloop-orchestrator");
+/// The embedded orchestrator of a command other than `dev` and `run`: on a free loopback
+/// port, configured by the file `AGENTLOOP_ORCHESTRATOR_CONFIG` names, if any.
+async fn local(options: StackOptions) -> anyhow::Result<Embedded> {
+    embedded::configure(Serving::local())
+        .await?
+        .start(options, false)
+        .await
+}
 
 fn server<'a>(endpoint: &'a str, token: Option<&'a str>) -> client::Server<'a> {
     client::Server { endpoint, token }
@@ -795,7 +873,7 @@ fn embedded_flags(data_dir: &Path, policies: &[PathBuf], acceptance: Option<&Pat
 /// The orchestrator a reply goes to: the one at `--server`, or the embedded one over the
 /// data directory, started for the command (it runs the resumed invocation).
 struct Target {
-    stack: Option<Stack>,
+    stack: Option<Embedded>,
     endpoint: String,
     token: Option<String>,
     resume_flags: String,
@@ -821,10 +899,10 @@ impl Target {
             None => {
                 let resume_flags = embedded_flags(data_dir, &policies, acceptance.as_deref());
                 let options = embedded(data_dir.to_owned(), None, policies, acceptance.as_deref())?;
-                let stack = Stack::start(options).await?;
+                let running = local(options).await?;
                 Target {
-                    endpoint: stack.endpoint(),
-                    stack: Some(stack),
+                    endpoint: running.stack().endpoint(),
+                    stack: Some(running),
                     token: None,
                     resume_flags,
                 }
@@ -890,6 +968,10 @@ fn embedded(
 /// load are the operator's to fix (exit 78, every problem printed), whichever command
 /// started the stack that loads them; anything else fails the command.
 fn failed(error: &anyhow::Error) -> u8 {
+    if error.downcast_ref::<embedded::BadConfig>().is_some() {
+        eprintln!("agentloop: {error}");
+        return exit::BAD_CONFIG;
+    }
     match error.downcast_ref::<agentloop_policy::PolicyError>() {
         Some(
             refused @ (agentloop_policy::PolicyError::Policies { .. }

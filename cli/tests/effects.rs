@@ -479,3 +479,84 @@ async fn mistakes_are_reported_with_exit_codes() {
         stderr(&output)
     );
 }
+
+/// An invocation of the stack's orchestrator (it completes at once); its ID.
+async fn an_invocation(endpoint: &str) -> String {
+    let channel = agentloop_stack::channel(endpoint).await.unwrap();
+    agentloop_proto::client::orchestrator(channel)
+        .start_invocation(pb::StartInvocationRequest {
+            goal: "settle".into(),
+            scripted_model_json: r#"{"turns": [{"final": "done"}]}"#.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .invocation
+        .unwrap()
+        .invocation_id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_settles_an_effect_through_the_orchestrator_remote_or_embedded() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let mut ledger = start_ledger(&data_dir).await;
+    let id = an_invocation(&ledger.endpoint).await;
+    leave(&mut ledger.client, &id, "c1", Leave::Flagged).await;
+    leave(&mut ledger.client, &id, "c2", Leave::Flagged).await;
+    let (first, second) = (effect_key(&id, "c1"), effect_key(&id, "c2"));
+    let settle = |key: &str, outcome: &str, server: Option<&str>| {
+        let mut args: Vec<String> = ["effects", "settle", key, "--invocation", &id]
+            .into_iter()
+            .chain(["--outcome", outcome, "--detail", "read the bank statement"])
+            .map(str::to_owned)
+            .collect();
+        if let Some(server) = server {
+            args.extend(["--server", server, "--actor", "olga", "--json"].map(str::to_owned));
+        }
+        args
+    };
+    let run = async |data_dir: &Path, args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        agentloop(data_dir, &args).await
+    };
+
+    let output = run(
+        dir.path(),
+        settle(&first, "committed", Some(&ledger.endpoint)),
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let settled = json_lines(&output);
+    assert_eq!(settled.len(), 1);
+    assert_eq!(settled[0]["effect_key"], first);
+    assert_eq!(settled[0]["state"], "committed");
+    assert_eq!(
+        settled[0]["detail"],
+        "settled by olga: read the bank statement"
+    );
+    // Once: a second verdict is refused, and says why.
+    let again = run(
+        dir.path(),
+        settle(&first, "rejected", Some(&ledger.endpoint)),
+    )
+    .await;
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        stderr(&again).contains("FailedPrecondition"),
+        "{}",
+        stderr(&again)
+    );
+    ledger.stop().await;
+
+    // With no server, the data directory's own orchestrator settles the other one.
+    let output = run(&data_dir, settle(&second, "rejected", None)).await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(
+        stdout(&output),
+        format!("settled {second} of invocation {id}: rejected\n")
+    );
+    let listed = agentloop(&data_dir, &["effects", "--unresolved"]).await;
+    assert_eq!(stdout(&listed), "no unresolved effects\n");
+}

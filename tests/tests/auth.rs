@@ -61,9 +61,10 @@ enum Credential {
     OtherTenant,
     SameTenant,
     Approver,
+    Operator,
 }
 
-const CREDENTIALS: [Credential; 7] = [
+const CREDENTIALS: [Credential; 8] = [
     Credential::None,
     Credential::BadSignature,
     Credential::Expired,
@@ -71,6 +72,7 @@ const CREDENTIALS: [Credential; 7] = [
     Credential::OtherTenant,
     Credential::SameTenant,
     Credential::Approver,
+    Credential::Operator,
 ];
 
 fn token(issuer: &TokenIssuer, stranger: &TokenIssuer, credential: Credential) -> Option<String> {
@@ -97,6 +99,7 @@ fn token(issuer: &TokenIssuer, stranger: &TokenIssuer, credential: Credential) -
         Credential::OtherTenant => Some(issuer.token("mallory", "other", &["approver"])),
         Credential::SameTenant => Some(issuer.token("alice", TENANT, &[])),
         Credential::Approver => Some(issuer.token("bob", TENANT, &["approver"])),
+        Credential::Operator => Some(issuer.token("olga", TENANT, &["operator"])),
     }
 }
 
@@ -112,11 +115,14 @@ fn expected(rpc: &str, credential: Credential) -> Code {
             "start" | "list" => Code::Ok,
             _ => Code::NotFound,
         },
-        Credential::SameTenant | Credential::Approver => match rpc {
+        Credential::SameTenant | Credential::Approver | Credential::Operator => match rpc {
             // Only approvers reach the resolution, which finds nothing waiting: the
             // invocation completed.
-            "resolve" if credential == Credential::SameTenant => Code::PermissionDenied,
+            "resolve" if credential != Credential::Approver => Code::PermissionDenied,
             "resolve" | "answer" => Code::FailedPrecondition,
+            // Only operators reach the ledger, which has no such effect.
+            "settle" if credential != Credential::Operator => Code::PermissionDenied,
+            "settle" => Code::NotFound,
             _ => Code::Ok,
         },
     }
@@ -242,6 +248,22 @@ async fn every_rpc_answers_every_credential_as_documented(wiring: Wiring) {
                 )
                 .await,
             ),
+            (
+                "settle",
+                code_of(
+                    client
+                        .settle_effect(pb::SettleEffectRequest {
+                            invocation_id: id.clone(),
+                            effect_key: "0".repeat(64),
+                            state: pb::EffectState::Rejected as i32,
+                            receipt: String::new(),
+                            detail: "matrix".into(),
+                            actor: String::new(),
+                        })
+                        .await,
+                )
+                .await,
+            ),
         ];
         for (rpc, code) in codes {
             assert_eq!(code, expected(rpc, credential), "{rpc} with {credential:?}");
@@ -251,15 +273,15 @@ async fn every_rpc_answers_every_credential_as_documented(wiring: Wiring) {
         assert_eq!(before.last_seq, after.last_seq, "{credential:?}");
     }
 
-    // A listing holds the caller's tenant alone: acme's two starts (alice's first one and
-    // the same-tenant and approver rounds), never "other"'s.
+    // A listing holds the caller's tenant alone: acme's starts (alice's first one and the
+    // same-tenant, approver and operator rounds), never "other"'s.
     let listed = owner
         .list_invocations(pb::ListInvocationsRequest::default())
         .await
         .unwrap()
         .into_inner()
         .invocations;
-    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert_eq!(listed.len(), 4, "{listed:?}");
     assert!(listed.iter().all(|i| i.tenant == TENANT));
     let mut other = client_with(&system, Some(&issuer.token("mallory", "other", &[]))).await;
     let theirs = other
@@ -344,7 +366,7 @@ async fn every_rpc_answers_every_credential_as_documented(wiring: Wiring) {
         .unwrap()
         .into_inner()
         .invocations;
-    assert_eq!(listed.len(), 4, "the refused starts stored nothing");
+    assert_eq!(listed.len(), 5, "the refused starts stored nothing");
     system.stop().await;
 }
 

@@ -47,6 +47,9 @@ pub struct AuthConfig {
     pub roles_claim: String,
     /// The role that may approve held tool calls (default `approver`).
     pub approver_role: String,
+    /// The role that may settle effects the runtime could not reconcile (default
+    /// `operator`).
+    pub operator_role: String,
     /// Clock skew allowed on `exp` and `nbf`, in seconds (default 30, at most 300).
     pub leeway_s: u64,
     /// How often a `jwks_url` is fetched again, in seconds (default 300, at least 10).
@@ -65,6 +68,7 @@ impl Default for AuthConfig {
             tenant_claim: "tenant".to_owned(),
             roles_claim: "roles".to_owned(),
             approver_role: "approver".to_owned(),
+            operator_role: "operator".to_owned(),
             leeway_s: 30,
             jwks_refresh_s: 300,
         }
@@ -125,6 +129,7 @@ impl AuthConfig {
             ("auth.tenant_claim", &self.tenant_claim),
             ("auth.roles_claim", &self.roles_claim),
             ("auth.approver_role", &self.approver_role),
+            ("auth.operator_role", &self.operator_role),
         ] {
             if value.trim().is_empty() {
                 return Err(format!("{key} must not be empty"));
@@ -168,6 +173,7 @@ mod tests {
         assert_eq!(config.tenant_claim, "tenant");
         assert_eq!(config.roles_claim, "roles");
         assert_eq!(config.approver_role, "approver");
+        assert_eq!(config.operator_role, "operator");
         assert_eq!(config.leeway_s, 30);
         assert_eq!(config.jwks_refresh_s, 300);
         assert_eq!(config.validate(), Ok(()));

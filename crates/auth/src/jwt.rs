@@ -73,6 +73,7 @@ struct Rules {
     tenant_claim: String,
     roles_claim: String,
     approver_role: String,
+    operator_role: String,
 }
 
 /// The keys tokens may be signed with.
@@ -219,6 +220,12 @@ impl Authenticator {
     pub fn approver_role(&self) -> &str {
         &self.inner.rules.approver_role
     }
+
+    /// The role that may settle effects the runtime could not reconcile
+    /// (`auth.operator_role`).
+    pub fn operator_role(&self) -> &str {
+        &self.inner.rules.operator_role
+    }
 }
 
 impl Inner {
@@ -308,6 +315,7 @@ impl Rules {
             tenant_claim: config.tenant_claim.clone(),
             roles_claim: config.roles_claim.clone(),
             approver_role: config.approver_role.clone(),
+            operator_role: config.operator_role.clone(),
         }
     }
 

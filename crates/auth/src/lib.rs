@@ -20,9 +20,10 @@
 //! instead of running without keys.
 //!
 //! What this crate is not: it does not authorise (whether an identity may do something is
-//! policy's question; [`Authenticator::approver_role`] only carries the configured role name
-//! there), it issues no production tokens (only development HS256 ones, [`mint_hs256`], and
-//! `testing`'s, for tests), and it does not terminate TLS.
+//! policy's question; [`Authenticator::approver_role`] and [`Authenticator::operator_role`]
+//! only carry the configured role names there), it issues no production tokens (only
+//! development HS256 ones, [`mint_hs256`], and `testing`'s, for tests), and it does not
+//! terminate TLS.
 //!
 //! `testing` (feature `test-util`, enabled only by `[dev-dependencies]`) mints real tokens
 //! with freshly generated keys; it panics where a test should fail.

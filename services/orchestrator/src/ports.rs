@@ -94,6 +94,8 @@ pub trait LedgerPort: Send + Sync + 'static {
     ) -> Result<pb::MarkDispatchedResponse, Status>;
     /// Records an outcome.
     async fn record(&self, request: pb::RecordRequest) -> Result<pb::RecordResponse, Status>;
+    /// One entry, for an operator who settles it (`SettleEffect`).
+    async fn get(&self, request: pb::GetRequest) -> Result<pb::GetResponse, Status>;
     /// A page of unresolved entries, for an operator (`ListUnresolvedEffects`).
     async fn list_unresolved(
         &self,
@@ -386,6 +388,12 @@ impl LedgerPort for EffectLedgerServiceClient<Transport> {
             .map(tonic::Response::into_inner)
     }
 
+    async fn get(&self, request: pb::GetRequest) -> Result<pb::GetResponse, Status> {
+        EffectLedgerServiceClient::get(&mut self.clone(), request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
     async fn list_unresolved(
         &self,
         request: pb::ListUnresolvedRequest,
@@ -427,6 +435,13 @@ impl<S: EffectLedgerService> LedgerPort for InProcess<S> {
     async fn record(&self, request: pb::RecordRequest) -> Result<pb::RecordResponse, Status> {
         self.0
             .record(Request::new(request))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn get(&self, request: pb::GetRequest) -> Result<pb::GetResponse, Status> {
+        self.0
+            .get(Request::new(request))
             .await
             .map(tonic::Response::into_inner)
     }

@@ -831,6 +831,102 @@ impl OrchestratorService for Api {
             next_page_token: listed.next_page_token,
         }))
     }
+
+    async fn settle_effect(
+        &self,
+        request: Request<pb::SettleEffectRequest>,
+    ) -> Result<Response<pb::SettleEffectResponse>, Status> {
+        let caller = self.caller(&request).await?;
+        let request = request.into_inner();
+        let record = self.owned(&caller, &request.invocation_id).await?;
+        if let (Caller::Verified(identity), Some(auth)) = (&caller, &self.auth)
+            && !identity.has_role(auth.operator_role())
+        {
+            return Err(OrchestratorError::PermissionDenied(format!(
+                "settling an effect needs the {:?} role",
+                auth.operator_role()
+            ))
+            .into());
+        }
+        let state = match request.state() {
+            state @ (pb::EffectState::Committed | pb::EffectState::Rejected) => state,
+            pb::EffectState::Unspecified
+            | pb::EffectState::Prepared
+            | pb::EffectState::Dispatched
+            | pb::EffectState::OutcomeUnknown
+            | pb::EffectState::ReconciliationRequired => {
+                return Err(invalid(
+                    "state must be EFFECT_STATE_COMMITTED or EFFECT_STATE_REJECTED",
+                )
+                .into());
+            }
+        };
+        let actor = acting_actor(&caller, &request.actor)?;
+        if actor.is_empty() {
+            return Err(invalid("actor is required").into());
+        }
+        if request.detail.trim().is_empty() {
+            return Err(invalid("detail is required: say how the effect was checked").into());
+        }
+        let bounds = self.orchestrator.shared.config.bounds;
+        bounded("detail", &request.detail, bounds.max_reply_bytes)?;
+        bounded("receipt", &request.receipt, bounds.max_reply_bytes)?;
+        if request.effect_key.is_empty() {
+            return Err(invalid("effect_key is required").into());
+        }
+        bounded("effect_key", &request.effect_key, bounds.max_reply_bytes)?;
+        let ledger = &self.orchestrator.shared.ports.ledger;
+        // An effect of another invocation is as absent as one that does not exist, so
+        // that a key names nothing beyond the invocation the caller may see.
+        let not_found = || {
+            OrchestratorError::NotFound(format!(
+                "invocation {} has no effect {:?}",
+                record.invocation_id, request.effect_key
+            ))
+        };
+        let entry = match ledger
+            .get(pb::GetRequest {
+                effect_key: request.effect_key.clone(),
+            })
+            .await
+        {
+            Ok(found) => found.entry.ok_or_else(not_found)?,
+            Err(status) if status.code() == tonic::Code::NotFound => return Err(not_found().into()),
+            Err(status) => return Err(status),
+        };
+        if entry.invocation_id != record.invocation_id.to_string() {
+            return Err(not_found().into());
+        }
+        if entry.state() != pb::EffectState::ReconciliationRequired {
+            return Err(OrchestratorError::FailedPrecondition(format!(
+                "effect {:?} is {}: only a reconciliation_required effect is an operator's to settle",
+                entry.effect_key,
+                entry.state().as_str_name()
+            ))
+            .into());
+        }
+        // Guarded by the state just read: of two operators settling at once, one wins and
+        // the other gets FAILED_PRECONDITION from the ledger.
+        let recorded = ledger
+            .record(pb::RecordRequest {
+                effect_key: entry.effect_key,
+                expected_state: pb::EffectState::ReconciliationRequired.into(),
+                state: state.into(),
+                receipt: request.receipt,
+                detail: format!("settled by {actor}: {}", request.detail),
+            })
+            .await?;
+        tracing::info!(
+            invocation = %record.invocation_id,
+            effect_key = %request.effect_key,
+            state = state.as_str_name(),
+            %actor,
+            "effect settled by an operator"
+        );
+        Ok(Response::new(pb::SettleEffectResponse {
+            entry: recorded.entry,
+        }))
+    }
 }
 
 type WatchSender = mpsc::Sender<Result<pb::WatchInvocationResponse, Status>>;

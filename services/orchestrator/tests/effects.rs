@@ -542,6 +542,125 @@ async fn a_lost_write_the_executor_cannot_reconcile_stops_for_an_operator() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_settles_what_the_runtime_could_not_and_only_that() {
+    let setup = setup(Script {
+        execute: vec![
+            ("transfer", VecDeque::from([Answer::Lost])),
+            (
+                "lookup",
+                VecDeque::from([Answer::Output(r#"{"status":"active"}"#)]),
+            ),
+        ],
+        reconcile: Some(pb::ToolGatewayServiceReconcileResponse {
+            status: pb::ReconcileStatus::Unknown.into(),
+            detail: "the bank is down".into(),
+            ..Default::default()
+        }),
+    })
+    .await;
+    let (flagged, _) = run_one(&setup, "transfer").await;
+    let key = sends(&setup)[0].effect_key.clone();
+    let (other, _) = run_one(&setup, "lookup").await;
+    let settle = |invocation: &str, key: &str, state: pb::EffectState, detail: &str| {
+        let request = pb::SettleEffectRequest {
+            invocation_id: invocation.into(),
+            effect_key: key.into(),
+            state: state.into(),
+            receipt: "txn-7".into(),
+            detail: detail.into(),
+            actor: "olga".into(),
+        };
+        async {
+            setup
+                .orchestrator
+                .settle_effect(Request::new(request))
+                .await
+        }
+    };
+    let code = |result: Result<tonic::Response<pb::SettleEffectResponse>, Status>| {
+        result.map(|_| tonic::Code::Ok).unwrap_or_else(|s| s.code())
+    };
+    let id = flagged.invocation_id.as_str();
+    let committed = pb::EffectState::Committed;
+    let refused = [
+        (
+            settle(id, &key, pb::EffectState::OutcomeUnknown, "checked").await,
+            tonic::Code::InvalidArgument,
+        ),
+        (
+            settle(id, &key, committed, " ").await,
+            tonic::Code::InvalidArgument,
+        ),
+        (
+            settle("", &key, committed, "checked").await,
+            tonic::Code::InvalidArgument,
+        ),
+        // Another invocation's key, and a key of none, are not the invocation's effects.
+        (
+            settle(&other.invocation_id, &key, committed, "checked").await,
+            tonic::Code::NotFound,
+        ),
+        (
+            settle(id, &"0".repeat(64), committed, "checked").await,
+            tonic::Code::NotFound,
+        ),
+        (
+            settle(&uuid_of_none(), &key, committed, "checked").await,
+            tonic::Code::NotFound,
+        ),
+    ];
+    for (i, (result, expected)) in refused.into_iter().enumerate() {
+        assert_eq!(code(result), expected, "refusal {i}");
+    }
+    assert_eq!(
+        entry(&setup, id, &key).await.state(),
+        pb::EffectState::ReconciliationRequired,
+        "a refused settlement changes nothing"
+    );
+
+    let settled = settle(id, &key, committed, "found in the bank statement")
+        .await
+        .unwrap()
+        .into_inner()
+        .entry
+        .unwrap();
+    assert_eq!(settled.state(), pb::EffectState::Committed);
+    assert_eq!(settled.receipt, "txn-7");
+    assert_eq!(
+        settled.detail,
+        "settled by olga: found in the bank statement"
+    );
+    assert_eq!(entry(&setup, id, &key).await, settled);
+    // Settled once: a second verdict is refused, and the first stands.
+    let again = settle(id, &key, pb::EffectState::Rejected, "changed my mind").await;
+    assert_eq!(code(again), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        entry(&setup, id, &key).await.state(),
+        pb::EffectState::Committed
+    );
+    // Settling does not restart the invocation.
+    let after = setup
+        .orchestrator
+        .get_invocation(Request::new(pb::GetInvocationRequest {
+            invocation_id: id.into(),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .invocation
+        .unwrap();
+    assert_eq!(
+        after.terminal_reason(),
+        pb::TerminalReason::ReconciliationRequired
+    );
+    assert_eq!(after.last_seq, flagged.last_seq);
+}
+
+fn uuid_of_none() -> String {
+    "00000000-0000-4000-8000-000000000000".into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_write_the_executor_applied_is_completed_from_its_answer() {
     let setup = setup(Script {
         execute: vec![("transfer", VecDeque::from([Answer::Lost]))],
