@@ -15,7 +15,7 @@ use futures::StreamExt;
 use crate::exit;
 use crate::view::{EventView, Summary, Waiting, reason_of};
 
-/// The seeds' example: two parallel read-only lookups, then an answer built from them,
+/// The demo's example: two parallel read-only lookups, then an answer built from them,
 /// citing both.
 pub const DEMO_SCRIPT: &str = r#"{
   "turns": [

@@ -18,7 +18,7 @@ fn agentloop(data_dir: &Path, args: &[&str]) -> Output {
 }
 
 #[test]
-fn demo_prints_the_seed_result_and_exits_zero() {
+fn demo_prints_the_examples_result_and_exits_zero() {
     let dir = tempfile::tempdir().unwrap();
     let output = agentloop(dir.path(), &["demo"]);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));

@@ -14,7 +14,7 @@ use futures::StreamExt;
 use tonic::Code;
 
 both_wirings!(
-    seed_two_step_lookup,
+    demo_two_step_lookup,
     repeated_plan_is_no_progress,
     repeat_forever_without_detection_is_max_steps,
     invalid_decisions,
@@ -31,16 +31,16 @@ both_wirings!(
     watching_an_ended_invocation_past_its_end_ends_at_once,
 );
 
-const SEED: &str = r#"{"turns": [
+const DEMO: &str = r#"{"turns": [
   {"tool_calls": [
     {"id": "call-profile", "name": "lookup", "arguments": {"key": "profile"}},
     {"id": "call-policy", "name": "lookup", "arguments": {"key": "policy"}}]},
   {"final": "profile=active; policy=refund-under-100"}]}"#;
 
-async fn seed_two_step_lookup(wiring: Wiring) {
+async fn demo_two_step_lookup(wiring: Wiring) {
     let system = System::start(wiring, OrchestratorConfig::default()).await;
     let mut client = system.client().await;
-    let (invocation, events) = run_to_end(&mut client, start_request(SEED)).await;
+    let (invocation, events) = run_to_end(&mut client, start_request(DEMO)).await;
     assert_eq!(reason(&invocation), pb::TerminalReason::Completed);
     assert_eq!(
         invocation.answer.as_deref(),
@@ -256,7 +256,7 @@ async fn deadline_cancels_a_running_sleep(wiring: Wiring) {
 async fn idempotent_start(wiring: Wiring) {
     let system = System::start(wiring, OrchestratorConfig::default()).await;
     let mut client = system.client().await;
-    let mut request = start_request(SEED);
+    let mut request = start_request(DEMO);
     request.idempotency_key = "order-42".into();
     let first = client
         .start_invocation(request.clone())
@@ -324,7 +324,7 @@ async fn bad_input_is_refused_and_nothing_is_stored(wiring: Wiring) {
     config.bounds.max_goal_bytes = 1024;
     let system = System::start(wiring, config).await;
     let mut client = system.client().await;
-    let base = start_request(SEED);
+    let base = start_request(DEMO);
     let refused: Vec<(&str, pb::StartInvocationRequest)> = vec![
         (
             "missing goal",
@@ -599,7 +599,7 @@ async fn concurrent_starts_never_pass_max_running(wiring: Wiring) {
 async fn watching_an_ended_invocation_past_its_end_ends_at_once(wiring: Wiring) {
     let system = System::start(wiring, OrchestratorConfig::default()).await;
     let mut client = system.client().await;
-    let (invocation, events) = run_to_end(&mut client, start_request(SEED)).await;
+    let (invocation, events) = run_to_end(&mut client, start_request(DEMO)).await;
     let last = invocation.last_seq;
     assert_eq!(events.last().map(|e| e.seq), Some(last));
     let watch = |from_seq: u64| {

@@ -161,8 +161,8 @@ fn record(name: &str, description: &str, limits: Limits, inputs: Vec<(u64, Input
 fn record_histories() {
     let limits = Limits::default();
     record(
-        "01_seed_parallel_lookup",
-        "The seeds' example: two parallel lookups answering out of order, then a verified answer.",
+        "01_demo_parallel_lookup",
+        "The demo: two parallel lookups answering out of order, then a verified answer.",
         limits,
         vec![
             (0, Input::Start),

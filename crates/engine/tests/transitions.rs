@@ -40,7 +40,7 @@ fn ended(run: &Run) -> &EndRecord {
 }
 
 #[test]
-fn seed_two_step_parallel_lookup_completes() {
+fn the_demos_two_step_parallel_lookup_completes() {
     let run = run(vec![
         tools(vec![
             lookup("call-profile", "profile"),

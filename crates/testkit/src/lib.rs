@@ -152,7 +152,7 @@ impl World {
     }
 }
 
-/// The seeds' demo data: `profile` = `active`, `policy` = `refund-under-100`; any other
+/// The demo's data: `profile` = `active`, `policy` = `refund-under-100`; any other
 /// key is a structured `not_found` error. Every other tool answers `{"ok":true}`.
 pub fn demo_tool(call: &ToolCall) -> CallOutcome {
     let args: serde_json::Value = serde_json::from_str(&call.arguments_json).unwrap();
