@@ -27,25 +27,36 @@ const ORCHESTRATOR: Service = Service::new("agentloop-orchestrator");
 pub(crate) struct BadConfig(String);
 
 /// How the embedded orchestrator is served, from the command's flags.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Serving<'a> {
     /// `--config`; without it, the file `AGENTLOOP_ORCHESTRATOR_CONFIG` names, if any.
     pub(crate) config: Option<&'a Path>,
     /// Where the orchestrator listens, over the file's `listen`.
-    pub(crate) listen: Option<SocketAddr>,
-    /// Where `/metrics` is served (`dev --metrics`), over the file's `metrics_listen`;
-    /// only `dev` serves it.
-    pub(crate) metrics: Option<SocketAddr>,
+    pub(crate) listen: SocketAddr,
+    /// Where `/metrics` is served.
+    pub(crate) metrics: MetricsAt,
     /// `--insecure-no-auth`.
     pub(crate) insecure_no_auth: bool,
 }
 
+/// Where `/metrics` is served.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum MetricsAt {
+    /// Nowhere, whatever the file says: a command that runs one invocation and exits.
+    Nowhere,
+    /// At this address (`dev --metrics`), else at the file's `metrics_listen`, if any.
+    Configured(Option<SocketAddr>),
+}
+
 impl Serving<'_> {
-    /// A free loopback port, nothing else given: the orchestrator of one command.
+    /// A free loopback port, no `/metrics`, nothing else given: the orchestrator of a
+    /// command that runs one invocation.
     pub(crate) fn local() -> Self {
         Serving {
-            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
-            ..Serving::default()
+            config: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics: MetricsAt::Nowhere,
+            insecure_no_auth: false,
         }
     }
 }
@@ -63,32 +74,34 @@ struct Overrides<'a> {
 /// may still adjust [`Configuration::config`] (a real model's repair turn).
 #[derive(Debug)]
 pub(crate) struct Configuration {
-    /// The orchestrator's configuration, validated.
+    /// The orchestrator's configuration, validated, the flags applied.
     pub(crate) config: OrchestratorConfig,
     telemetry: Telemetry,
-    listen: SocketAddr,
 }
 
 /// Loads, validates and checks the configuration, and starts its telemetry (an exporter
-/// when an endpoint is configured).
+/// when an endpoint is configured; so it runs inside the tokio runtime).
 ///
 /// # Errors
 ///
 /// [`BadConfig`] for anything the operator must fix.
-pub(crate) async fn configure(serving: Serving<'_>) -> Result<Configuration, BadConfig> {
+pub(crate) fn configure(serving: Serving<'_>) -> Result<Configuration, BadConfig> {
     let bad = |error: &dyn std::fmt::Display| BadConfig(error.to_string());
     let flags = CommonFlags {
         config: serving.config.map(Path::to_path_buf),
-        listen: serving.listen,
+        listen: Some(serving.listen),
         dump_config: false,
         insecure_no_auth: serving.insecure_no_auth,
     };
     let overrides = Overrides {
         common: &flags,
-        metrics_listen: serving.metrics,
+        metrics_listen: match serving.metrics {
+            MetricsAt::Configured(address) => address,
+            MetricsAt::Nowhere => None,
+        },
     };
     let Configured {
-        config,
+        mut config,
         telemetry: resolved,
         ..
     } = ORCHESTRATOR
@@ -99,19 +112,14 @@ pub(crate) async fn configure(serving: Serving<'_>) -> Result<Configuration, Bad
             OrchestratorConfig::validate,
         )
         .map_err(|e| bad(&e))?;
-    let listen = serving.listen.unwrap_or(config.listen);
-    agentloop_server::exposure(
-        listen,
-        config.auth.is_on(),
-        serving.insecure_no_auth || config.insecure_no_auth,
-    )
-    .map_err(|e| bad(&e))?;
+    if let MetricsAt::Nowhere = serving.metrics {
+        config.metrics_listen = None;
+    }
+    // The flags are in `config` now, as overrides of its keys.
+    agentloop_server::exposure(config.listen, config.auth.is_on(), config.insecure_no_auth)
+        .map_err(|e| bad(&e))?;
     let telemetry = Telemetry::start(&resolved, Metrics::new()).map_err(|e| bad(&e))?;
-    Ok(Configuration {
-        config,
-        telemetry,
-        listen,
-    })
+    Ok(Configuration { config, telemetry })
 }
 
 /// The embedded orchestrator of one command, with what observes it.
@@ -132,17 +140,13 @@ struct MetricsEndpoint {
 
 impl Configuration {
     /// Starts the stack `options` describes, under this configuration and telemetry,
-    /// serving `/metrics` when `metrics` says so and the configuration names an address.
+    /// serving `/metrics` where the configuration says.
     ///
     /// # Errors
     ///
     /// [`BadConfig`] when the metrics address cannot be bound; the stack's own errors.
-    pub(crate) async fn start(
-        self,
-        mut options: StackOptions,
-        metrics: bool,
-    ) -> anyhow::Result<Embedded> {
-        let metrics = match self.config.metrics_listen.filter(|_| metrics) {
+    pub(crate) async fn start(self, mut options: StackOptions) -> anyhow::Result<Embedded> {
+        let metrics = match self.config.metrics_listen {
             Some(address) => Some(
                 TcpListener::bind(address)
                     .await
@@ -150,7 +154,7 @@ impl Configuration {
             ),
             None => None,
         };
-        options.listen = self.listen.to_string();
+        options.listen = self.config.listen.to_string();
         options.orchestrator = self.config;
         options.telemetry = self.telemetry.clone();
         options.services.telemetry = ServiceTelemetry::shared(&self.telemetry);

@@ -18,7 +18,7 @@ use agentloop_bench as bench;
 use agentloop_stack::StackOptions;
 use agentloop_tools::ToolsConfig;
 use clap::{Args, Parser, Subcommand};
-use embedded::{Embedded, Serving};
+use embedded::{Embedded, MetricsAt, Serving};
 
 mod embedded;
 mod model;
@@ -462,14 +462,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             )?;
             let serving = Serving {
                 config: config.as_deref(),
-                listen: Some(listen),
-                metrics,
+                listen,
+                metrics: MetricsAt::Configured(metrics),
                 insecure_no_auth,
             };
-            let running = embedded::configure(serving)
-                .await?
-                .start(options, true)
-                .await?;
+            let running = embedded::configure(serving)?.start(options).await?;
             println!(
                 "agentloop dev: the orchestrator on {}",
                 running.stack().endpoint()
@@ -542,15 +539,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                     let mut configuration = embedded::configure(Serving {
                         config: args.config.as_deref(),
                         ..Serving::local()
-                    })
-                    .await?;
+                    })?;
                     if model.is_some() {
                         // A real model gets one repair turn: an output that breaks the
                         // protocol is fed back once before the run ends `invalid_decision`.
                         configuration.config.limits.decision_repairs = 1;
                     }
                     stack_options.services.model = model;
-                    let running = configuration.start(stack_options, false).await?;
+                    let running = configuration.start(stack_options).await?;
                     let endpoint = running.stack().endpoint();
                     // Attached, the reply reaches this process's port; after it exits,
                     // the embedded orchestrator the reply starts over the data directory.
@@ -837,10 +833,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
 /// The embedded orchestrator of a command other than `dev` and `run`: on a free loopback
 /// port, configured by the file `AGENTLOOP_ORCHESTRATOR_CONFIG` names, if any.
 async fn local(options: StackOptions) -> anyhow::Result<Embedded> {
-    embedded::configure(Serving::local())
-        .await?
-        .start(options, false)
-        .await
+    embedded::configure(Serving::local())?.start(options).await
 }
 
 fn server<'a>(endpoint: &'a str, token: Option<&'a str>) -> client::Server<'a> {

@@ -480,29 +480,18 @@ async fn mistakes_are_reported_with_exit_codes() {
     );
 }
 
-/// An invocation of the stack's orchestrator (it completes at once); its ID.
-async fn an_invocation(endpoint: &str) -> String {
-    let channel = agentloop_stack::channel(endpoint).await.unwrap();
-    agentloop_proto::client::orchestrator(channel)
-        .start_invocation(pb::StartInvocationRequest {
-            goal: "settle".into(),
-            scripted_model_json: r#"{"turns": [{"final": "done"}]}"#.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .invocation
-        .unwrap()
-        .invocation_id
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_settles_an_effect_through_the_orchestrator_remote_or_embedded() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
     let mut ledger = start_ledger(&data_dir).await;
-    let id = an_invocation(&ledger.endpoint).await;
+    // A real invocation of the orchestrator (it completes at once), whose writes the
+    // test flags in the ledger.
+    let id = agentloop_e2e::start(
+        &mut agentloop_e2e::client_of(&ledger.stack).await,
+        agentloop_e2e::start_request(r#"{"turns": [{"final": "done"}]}"#),
+    )
+    .await;
     leave(&mut ledger.client, &id, "c1", Leave::Flagged).await;
     leave(&mut ledger.client, &id, "c2", Leave::Flagged).await;
     let (first, second) = (effect_key(&id, "c1"), effect_key(&id, "c2"));

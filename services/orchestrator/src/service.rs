@@ -112,6 +112,26 @@ impl Api {
         Ok(record)
     }
 
+    /// PERMISSION_DENIED unless a verified caller holds the configured role `role` picks
+    /// (`doing` says what it is needed for); a local operator (authentication off) holds
+    /// every role.
+    fn require_role(
+        &self,
+        caller: &Caller,
+        role: fn(&Authenticator) -> &str,
+        doing: &str,
+    ) -> Result<(), OrchestratorError> {
+        if let (Caller::Verified(identity), Some(auth)) = (caller, &self.auth)
+            && !identity.has_role(role(auth))
+        {
+            return Err(OrchestratorError::PermissionDenied(format!(
+                "{doing} needs the {:?} role",
+                role(auth)
+            )));
+        }
+        Ok(())
+    }
+
     /// The ID of an invocation the caller may act on. Only a tenant-scoped caller needs
     /// the record read; for the others the store answers NOT_FOUND itself, in the write.
     async fn owned_id(
@@ -736,15 +756,11 @@ impl OrchestratorService for Api {
         let caller = self.caller(&request).await?;
         let request = request.into_inner();
         let record = self.owned(&caller, &request.invocation_id).await?;
-        if let (Caller::Verified(identity), Some(auth)) = (&caller, &self.auth)
-            && !identity.has_role(auth.approver_role())
-        {
-            return Err(OrchestratorError::PermissionDenied(format!(
-                "resolving an approval needs the {:?} role",
-                auth.approver_role()
-            ))
-            .into());
-        }
+        self.require_role(
+            &caller,
+            Authenticator::approver_role,
+            "resolving an approval",
+        )?;
         let approved = match request.verdict() {
             pb::ApprovalVerdict::Approve => true,
             pb::ApprovalVerdict::Deny => false,
@@ -839,15 +855,7 @@ impl OrchestratorService for Api {
         let caller = self.caller(&request).await?;
         let request = request.into_inner();
         let record = self.owned(&caller, &request.invocation_id).await?;
-        if let (Caller::Verified(identity), Some(auth)) = (&caller, &self.auth)
-            && !identity.has_role(auth.operator_role())
-        {
-            return Err(OrchestratorError::PermissionDenied(format!(
-                "settling an effect needs the {:?} role",
-                auth.operator_role()
-            ))
-            .into());
-        }
+        self.require_role(&caller, Authenticator::operator_role, "settling an effect")?;
         let state = match request.state() {
             state @ (pb::EffectState::Committed | pb::EffectState::Rejected) => state,
             pb::EffectState::Unspecified
