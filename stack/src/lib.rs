@@ -46,6 +46,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use uuid::Uuid;
 
+mod in_process;
+pub use in_process::InProcessDecision;
+
 /// The caller name under which the distributed gateway admits a registrar (its token is
 /// [`ServiceTokens::registrar`]).
 pub const REGISTRAR: &str = "registrar";
@@ -329,7 +332,7 @@ impl Services {
                 let (policy, policy_watch) = policy_service(&gateway, &options.policy)?;
                 let policies = Arc::clone(policy.profiles());
                 let ports = Ports {
-                    decision: Arc::new(decision),
+                    decision: Arc::new(InProcessDecision(decision)),
                     policy: Arc::new(InProcess(Arc::new(policy))),
                     tools: Arc::new(InProcess(Arc::new(gateway))),
                     ledger: Arc::new(InProcess(Arc::new(ledger))),

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
-use crate::script::{ScriptError, ScriptedModel};
+use agentloop_script::{ScriptError, ScriptedModel};
 
 /// Most scripts kept.
 pub const MAX_ENTRIES: usize = 256;

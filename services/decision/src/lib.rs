@@ -41,7 +41,6 @@ mod cache;
 mod model;
 mod observe;
 mod price;
-mod script;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -62,13 +61,13 @@ pub use adapter::config::{
 pub use adapter::context::MAX_HISTORY_EVENTS;
 pub use adapter::http::{RetryPolicy, Sleeper, TokioSleeper};
 pub use adapter::openai::OpenAiModel;
-pub use cache::{MAX_CACHED_BYTES, MAX_ENTRIES, ScriptCache};
-pub use model::{Model, ModelError, ModelReply, SCRIPTED_MODEL_NAME};
-pub use price::{Price, PricedModel};
-pub use script::{
+pub use agentloop_script::{
     MAX_DELAY_MS, MAX_SCRIPT_BYTES, MAX_TURNS, ScriptError, ScriptedCall, ScriptedDecision,
     ScriptedModel, ScriptedTurn, ScriptedUsage,
 };
+pub use cache::{MAX_CACHED_BYTES, MAX_ENTRIES, ScriptCache};
+pub use model::{Model, ModelError, ModelReply, SCRIPTED_MODEL_NAME};
+pub use price::{Price, PricedModel};
 
 /// Longest `invocation_id` accepted, in bytes; IDs end up in logs and response IDs.
 pub const MAX_INVOCATION_ID_BYTES: usize = 256;

@@ -11,7 +11,7 @@ use agentloop_proto::v1::{
     DecideRequest, DecideResponse, Decision, InvalidOutput, ToolCall, ToolDescriptor, Usage,
 };
 
-use crate::script::{ScriptError, ScriptedCall, ScriptedDecision, ScriptedModel};
+use agentloop_script::{ScriptError, ScriptedCall, ScriptedDecision, ScriptedModel};
 
 /// The name the scripted model reports in `DecideResponse.model`.
 pub const SCRIPTED_MODEL_NAME: &str = "scripted";

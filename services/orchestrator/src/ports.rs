@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 
-use agentloop_decision::DecisionServer;
 use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::decision_service_client::DecisionServiceClient;
@@ -165,22 +164,6 @@ impl DecisionPort for DecisionServiceClient<Transport> {
         DecisionServiceClient::decide(&mut self.clone(), request)
             .await
             .map(tonic::Response::into_inner)
-    }
-}
-
-/// The decision service in the same process, called through its core rather than its
-/// gRPC trait, which would need the request by value, with the tools inside.
-#[async_trait]
-impl DecisionPort for DecisionServer {
-    async fn decide(
-        &self,
-        request: &pb::DecideRequest,
-        tools: &[pb::ToolDescriptor],
-    ) -> Result<pb::DecideResponse, Status> {
-        DecisionServer::decide_with(self, request, tools)
-            .await
-            .map(pb::DecideResponse::from)
-            .map_err(Status::from)
     }
 }
 

@@ -320,7 +320,7 @@ impl Orchestrator {
         let script = if request.scripted_model_json.is_empty() {
             None
         } else {
-            agentloop_decision::ScriptedModel::parse(&request.scripted_model_json)
+            agentloop_script::ScriptedModel::parse(&request.scripted_model_json)
                 .map_err(|e| invalid(format!("scripted_model_json: {e}")))?;
             Some(request.scripted_model_json.clone())
         };

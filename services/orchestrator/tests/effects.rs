@@ -20,6 +20,7 @@ use agentloop_policy::{PolicyConfig, PolicyServer};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::effect_ledger_service_server::EffectLedgerService;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
+use agentloop_stack::InProcessDecision;
 use agentloop_store::SqliteStore;
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -211,7 +212,7 @@ async fn setup_with(script: Script, sends_stages: bool) -> Setup {
         .unwrap(),
     );
     let ports = Ports {
-        decision: Arc::new(DecisionServer::new(None)),
+        decision: Arc::new(InProcessDecision(DecisionServer::new(None))),
         policy: Arc::new(InProcess(Arc::new(policy))),
         tools: tools.clone(),
         ledger: Arc::new(InProcess(Arc::new(ledger.clone()))),

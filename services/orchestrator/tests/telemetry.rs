@@ -11,7 +11,7 @@ use agentloop_decision::DecisionServer;
 use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Workers};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
-use agentloop_stack::{Services, ServicesOptions, Wiring};
+use agentloop_stack::{InProcessDecision, Services, ServicesOptions, Wiring};
 use agentloop_store::SqliteStore;
 use agentloop_telemetry::metrics;
 use agentloop_telemetry::receiver::{OtlpReceiver, ReceivedSpan};
@@ -41,7 +41,9 @@ async fn one_invocation_is_one_trace_of_genai_spans_and_its_counters_move() {
         .await
         .unwrap();
     let mut ports = services.ports();
-    ports.decision = Arc::new(DecisionServer::new(None).with_telemetry(&telemetry));
+    ports.decision = Arc::new(InProcessDecision(
+        DecisionServer::new(None).with_telemetry(&telemetry),
+    ));
     let config = OrchestratorConfig::default();
     let workers = Workers::in_process(&config.workers);
     let store = SqliteStore::open_in(&dir.path().join("events"))

@@ -79,7 +79,7 @@ pub struct PolicyConfig {
     /// TLS of its calls (`https://` endpoints): the CA and, for mutual TLS, its
     /// certificate.
     pub client_tls: Option<agentloop_server::ClientTlsFiles>,
-    /// The tool gateway's registry file (`agentloop_tools::ToolsConfig` TOML), read
+    /// The tool gateway's registry file (`agentloop_registry::ToolsConfig` TOML), read
     /// instead of asking the gateway; exactly one of this and `tools_endpoint`.
     pub tools_file: Option<PathBuf>,
     /// Attempts at `ListTools` during startup (the gateway may start after policy).
@@ -495,7 +495,7 @@ impl PolicyServer {
         let listed = match (&config.tools_file, &config.tools_endpoint) {
             // Both at once was refused by `validate`.
             (Some(path), _) => ListToolsResponse {
-                tools: agentloop_tools::ToolsConfig::load(path)
+                tools: agentloop_registry::ToolsConfig::load(path)
                     .map_err(|e| PolicyError::ToolsFile {
                         path: path.display().to_string(),
                         detail: e.to_string(),

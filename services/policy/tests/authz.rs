@@ -17,7 +17,7 @@ fn repo(path: &str) -> PathBuf {
 }
 
 fn descriptors() -> Vec<ToolDescriptor> {
-    agentloop_tools::ToolsConfig::load(&repo("deploy/tools.example.toml"))
+    agentloop_registry::ToolsConfig::load(&repo("deploy/tools.example.toml"))
         .unwrap()
         .descriptors()
 }

@@ -35,7 +35,7 @@
 
 #![warn(missing_docs)]
 
-pub mod config;
+pub use agentloop_registry as config;
 mod error;
 mod gateway;
 mod observe;

@@ -6,6 +6,12 @@
 //! Tool-call arguments are kept as the exact JSON text of the script (`RawValue`), so
 //! integers beyond 53 bits and number formatting survive, and arguments that are not an
 //! object stay as they are: the engine rejects them, the adapter does not "fix" them.
+//!
+//! A crate of its own because two services read the format: the orchestrator checks a
+//! script when an invocation starts, and the decision service replays it. It is only the
+//! format: the model that answers from a script is the decision service's.
+
+#![warn(missing_docs)]
 
 use std::time::Duration;
 
@@ -133,9 +139,9 @@ pub struct ScriptedCall {
     pub arguments_json: String,
 }
 
-/// What a scripted turn answers.
+/// What a scripted turn answers. Exhaustive on purpose: the decision service matches
+/// every variant, so a new one does not compile until it is handled there.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum ScriptedDecision {
     /// Run these tool calls.
     ToolCalls(Vec<ScriptedCall>),

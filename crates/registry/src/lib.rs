@@ -1,12 +1,16 @@
 //! The tool registry as configuration: a TOML file of `[[tools]]` and `[[verifiers]]`
-//! written by hand, and `[[executors]]` that describe themselves (their `Describe`
-//! output, read by the gateway). Public because the policy service and the CLI load the
-//! same file.
+//! written by hand, `[[executors]]` that describe themselves (their `Describe` output,
+//! read by the gateway) and `[[mcp_servers]]`. A crate of its own because the tool
+//! gateway, the policy service and the CLI load the same file, and no service depends on
+//! another. It is only the format: the live registry, which follows executors as they
+//! come and go, is the gateway's.
 //!
 //! Verifiers are registered beside tools because they are served by the same executors
 //! (over the same channel, under the same concurrency slots) and owned by the same
 //! people; their names are a namespace of their own, so a verifier may share its name
 //! with a tool.
+
+#![warn(missing_docs)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -392,7 +396,7 @@ fn validate_endpoint(endpoint: &str) -> Result<(), String> {
     if endpoint.len() > MAX_ENDPOINT_BYTES {
         return Err(format!("endpoint longer than {MAX_ENDPOINT_BYTES} bytes"));
     }
-    let uri: tonic::transport::Uri = endpoint
+    let uri: http::Uri = endpoint
         .parse()
         .map_err(|e| format!("endpoint {endpoint:?} is not a URL: {e}"))?;
     match (uri.scheme_str(), uri.authority()) {
