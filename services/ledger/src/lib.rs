@@ -8,7 +8,8 @@
 //! invocation's final answer, all of its entries (ListByInvocation) tell the orchestrator
 //! whether every write the answer rests on was committed.
 //!
-//! - [`state`]: the transition rules, a pure function;
+//! - [`state`]: the transition rules, a pure function (`agentloop-effects`'s `entry`, beside the
+//!   worker's side of the protocol);
 //! - [`store`]: [`LedgerStore`], one type over SQLite (WAL, `synchronous=FULL`, the
 //!   embedded default) and PostgreSQL (`synchronous_commit=on`, shared by several
 //!   processes), with the same guarded writes on both;
@@ -28,7 +29,7 @@
 pub mod error;
 mod observe;
 pub mod service;
-pub mod state;
+pub use agentloop_effects::entry as state;
 pub mod store;
 
 use std::future::Future;

@@ -19,9 +19,14 @@
 //!
 //! Retries follow the error class: a retryable error of a read-only or idempotent call is
 //! sent again, a bounded number of times; a plain write is never sent twice by this code.
+//!
+//! The decisions above are `agentloop_effects::settle`, pure and tested there against the
+//! ledger's own transitions; this module does the I/O they call for.
 
 use std::time::Duration;
 
+use agentloop_effects::EffectState;
+use agentloop_effects::settle::{self, Answer, InTurn, OnEntry, Recorded};
 use agentloop_engine::{
     CallId, CallOutcome, ErrorType, Input, NextAction, Refusal, SideEffect, ToolCall, ToolDigest,
     ToolError,
@@ -185,23 +190,21 @@ impl Call<'_> {
             }
         };
         match on_entry(entry.state()) {
-            OnEntry::Send => self.dispatch(&key, pb::EffectState::Prepared).await,
+            OnEntry::Send => self.dispatch(&key, EffectState::Prepared).await,
             OnEntry::MarkUnknownAndReconcile => {
                 let detail = "dispatched, and no outcome was recorded: the worker that sent it \
                               stopped or was cut off mid-call";
-                self.record(&key, pb::EffectState::Dispatched, Recorded::unknown(detail))
+                self.record(&key, EffectState::Dispatched, Recorded::unknown(detail))
                     .await;
                 self.reconcile_and_finish(&key).await
             }
             OnEntry::Reconcile => self.reconcile_and_finish(&key).await,
-            OnEntry::RecoverOutput => match ask(self.ports, self.call, &key).await {
-                Answer::Applied { output_json, .. } => CallOutcome::Output { output_json },
-                Answer::NotApplied | Answer::Unknown(_) => CallOutcome::Unknown {
-                    detail: "the ledger says the write was applied, but its executor cannot \
-                             give its output back"
-                        .into(),
-                },
-            },
+            OnEntry::RecoverOutput => settle::result_from_answer(
+                ask(self.ports, self.call, &key).await,
+                "the ledger says the write was applied, but its executor cannot give its \
+                 output back"
+                    .into(),
+            ),
             OnEntry::Rejected => CallOutcome::Error(ToolError {
                 error_type: ErrorType::Rejected,
                 message: format!("the write was not applied: {}", entry.detail),
@@ -215,7 +218,7 @@ impl Call<'_> {
     }
 
     /// Marks the write dispatched (from `expected`), sends it, records the outcome.
-    async fn dispatch(&self, key: &str, expected: pb::EffectState) -> CallOutcome {
+    async fn dispatch(&self, key: &str, expected: EffectState) -> CallOutcome {
         if let Some(refusal) = self.refused {
             // Never sent (or found not applied): settled as not applied, for good.
             let detail = format!(
@@ -228,7 +231,7 @@ impl Call<'_> {
         }
         if self.token.is_cancelled() {
             // Settled, so the entry does not stay listed as unresolved.
-            let detail = if expected == pb::EffectState::OutcomeUnknown {
+            let detail = if expected == EffectState::OutcomeUnknown {
                 "not applied (its executor says so) and cancelled before it was sent again"
             } else {
                 "cancelled before it was sent"
@@ -241,7 +244,7 @@ impl Call<'_> {
             .ledger
             .mark_dispatched(pb::MarkDispatchedRequest {
                 effect_key: key.to_owned(),
-                expected_state: expected.into(),
+                expected_state: expected.to_proto().into(),
             })
             .await;
         let attempt = match marked {
@@ -249,12 +252,10 @@ impl Call<'_> {
             // Someone else moved the entry since it was read: its outcome is theirs to
             // know, so this worker only asks.
             Err(status) if status.code() == Code::FailedPrecondition => {
-                return match ask(self.ports, self.call, key).await {
-                    Answer::Applied { output_json, .. } => CallOutcome::Output { output_json },
-                    Answer::NotApplied | Answer::Unknown(_) => CallOutcome::Unknown {
-                        detail: format!("another worker moved the effect: {}", status.message()),
-                    },
-                };
+                return settle::result_from_answer(
+                    ask(self.ports, self.call, key).await,
+                    format!("another worker moved the effect: {}", status.message()),
+                );
             }
             Err(status) => {
                 return not_sent(format!(
@@ -265,27 +266,27 @@ impl Call<'_> {
             }
         };
         let sent = self.send_retrying(key, attempt).await;
-        self.record(key, pb::EffectState::Dispatched, recorded_after_send(&sent))
-            .await;
+        let recorded = settle::recorded_after_send(&sent.outcome, &sent.receipt);
+        self.record(key, EffectState::Dispatched, recorded).await;
         sent.outcome
     }
 
     /// An `outcome_unknown` write met again: the executor's answer settles it; a
     /// not-applied write is sent again (its entry says it never took effect).
     async fn reconcile_and_finish(&self, key: &str) -> CallOutcome {
-        match settle_in_turn(ask(self.ports, self.call, key).await) {
+        match settle::in_turn(ask(self.ports, self.call, key).await) {
             InTurn::Done { recorded, outcome } => {
                 if let Some(recorded) = recorded {
-                    self.record(key, pb::EffectState::OutcomeUnknown, recorded)
+                    self.record(key, EffectState::OutcomeUnknown, recorded)
                         .await;
                 }
                 outcome
             }
-            InTurn::SendAgain => self.dispatch(key, pb::EffectState::OutcomeUnknown).await,
+            InTurn::SendAgain => self.dispatch(key, EffectState::OutcomeUnknown).await,
         }
     }
 
-    async fn record(&self, key: &str, expected: pb::EffectState, recorded: Recorded) {
+    async fn record(&self, key: &str, expected: EffectState, recorded: Recorded) {
         record(self.ports, key, expected, recorded).await;
     }
 }
@@ -352,24 +353,13 @@ pub(crate) async fn reconcile(
     call: &ToolCall,
 ) -> Input {
     let key = effect_key(invocation, turn, call);
-    let (recorded, settled) = settle_at_reconcile(ask(ports, call, &key).await);
-    record(ports, &key, pb::EffectState::OutcomeUnknown, recorded).await;
+    let (recorded, settled) = settle::at_reconcile(ask(ports, call, &key).await);
+    record(ports, &key, EffectState::OutcomeUnknown, recorded).await;
     let call_id: CallId = call.call_id.clone();
     match settled {
         Ok(outcome) => Input::Reconciled { call_id, outcome },
         Err(detail) => Input::ReconciliationFailed { call_id, detail },
     }
-}
-
-/// What an executor's `Reconcile` said.
-#[derive(Debug)]
-enum Answer {
-    Applied {
-        output_json: String,
-        receipt: String,
-    },
-    NotApplied,
-    Unknown(String),
 }
 
 async fn ask(ports: &Ports, call: &ToolCall, key: &str) -> Answer {
@@ -400,167 +390,17 @@ async fn ask(ports: &Ports, call: &ToolCall, key: &str) -> Answer {
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// The protocol's client side as decisions, without I/O; the functions above carry them
-// out. The server side is the ledger's own state machine (`agentloop_ledger::state`).
-
-/// What to do with a write whose ledger entry was prepared, or found, in a given state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum OnEntry {
-    /// Never sent: mark it dispatched, then send it.
-    Send,
-    /// Sent, with no outcome recorded (its sender stopped mid-call): record
-    /// `outcome_unknown`, then reconcile.
-    MarkUnknownAndReconcile,
-    /// Its outcome is unknown: reconcile.
-    Reconcile,
-    /// Applied: its output comes back from the executor's `Reconcile`.
-    RecoverOutput,
-    /// Not applied: the recorded reason is the call's result.
-    Rejected,
-    /// Waiting for an operator, or a state this client does not know: the result is
-    /// unknown, never a send.
-    Unresolved,
-}
-
-fn on_entry(state: pb::EffectState) -> OnEntry {
-    match state {
-        pb::EffectState::Prepared => OnEntry::Send,
-        pb::EffectState::Dispatched => OnEntry::MarkUnknownAndReconcile,
-        pb::EffectState::OutcomeUnknown => OnEntry::Reconcile,
-        pb::EffectState::Committed => OnEntry::RecoverOutput,
-        pb::EffectState::Rejected => OnEntry::Rejected,
-        pb::EffectState::ReconciliationRequired | pb::EffectState::Unspecified => {
-            OnEntry::Unresolved
-        }
-    }
-}
-
-/// What the ledger records after a send from `dispatched`.
-fn recorded_after_send(sent: &Sent) -> Recorded {
-    match &sent.outcome {
-        CallOutcome::Output { .. } => Recorded::committed(&sent.receipt),
-        CallOutcome::Error(error) => Recorded::rejected(&error.message),
-        CallOutcome::Cancelled | CallOutcome::NotStarted => {
-            Recorded::rejected("the executor answered that it did not start it")
-        }
-        CallOutcome::Unknown { detail } => Recorded::unknown(detail),
-    }
-}
-
-/// How a write of unknown outcome met again in a running turn (after a crash, a
-/// takeover, a resume) goes on, from its executor's answer.
-#[derive(Debug, Clone, PartialEq)]
-enum InTurn {
-    /// Settled: record this (from `outcome_unknown`), if anything, and this is the result.
-    /// A write nobody can tell about records nothing here: its result is `unknown`, and
-    /// the engine's reconcile step asks again.
-    Done {
-        recorded: Option<Recorded>,
-        outcome: CallOutcome,
-    },
-    /// Its executor says it was not applied: send it again (the dispatch records it).
-    SendAgain,
-}
-
-fn settle_in_turn(answer: Answer) -> InTurn {
-    match answer {
-        Answer::Applied {
-            output_json,
-            receipt,
-        } => InTurn::Done {
-            recorded: Some(Recorded::committed(&receipt)),
-            outcome: CallOutcome::Output { output_json },
-        },
-        Answer::NotApplied => InTurn::SendAgain,
-        Answer::Unknown(detail) => InTurn::Done {
-            recorded: None,
-            outcome: CallOutcome::Unknown { detail },
-        },
-    }
-}
-
-/// The engine's reconcile step, after the turn's results are in: nothing is sent. What
-/// to record (from `outcome_unknown`), and the call's result, or why nobody can tell
-/// (the entry is then flagged for an operator). A write that was not applied becomes a
-/// retryable error for the model.
-fn settle_at_reconcile(answer: Answer) -> (Recorded, Result<CallOutcome, String>) {
-    match answer {
-        Answer::Applied {
-            output_json,
-            receipt,
-        } => (
-            Recorded::committed(&receipt),
-            Ok(CallOutcome::Output { output_json }),
-        ),
-        Answer::NotApplied => {
-            let detail = "the executor's records show the effect was not applied";
-            (
-                Recorded::rejected(detail),
-                Ok(CallOutcome::Error(ToolError {
-                    error_type: ErrorType::Unavailable,
-                    message: detail.into(),
-                    retryable: true,
-                    next_allowed_action: NextAction::Retry,
-                })),
-            )
-        }
-        Answer::Unknown(detail) => (
-            Recorded {
-                state: pb::EffectState::ReconciliationRequired,
-                receipt: String::new(),
-                detail: detail.clone(),
-            },
-            Err(detail),
-        ),
-    }
-}
-
-/// A ledger transition to record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Recorded {
-    state: pb::EffectState,
-    receipt: String,
-    detail: String,
-}
-
-impl Recorded {
-    fn committed(receipt: &str) -> Recorded {
-        Recorded {
-            state: pb::EffectState::Committed,
-            receipt: receipt.to_owned(),
-            detail: String::new(),
-        }
-    }
-
-    fn rejected(detail: &str) -> Recorded {
-        Recorded {
-            state: pb::EffectState::Rejected,
-            receipt: String::new(),
-            detail: detail.to_owned(),
-        }
-    }
-
-    fn unknown(detail: &str) -> Recorded {
-        Recorded {
-            state: pb::EffectState::OutcomeUnknown,
-            receipt: String::new(),
-            detail: detail.to_owned(),
-        }
-    }
-}
-
 /// Records a transition, retrying a bounded number of times while the ledger is
 /// unreachable. A refusal (the entry moved on) or a ledger that stays down is logged and
 /// left: the result still reaches the engine, and an entry left behind stays listed as
 /// unresolved for an operator.
-async fn record(ports: &Ports, key: &str, expected: pb::EffectState, recorded: Recorded) {
+async fn record(ports: &Ports, key: &str, expected: EffectState, recorded: Recorded) {
     let mut pause = RESEND_PAUSE;
     for attempt in 1..=RECORD_ATTEMPTS {
         let request = pb::RecordRequest {
             effect_key: key.to_owned(),
-            expected_state: expected.into(),
-            state: recorded.state.into(),
+            expected_state: expected.to_proto().into(),
+            state: recorded.outcome.state().to_proto().into(),
             receipt: recorded.receipt.clone(),
             detail: recorded.detail.clone(),
         };
@@ -627,6 +467,12 @@ impl Sent {
     }
 }
 
+/// What to do with a write whose entry the ledger says is in `state` on the wire: a state
+/// this client does not know (`UNSPECIFIED`, or one of a newer ledger) is never a send.
+fn on_entry(state: pb::EffectState) -> OnEntry {
+    EffectState::from_proto(state).map_or(OnEntry::Unresolved, settle::on_entry)
+}
+
 /// The result of a write that was not sent because the ledger could not record it first.
 fn not_sent(message: String) -> CallOutcome {
     CallOutcome::Error(ToolError {
@@ -670,103 +516,15 @@ mod tests {
     }
 
     #[test]
-    fn only_a_prepared_entry_is_sent() {
-        let every = [
-            (pb::EffectState::Unspecified, OnEntry::Unresolved),
-            (pb::EffectState::Prepared, OnEntry::Send),
-            (
-                pb::EffectState::Dispatched,
-                OnEntry::MarkUnknownAndReconcile,
-            ),
-            (pb::EffectState::Committed, OnEntry::RecoverOutput),
-            (pb::EffectState::Rejected, OnEntry::Rejected),
-            (pb::EffectState::OutcomeUnknown, OnEntry::Reconcile),
-            (pb::EffectState::ReconciliationRequired, OnEntry::Unresolved),
-        ];
-        // Every state of the contract is in the table.
-        let states: Vec<i32> = every.iter().map(|(state, _)| *state as i32).collect();
-        assert_eq!(states.len(), 7);
-        assert!((0..7).all(|state| states.contains(&state)));
-        for (state, expected) in every {
-            assert_eq!(on_entry(state), expected, "{state:?}");
-        }
-    }
-
-    #[test]
-    fn a_send_is_recorded_by_its_outcome() {
-        let sent = |outcome| Sent {
-            outcome,
-            receipt: "r-1".into(),
-        };
-        let output = sent(CallOutcome::Output {
-            output_json: "{}".into(),
-        });
-        assert_eq!(recorded_after_send(&output), Recorded::committed("r-1"));
-        let error = sent(CallOutcome::Error(ToolError {
-            error_type: ErrorType::Rejected,
-            message: "insufficient funds".into(),
-            retryable: false,
-            next_allowed_action: NextAction::None,
-        }));
-        assert_eq!(
-            recorded_after_send(&error),
-            Recorded::rejected("insufficient funds")
-        );
-        for never in [CallOutcome::Cancelled, CallOutcome::NotStarted] {
+    fn a_state_on_the_wire_goes_where_the_settling_table_says_and_unknown_is_never_sent() {
+        assert_eq!(on_entry(pb::EffectState::Unspecified), OnEntry::Unresolved);
+        for state in EffectState::ALL {
             assert_eq!(
-                recorded_after_send(&sent(never)).state,
-                pb::EffectState::Rejected
+                on_entry(state.to_proto()),
+                settle::on_entry(state),
+                "{state:?}"
             );
         }
-        let lost = sent(CallOutcome::Unknown {
-            detail: "reply lost".into(),
-        });
-        assert_eq!(recorded_after_send(&lost), Recorded::unknown("reply lost"));
-    }
-
-    #[test]
-    fn an_unknown_outcome_is_settled_by_the_executors_answer() {
-        let applied = || Answer::Applied {
-            output_json: r#"{"ok":true}"#.into(),
-            receipt: "r-2".into(),
-        };
-        let output = CallOutcome::Output {
-            output_json: r#"{"ok":true}"#.into(),
-        };
-        assert_eq!(
-            settle_in_turn(applied()),
-            InTurn::Done {
-                recorded: Some(Recorded::committed("r-2")),
-                outcome: output.clone(),
-            }
-        );
-        assert_eq!(
-            settle_at_reconcile(applied()),
-            (Recorded::committed("r-2"), Ok(output))
-        );
-        // In a turn, not applied means: send it again (the dispatch records the rest).
-        assert_eq!(settle_in_turn(Answer::NotApplied), InTurn::SendAgain);
-        // At the reconcile step nothing is sent: the model gets a retryable error.
-        let (recorded, settled) = settle_at_reconcile(Answer::NotApplied);
-        assert_eq!(recorded.state, pb::EffectState::Rejected);
-        assert!(
-            matches!(settled, Ok(CallOutcome::Error(ref e)) if e.retryable),
-            "{settled:?}"
-        );
-        // Cannot tell: nothing recorded in a turn (the reconcile step asks again), and an
-        // operator is asked for at the reconcile step.
-        assert_eq!(
-            settle_in_turn(Answer::Unknown("no record".into())),
-            InTurn::Done {
-                recorded: None,
-                outcome: CallOutcome::Unknown {
-                    detail: "no record".into()
-                },
-            }
-        );
-        let (recorded, settled) = settle_at_reconcile(Answer::Unknown("no record".into()));
-        assert_eq!(recorded.state, pb::EffectState::ReconciliationRequired);
-        assert_eq!(settled, Err("no record".into()));
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The life of one effect as a pure transition function, with no I/O, so the whole
-//! table can be tested exhaustively and the store only executes its answers.
+//! The life of one effect as the effect ledger keeps it: a pure transition function, so
+//! the whole table can be tested exhaustively and the ledger's store only executes its
+//! answers.
 //!
 //! ```text
 //!   Prepare            Dispatch           Record(outcome)
@@ -103,6 +104,7 @@ impl EffectState {
     }
 
     /// The wire enum value.
+    #[cfg(feature = "proto")]
     pub fn to_proto(self) -> agentloop_proto::v1::EffectState {
         use agentloop_proto::v1::EffectState as Wire;
         match self {
@@ -116,6 +118,7 @@ impl EffectState {
     }
 
     /// The domain state of a wire value; `None` for `UNSPECIFIED`.
+    #[cfg(feature = "proto")]
     pub fn from_proto(wire: agentloop_proto::v1::EffectState) -> Option<Self> {
         use agentloop_proto::v1::EffectState as Wire;
         match wire {
@@ -439,6 +442,7 @@ mod tests {
     fn names_round_trip_and_unresolved_is_the_non_terminal_set() {
         for state in EffectState::ALL {
             assert_eq!(EffectState::parse(state.as_str()), Some(state));
+            #[cfg(feature = "proto")]
             assert_eq!(EffectState::from_proto(state.to_proto()), Some(state));
             assert_eq!(
                 state.is_unresolved(),
