@@ -245,7 +245,7 @@ mod tests {
                 if let Some(recorded) = recorded {
                     actions.push((OutcomeUnknown, Action::Record(recorded.outcome)));
                 }
-                (false, kind(&outcome))
+                (false, outcome.kind())
             }
             InTurn::SendAgain => {
                 send(actions, OutcomeUnknown);
@@ -262,21 +262,11 @@ mod tests {
                 reconcile(&mut actions, answer)
             }
             OnEntry::Reconcile => reconcile(&mut actions, answer),
-            OnEntry::RecoverOutput => (false, kind(&result_from_answer(answer, "x".into()))),
+            OnEntry::RecoverOutput => (false, result_from_answer(answer, "x".into()).kind()),
             OnEntry::Rejected => (false, "error"),
             OnEntry::Unresolved => (false, "unknown"),
         };
         (actions, sends, result)
-    }
-
-    fn kind(outcome: &CallOutcome) -> &'static str {
-        match outcome {
-            CallOutcome::Output { .. } => "output",
-            CallOutcome::Error(_) => "error",
-            CallOutcome::Cancelled => "cancelled",
-            CallOutcome::NotStarted => "not_started",
-            CallOutcome::Unknown { .. } => "unknown",
-        }
     }
 
     #[test]
@@ -416,7 +406,7 @@ mod tests {
             assert_eq!(recorded.outcome, outcome, "{answer:?}");
             assert!(next_state(OutcomeUnknown, Action::Record(outcome)).is_some());
             assert_eq!(
-                settled.as_ref().map(kind).unwrap_or("none"),
+                settled.as_ref().map(CallOutcome::kind).unwrap_or("none"),
                 result,
                 "{answer:?}"
             );

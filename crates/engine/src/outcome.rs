@@ -82,6 +82,20 @@ pub enum CallOutcome {
     },
 }
 
+impl CallOutcome {
+    /// Its kind in snake case, as its serialized tag and `agentloop.tool.outcome` name it:
+    /// `output`, `error`, `cancelled`, `not_started` or `unknown`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CallOutcome::Output { .. } => "output",
+            CallOutcome::Error(_) => "error",
+            CallOutcome::Cancelled => "cancelled",
+            CallOutcome::NotStarted => "not_started",
+            CallOutcome::Unknown { .. } => "unknown",
+        }
+    }
+}
+
 /// A call's ID with its outcome, as committed in call order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallResult {
@@ -120,4 +134,40 @@ pub struct Outcome {
     pub answer: Option<String>,
     /// What it used.
     pub totals: Totals,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_kind_is_the_serialized_tag() {
+        let every = [
+            CallOutcome::Output {
+                output_json: "{}".into(),
+            },
+            CallOutcome::Error(ToolError {
+                error_type: ErrorType::Rejected,
+                message: "no".into(),
+                retryable: false,
+                next_allowed_action: NextAction::None,
+            }),
+            CallOutcome::Cancelled,
+            CallOutcome::NotStarted,
+            CallOutcome::Unknown {
+                detail: "lost".into(),
+            },
+        ];
+        for outcome in every {
+            let tagged = serde_json::to_value(&outcome).unwrap();
+            let tag = tagged
+                .as_str()
+                .map(str::to_owned)
+                .or_else(|| tagged.as_object().and_then(|o| o.keys().next().cloned()))
+                .unwrap();
+            assert_eq!(outcome.kind(), tag);
+        }
+    }
 }

@@ -201,17 +201,6 @@ impl Instruments {
     }
 }
 
-/// What a call came to, as `agentloop.tool.outcome` says it.
-fn outcome_name(outcome: &CallOutcome) -> &'static str {
-    match outcome {
-        CallOutcome::Output { .. } => "output",
-        CallOutcome::Error(_) => "error",
-        CallOutcome::Cancelled => "cancelled",
-        CallOutcome::NotStarted => "not_started",
-        CallOutcome::Unknown { .. } => "unknown",
-    }
-}
-
 impl Instruments {
     /// The `execute_tool {tool}` span of one call, under the current context (the
     /// invocation's): the effect key of a write, the arguments only when content is
@@ -247,7 +236,7 @@ impl Instruments {
     /// Ends a call's span with what the call came to.
     pub(crate) fn tool_done(&self, span: &ActiveSpan, outcome: &CallOutcome) {
         span.set(|| {
-            let mut attributes = vec![KeyValue::new(TOOL_OUTCOME, outcome_name(outcome))];
+            let mut attributes = vec![KeyValue::new(TOOL_OUTCOME, outcome.kind())];
             if let CallOutcome::Output { output_json } = outcome
                 && let Some(result) = self.content_json(output_json)
             {
