@@ -128,6 +128,7 @@ pub(crate) struct Embedded {
     stack: Stack,
     telemetry: Telemetry,
     metrics: Option<MetricsEndpoint>,
+    authenticates: bool,
 }
 
 /// `/metrics`, served until [`Embedded::stop`].
@@ -154,6 +155,7 @@ impl Configuration {
             ),
             None => None,
         };
+        let authenticates = self.config.auth.is_on();
         options.listen = self.config.listen.to_string();
         options.orchestrator = self.config;
         options.telemetry = self.telemetry.clone();
@@ -185,6 +187,7 @@ impl Configuration {
             stack,
             telemetry: self.telemetry,
             metrics,
+            authenticates,
         })
     }
 }
@@ -193,6 +196,11 @@ impl Embedded {
     /// The stack.
     pub(crate) fn stack(&self) -> &Stack {
         &self.stack
+    }
+
+    /// Whether it verifies its callers' tokens (`[auth]` is on).
+    pub(crate) fn authenticates(&self) -> bool {
+        self.authenticates
     }
 
     /// Where `/metrics` is served, if it is.

@@ -893,10 +893,13 @@ impl Target {
                 let resume_flags = embedded_flags(data_dir, &policies, acceptance.as_deref());
                 let options = embedded(data_dir.to_owned(), None, policies, acceptance.as_deref())?;
                 let running = local(options).await?;
+                // The token goes only to an orchestrator that verifies tokens: without
+                // `[auth]`, the reply names its actor itself.
+                let token = token.filter(|_| running.authenticates());
                 Target {
                     endpoint: running.stack().endpoint(),
                     stack: Some(running),
-                    token: None,
+                    token,
                     resume_flags,
                 }
             }

@@ -117,3 +117,99 @@ fn dev_refuses_a_public_port_without_authentication() {
     assert_eq!(output.status.code(), Some(78), "{}", stderr(&output));
     assert!(stderr(&output).contains("auth."), "{}", stderr(&output));
 }
+
+/// The embedded orchestrator reads `[auth]` as `dev` does: `run --config` and the reply
+/// that resumes the invocation (through `AGENTLOOP_ORCHESTRATOR_CONFIG`) verify the
+/// caller's token, and only an approver's resolves the approval.
+#[test]
+fn an_embedded_run_and_its_reply_verify_tokens_when_the_configuration_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    std::fs::write(dir.join("jwt.secret"), "s".repeat(48)).unwrap();
+    std::fs::write(
+        dir.join("orchestrator.toml"),
+        "[auth]\nmode = \"jwt\"\nhs256_secret_file = \"jwt.secret\"\n\
+         issuer = \"https://id.example\"\naudience = \"agentloop\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("refund.json"),
+        r#"{"turns": [
+          {"request_approval": {"summary": "Refund 40.00", "calls": [{"id": "t1",
+            "name": "transfer", "arguments": {"from": "acct-ops", "to": "acct-1", "amount": 4000}}]}},
+          {"final": "refunded 40.00 to acct-1", "evidence": ["t1"]}]}"#,
+    )
+    .unwrap();
+    let mint = |actor: &str, roles: &[&str]| {
+        let mut command = agentloop(dir);
+        command
+            .args(["token", "--secret-file", "jwt.secret"])
+            .args(["--issuer", "https://id.example", "--tenant", "acme"])
+            .args(["--actor", actor]);
+        for role in roles {
+            command.args(["--role", role]);
+        }
+        let minted = command.output().unwrap();
+        assert_eq!(minted.status.code(), Some(0), "{}", stderr(&minted));
+        String::from_utf8(minted.stdout).unwrap().trim().to_owned()
+    };
+    let (alice, bob) = (mint("alice", &[]), mint("bob", &["approver"]));
+    let embedded = |args: &[&str], token: Option<&str>| {
+        let mut command = agentloop(dir);
+        command
+            .args(["--data-dir", "data"])
+            .args(args)
+            .env("AGENTLOOP_ORCHESTRATOR_CONFIG", "orchestrator.toml");
+        if let Some(token) = token {
+            command.env("AGENTLOOP_TOKEN", token);
+        }
+        command.output().unwrap()
+    };
+    let run = [
+        "run",
+        "--config",
+        "orchestrator.toml",
+        "--script",
+        "refund.json",
+    ];
+    let run: Vec<&str> = run
+        .into_iter()
+        .chain(["--on-wait", "exit", "--json"])
+        .collect();
+
+    let refused = embedded(&run, None);
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("Unauthenticated"),
+        "{}",
+        stderr(&refused)
+    );
+
+    let waiting = embedded(&run, Some(&alice));
+    assert_eq!(waiting.status.code(), Some(10), "{}", stderr(&waiting));
+    let summary: serde_json::Value = serde_json::from_slice(&waiting.stdout).unwrap();
+    assert_eq!(summary["reason"], "approval_required");
+    let id = summary["invocation_id"].as_str().unwrap().to_owned();
+    let digest = summary["waiting"]["proposal_digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let approve = ["approve", &id, "--digest", &digest, "--yes", "--json"];
+
+    let not_an_approver = embedded(&approve, Some(&alice));
+    assert_eq!(
+        not_an_approver.status.code(),
+        Some(1),
+        "{}",
+        stderr(&not_an_approver)
+    );
+    assert!(
+        stderr(&not_an_approver).contains("PermissionDenied"),
+        "{}",
+        stderr(&not_an_approver)
+    );
+    let approved = embedded(&approve, Some(&bob));
+    assert_eq!(approved.status.code(), Some(0), "{}", stderr(&approved));
+    let summary: serde_json::Value = serde_json::from_slice(&approved.stdout).unwrap();
+    assert_eq!(summary["reason"], "completed");
+}
