@@ -27,9 +27,7 @@ use agentloop_auth::{Authenticator, Callers};
 use agentloop_decision::{DecisionServer, Model};
 use agentloop_demo_executor::{DemoConfig, DemoExecutor};
 use agentloop_ledger::{LedgerConfig, LedgerService};
-use agentloop_orchestrator::{
-    Api, InProcess, Orchestrator, OrchestratorConfig, Ports, Workers, wire,
-};
+use agentloop_orchestrator::{Api, Orchestrator, OrchestratorConfig, Ports, Workers, wire};
 use agentloop_policy::{PolicyConfig, PolicyServer, Profiles};
 use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::server;
@@ -47,7 +45,7 @@ use tokio_util::task::AbortOnDropHandle;
 use uuid::Uuid;
 
 mod in_process;
-pub use in_process::InProcessDecision;
+pub use in_process::{InProcess, InProcessDecision};
 
 /// The caller name under which the distributed gateway admits a registrar (its token is
 /// [`ServiceTokens::registrar`]).

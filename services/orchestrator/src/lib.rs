@@ -45,7 +45,7 @@ use uuid::Uuid;
 
 pub use config::{LimitsConfig, OrchestratorConfig, RequestBounds, TenantLimits, WorkersConfig};
 pub use error::OrchestratorError;
-pub use ports::{DecisionPort, GrpcTools, InProcess, LedgerPort, PolicyPort, Ports, ToolsPort};
+pub use ports::{DecisionPort, GrpcTools, LedgerPort, PolicyPort, Ports, ToolsPort};
 pub use service::Api;
 pub use workers::Workers;
 

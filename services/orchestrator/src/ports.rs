@@ -1,7 +1,8 @@
-//! The orchestrator's view of the other four services: narrow traits ("ports"), each with
-//! a gRPC adapter (a generated client) and an in-process adapter (the service's own
-//! implementation, called without a network). Both speak the wire messages, so the
-//! service code that validates and answers a request is the same either way.
+//! The orchestrator's view of the other four services: narrow traits ("ports"), and their
+//! gRPC adapters (the generated clients). The in-process adapters (a service's own
+//! implementation, called without a network) live with the wiring, in `agentloop-stack`.
+//! Both speak the wire messages, so the service code that validates and answers a request
+//! is the same either way.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -11,13 +12,10 @@ use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::decision_service_client::DecisionServiceClient;
 use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
-use agentloop_proto::v1::effect_ledger_service_server::EffectLedgerService;
 use agentloop_proto::v1::policy_service_client::PolicyServiceClient;
-use agentloop_proto::v1::policy_service_server::PolicyService;
 use agentloop_proto::v1::tool_gateway_service_client::ToolGatewayServiceClient;
-use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use async_trait::async_trait;
-use tonic::{Code, Request, Status};
+use tonic::{Code, Status};
 
 /// The model, behind the decision service.
 #[async_trait]
@@ -146,10 +144,6 @@ impl Ports {
 // The generated clients' own methods take `&mut self` and would lose to the port
 // methods in method resolution, hence the fully qualified calls on a cheap clone.
 
-/// A service implementation used as a port, in the same process.
-#[derive(Debug)]
-pub struct InProcess<S>(pub Arc<S>);
-
 #[async_trait]
 impl DecisionPort for DecisionServiceClient<Transport> {
     async fn decide(
@@ -180,26 +174,6 @@ impl PolicyPort for PolicyServiceClient<Transport> {
         request: pb::ValidateFinalRequest,
     ) -> Result<pb::ValidateFinalResponse, Status> {
         PolicyServiceClient::validate_final(&mut self.clone(), request)
-            .await
-            .map(tonic::Response::into_inner)
-    }
-}
-
-#[async_trait]
-impl<S: PolicyService> PolicyPort for InProcess<S> {
-    async fn evaluate(&self, request: pb::EvaluateRequest) -> Result<pb::EvaluateResponse, Status> {
-        self.0
-            .evaluate(Request::new(request))
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn validate_final(
-        &self,
-        request: pb::ValidateFinalRequest,
-    ) -> Result<pb::ValidateFinalResponse, Status> {
-        self.0
-            .validate_final(Request::new(request))
             .await
             .map(tonic::Response::into_inner)
     }
@@ -292,63 +266,6 @@ impl ToolsPort for GrpcTools {
 }
 
 #[async_trait]
-impl<S: ToolGatewayService> ToolsPort for InProcess<S> {
-    async fn list_tools(
-        &self,
-        request: pb::ListToolsRequest,
-    ) -> Result<pb::ListToolsResponse, Status> {
-        self.0
-            .list_tools(Request::new(request))
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn execute(
-        &self,
-        request: pb::ToolGatewayServiceExecuteRequest,
-    ) -> Result<pb::ToolGatewayServiceExecuteResponse, Status> {
-        self.0
-            .execute(Request::new(request))
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn execute_stage(
-        &self,
-        request: pb::ExecuteStageRequest,
-    ) -> Result<pb::ExecuteStageResponse, Status> {
-        self.0
-            .execute_stage(Request::new(request))
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn reconcile(
-        &self,
-        request: pb::ToolGatewayServiceReconcileRequest,
-    ) -> Result<pb::ToolGatewayServiceReconcileResponse, Status> {
-        self.0
-            .reconcile(Request::new(request))
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn verify(
-        &self,
-        request: pb::ToolGatewayServiceVerifyRequest,
-    ) -> Result<pb::ToolGatewayServiceVerifyResponse, Status> {
-        self.0
-            .verify(Request::new(request))
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    fn sends_stages(&self) -> bool {
-        false
-    }
-}
-
-#[async_trait]
 impl LedgerPort for EffectLedgerServiceClient<Transport> {
     async fn prepare(&self, request: pb::PrepareRequest) -> Result<pb::PrepareResponse, Status> {
         EffectLedgerServiceClient::prepare(&mut self.clone(), request)
@@ -391,60 +308,6 @@ impl LedgerPort for EffectLedgerServiceClient<Transport> {
         request: pb::ListByInvocationRequest,
     ) -> Result<pb::ListByInvocationResponse, Status> {
         EffectLedgerServiceClient::list_by_invocation(&mut self.clone(), request)
-            .await
-            .map(tonic::Response::into_inner)
-    }
-}
-
-#[async_trait]
-impl<S: EffectLedgerService> LedgerPort for InProcess<S> {
-    async fn prepare(&self, request: pb::PrepareRequest) -> Result<pb::PrepareResponse, Status> {
-        self.0
-            .prepare(Request::new(request))
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn mark_dispatched(
-        &self,
-        request: pb::MarkDispatchedRequest,
-    ) -> Result<pb::MarkDispatchedResponse, Status> {
-        self.0
-            .mark_dispatched(Request::new(request))
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn record(&self, request: pb::RecordRequest) -> Result<pb::RecordResponse, Status> {
-        self.0
-            .record(Request::new(request))
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn get(&self, request: pb::GetRequest) -> Result<pb::GetResponse, Status> {
-        self.0
-            .get(Request::new(request))
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn list_unresolved(
-        &self,
-        request: pb::ListUnresolvedRequest,
-    ) -> Result<pb::ListUnresolvedResponse, Status> {
-        self.0
-            .list_unresolved(Request::new(request))
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn list_by_invocation(
-        &self,
-        request: pb::ListByInvocationRequest,
-    ) -> Result<pb::ListByInvocationResponse, Status> {
-        self.0
-            .list_by_invocation(Request::new(request))
             .await
             .map(tonic::Response::into_inner)
     }

@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use agentloop_decision::DecisionServer;
 use agentloop_ledger::{LedgerConfig, LedgerService};
-use agentloop_orchestrator::{Api, InProcess, Orchestrator, OrchestratorConfig, Ports, ToolsPort};
+use agentloop_orchestrator::{Api, Orchestrator, OrchestratorConfig, Ports, ToolsPort};
 use agentloop_policy::{PolicyConfig, PolicyServer};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::effect_ledger_service_server::EffectLedgerService;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
-use agentloop_stack::InProcessDecision;
+use agentloop_stack::{InProcess, InProcessDecision};
 use agentloop_store::SqliteStore;
 use async_trait::async_trait;
 use futures::StreamExt;
