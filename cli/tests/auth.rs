@@ -13,10 +13,9 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-#[test]
-fn dev_with_auth_serves_only_callers_with_a_token() {
-    let dir = tempfile::tempdir().unwrap();
-    let dir = dir.path();
+/// Writes `orchestrator.toml`, an orchestrator configuration with `[auth]` over HS256
+/// tokens signed with `jwt.secret` (written beside it), into `dir`.
+fn with_auth(dir: &std::path::Path) {
     std::fs::write(dir.join("jwt.secret"), "s".repeat(48)).unwrap();
     std::fs::write(
         dir.join("orchestrator.toml"),
@@ -24,6 +23,13 @@ fn dev_with_auth_serves_only_callers_with_a_token() {
          issuer = \"https://id.example\"\naudience = \"agentloop\"\n",
     )
     .unwrap();
+}
+
+#[test]
+fn dev_with_auth_serves_only_callers_with_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    with_auth(dir);
     std::fs::write(
         dir.join("hello.json"),
         r#"{"turns": [{"final": "the profile is active"}]}"#,
@@ -125,13 +131,7 @@ fn dev_refuses_a_public_port_without_authentication() {
 fn an_embedded_run_and_its_reply_verify_tokens_when_the_configuration_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    std::fs::write(dir.join("jwt.secret"), "s".repeat(48)).unwrap();
-    std::fs::write(
-        dir.join("orchestrator.toml"),
-        "[auth]\nmode = \"jwt\"\nhs256_secret_file = \"jwt.secret\"\n\
-         issuer = \"https://id.example\"\naudience = \"agentloop\"\n",
-    )
-    .unwrap();
+    with_auth(dir);
     std::fs::write(
         dir.join("refund.json"),
         r#"{"turns": [
