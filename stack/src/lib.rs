@@ -27,12 +27,13 @@ use agentloop_auth::{Authenticator, Callers};
 use agentloop_decision::{DecisionServer, Model};
 use agentloop_demo_executor::{DemoConfig, DemoExecutor};
 use agentloop_ledger::{LedgerConfig, LedgerService};
-use agentloop_orchestrator::{Api, Orchestrator, OrchestratorConfig, Ports, Workers, wire};
+use agentloop_orchestrator::{Api, OrchestratorConfig, wire};
 use agentloop_policy::{PolicyConfig, PolicyServer, Profiles};
 use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::server;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
+use agentloop_runtime::{Ports, Runtime, Workers};
 use agentloop_server::{Access, ServeError, ServiceSet};
 use agentloop_store::{EventStore, SqliteStore, StoreError};
 use agentloop_telemetry::Telemetry;
@@ -417,7 +418,7 @@ impl Services {
                         .add_for(server::effect_ledger(ledger), &orchestrator),
                 );
                 let as_orchestrator = Some(tokens.orchestrator.as_str());
-                let ports = Ports::grpc(
+                let ports = agentloop_orchestrator::grpc::ports(
                     channel_as(&decision_endpoint, as_orchestrator).await?,
                     channel_as(&policy_endpoint, as_orchestrator).await?,
                     channel_as(&tools, as_orchestrator).await?,
@@ -519,7 +520,7 @@ impl StackOptions {
 #[derive(Debug)]
 pub struct Stack {
     endpoint: String,
-    orchestrator: Orchestrator,
+    runtime: Runtime,
     api: Api,
     store: SqliteStore,
     services: Services,
@@ -552,16 +553,16 @@ impl Stack {
         };
         let auth = Authenticator::from_config(&config.auth).await?;
         let workers = Workers::in_process(&config.workers);
-        let orchestrator = Orchestrator::with_workers(
-            config,
+        let runtime = Runtime::new(
+            config.runtime(),
             Arc::new(store.clone()),
             services.ports(),
             workers,
             telemetry.clone(),
         );
         // The public port: the orchestrator's API alone, whatever the wiring.
-        let api = orchestrator.api(auth);
-        let drained = orchestrator.clone();
+        let api = Api::new(runtime.clone(), auth);
+        let drained = runtime.clone();
         let served = ServiceSet::new()
             .telemetry(&telemetry)
             .add(server::orchestrator(api.clone()))
@@ -571,10 +572,10 @@ impl Stack {
         let server = tokio::spawn(agentloop_server::serve(listener, served, async move {
             stopped.cancelled().await;
         }));
-        orchestrator.resume().await?;
+        runtime.resume().await?;
         Ok(Stack {
             endpoint,
-            orchestrator,
+            runtime,
             api,
             store,
             services,
@@ -594,9 +595,9 @@ impl Stack {
         self.services.endpoints()
     }
 
-    /// The in-process orchestrator.
-    pub fn orchestrator(&self) -> &Orchestrator {
-        &self.orchestrator
+    /// The in-process runtime.
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
     }
 
     /// The orchestrator's public API as the port serves it (authenticated as configured),

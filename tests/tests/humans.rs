@@ -287,7 +287,7 @@ async fn approve_applies_the_write_exactly_once(wiring: Wiring) {
     );
     assert_eq!(end.reason(), pb::TerminalReason::ApprovalRequired);
     assert_eq!(end.proposal_digest.len(), 64, "{end:?}");
-    system.stack().orchestrator().count_waiting().await.unwrap();
+    system.stack().runtime().count_waiting().await.unwrap();
     assert_eq!(
         system.metric("agentloop_invocations_waiting{for=\"approval\"}"),
         Some(1.0)
@@ -550,8 +550,7 @@ async fn a_clarification_answer_resumes_the_run(wiring: Wiring) {
     );
     assert!(waiting.pending_approval.is_none());
     assert!(waiting.waiting_since.is_some() && waiting.wait_until.is_some());
-    let orchestrator = system.stack().orchestrator();
-    orchestrator.count_waiting().await.unwrap();
+    system.stack().runtime().count_waiting().await.unwrap();
     let waiting_for =
         |what: &str| system.metric(&format!("agentloop_invocations_waiting{{for=\"{what}\"}}"));
     assert_eq!(waiting_for("clarification"), Some(1.0));
@@ -578,7 +577,7 @@ async fn a_clarification_answer_resumes_the_run(wiring: Wiring) {
     let ended = get(&mut client, &id).await;
     assert_eq!(reason(&ended), pb::TerminalReason::Completed);
     assert_eq!(ended.answer.as_deref(), Some("refunded to savings"));
-    orchestrator.count_waiting().await.unwrap();
+    system.stack().runtime().count_waiting().await.unwrap();
     assert_eq!(waiting_for("clarification"), Some(0.0));
     system.stop().await;
 }

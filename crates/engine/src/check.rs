@@ -6,6 +6,14 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Most effect-ledger entries an answer is checked against: an invocation with more
+/// writes than this cannot complete (its answer fails closed), and policy refuses a
+/// larger claim.
+pub const MAX_CLAIM_EFFECTS: usize = 1024;
+
+/// Most verifiers one final answer is put to (a profile names at most this many).
+pub const MAX_PROFILE_VERIFIERS: usize = 8;
+
 /// Who judged an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

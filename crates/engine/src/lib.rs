@@ -45,7 +45,7 @@ mod time;
 
 pub use canonical::{BadFingerprint, Fingerprint, canonical_json};
 pub use catalog::{SideEffect, ToolCatalog, ToolDigest, ToolSpec};
-pub use check::{Check, CheckKind, CheckVerdict};
+pub use check::{Check, CheckKind, CheckVerdict, MAX_CLAIM_EFFECTS, MAX_PROFILE_VERIFIERS};
 pub use decision::{
     CallId, Decision, DecisionBounds, DecisionError, FinalAnswer, ProposedCall, ProposedDecision,
     ToolCall, Usage, ValidBatch, validate,

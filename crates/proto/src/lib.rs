@@ -50,14 +50,6 @@ pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// refuses a larger stage whole, and the orchestrator sends one call by call.
 pub const MAX_STAGE_CALLS: usize = 256;
 
-/// Most effect-ledger entries a `Claim` carries: the orchestrator refuses to complete an
-/// invocation with more writes than this (the answer fails closed), and the policy
-/// service refuses a larger claim.
-pub const MAX_CLAIM_EFFECTS: usize = 1024;
-
-/// Most verifiers one final answer is put to (a profile names at most this many).
-pub const MAX_PROFILE_VERIFIERS: usize = 8;
-
 /// Most reasons a verifier's answer may give; a longer answer is undecided.
 pub const MAX_VERIFIER_REASONS: usize = 32;
 /// Longest reason of a verifier's answer, in bytes.

@@ -344,6 +344,30 @@ impl DecisionServer {
     }
 }
 
+impl DecisionServer {
+    /// Decides turn `turn` of an offline run of `invocation_id` from its script's text,
+    /// for a caller in the same process: the script is parsed once and cached, and
+    /// nothing else of the turn is read.
+    ///
+    /// # Errors
+    ///
+    /// As [`DecisionServer::decide`].
+    pub async fn decide_scripted(
+        &self,
+        script: &str,
+        invocation_id: &str,
+        turn: u32,
+    ) -> Result<ModelReply, ModelError> {
+        let model = self.scripts.get_or_parse(script)?;
+        let request = DecideRequest {
+            invocation_id: invocation_id.to_owned(),
+            turn,
+            ..DecideRequest::default()
+        };
+        self.recorded.chat(&*model, &request, &[]).await
+    }
+}
+
 #[tonic::async_trait]
 impl DecisionService for DecisionServer {
     async fn decide(

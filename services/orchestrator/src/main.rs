@@ -13,8 +13,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use agentloop_auth::Authenticator;
-use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Ports, Workers};
+use agentloop_orchestrator::OrchestratorConfig;
 use agentloop_proto::client::connect;
+use agentloop_runtime::{Runtime, Workers};
 use agentloop_server::{CommonFlags, Service, Started};
 use agentloop_store::{EventStore, PgOptions, PgStore, SqliteStore};
 use clap::Parser;
@@ -88,7 +89,7 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|error| SERVICE.exit_bad_config(&error))
         }
     };
-    let ports = Ports::grpc(
+    let ports = agentloop_orchestrator::grpc::ports(
         channel(&config.decision_endpoint).await,
         channel(&config.policy_endpoint).await,
         channel(&config.tools_endpoint).await,
@@ -108,11 +109,11 @@ async fn main() -> anyhow::Result<()> {
         tls.load()
             .unwrap_or_else(|error| SERVICE.exit_bad_config(&error))
     });
-    let orchestrator = Orchestrator::with_workers(config, store, ports, workers, telemetry.clone());
-    tracing::info!(worker = orchestrator.worker_id(), "worker started");
-    orchestrator.resume().await?;
+    let runtime = Runtime::new(config.runtime(), store, ports, workers, telemetry.clone());
+    tracing::info!(worker = runtime.worker_id(), "worker started");
+    runtime.resume().await?;
     let shutdown = agentloop_server::shutdown_signal();
-    agentloop_orchestrator::run(listener, orchestrator, auth, tls, shutdown).await?;
+    agentloop_orchestrator::run(listener, runtime, auth, tls, shutdown).await?;
     // The spans still buffered leave before the process does.
     telemetry.shutdown().await;
     Ok(())

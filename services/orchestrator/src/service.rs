@@ -6,60 +6,48 @@
 //! answer for an ID that does not exist, so that nobody learns which IDs exist. The
 //! runners, the store and the services behind the ports trust what was admitted here.
 
-use agentloop_telemetry::semconv::REPLAYED;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 
 use agentloop_auth::{Authenticator, Identity};
-use agentloop_engine::{
-    EventBody, Fingerprint, MicroUsd, Reply, TerminalReason, ToolCatalog, ToolSpec, WaitEnd,
-};
+use agentloop_effects::EffectState;
+use agentloop_effects::entry::Outcome;
+use agentloop_effects::settle::Recorded;
+use agentloop_engine::{EventBody, Fingerprint, MicroUsd, Reply, TerminalReason};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
-use agentloop_store::{
-    Created, InvocationRecord, InvocationState, ListRequest, MAX_PAGE_SIZE, NewInvocation,
-    StoreError,
-};
-use futures::Stream;
+use agentloop_runtime::ports::FailureKind;
+use agentloop_runtime::{InvocationSpec, Runtime, RuntimeError, Start};
+use agentloop_store::{InvocationRecord, InvocationState, ListRequest, MAX_PAGE_SIZE, StoreError};
+use futures::{Stream, StreamExt};
 use prost::Message;
 use sha2::{Digest, Sha256};
-use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use uuid::Uuid;
 
-use crate::spec::InvocationSpec;
-use crate::{Orchestrator, OrchestratorError, Shared, wire};
+use crate::{OrchestratorError, calls, wire};
 
 /// Default page size of `ListInvocations`.
 const DEFAULT_PAGE: u32 = 50;
-/// Events read from the store per page while a watcher catches up.
-const WATCH_PAGE: u32 = 256;
-/// Responses buffered per watcher before the stream applies backpressure.
-const WATCH_BUFFER: usize = 64;
-/// How often a watcher reads the store while another worker runs the invocation, at
-/// first; the pause doubles while nothing new is committed, up to [`WATCH_POLL_MAX`]
-/// (an invocation that waits for a human may wait for days).
-const WATCH_POLL: std::time::Duration = std::time::Duration::from_millis(200);
-/// The longest pause between two reads of a watcher that polls.
-const WATCH_POLL_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 /// Largest cancellation reason, in bytes.
 const MAX_REASON_BYTES: usize = 1024;
 /// Most unresolved effects one `ListUnresolvedEffects` page returns.
 const MAX_EFFECTS_PAGE: u32 = 500;
 
-/// The public API: the orchestrator as its callers reach it, each call authenticated
-/// when `auth` is on. Build it with [`Orchestrator::service`].
+/// The public API: the runtime as its callers reach it, each call authenticated when
+/// `auth` is on. Serve it with [`crate::service`]; callers in the same process
+/// (`agentloop bench`) call its methods directly.
 #[derive(Debug, Clone)]
 pub struct Api {
-    orchestrator: Orchestrator,
+    runtime: Runtime,
     auth: Option<Authenticator>,
 }
 
 impl Api {
-    pub(crate) fn new(orchestrator: Orchestrator, auth: Option<Authenticator>) -> Api {
-        Api { orchestrator, auth }
+    /// The API of `runtime`, each call authenticated by `auth` (`None`: nobody is, and
+    /// every caller sees every tenant).
+    pub fn new(runtime: Runtime, auth: Option<Authenticator>) -> Api {
+        Api { runtime, auth }
     }
 }
 
@@ -105,7 +93,7 @@ impl Api {
         caller: &Caller,
         invocation_id: &str,
     ) -> Result<InvocationRecord, OrchestratorError> {
-        let record = self.orchestrator.record(invocation_id).await?;
+        let record = self.record(invocation_id).await?;
         if !caller.sees(&record) {
             return Err(StoreError::NotFound(record.invocation_id).into());
         }
@@ -124,10 +112,11 @@ impl Api {
         if let (Caller::Verified(identity), Some(auth)) = (caller, &self.auth)
             && !identity.has_role(role(auth))
         {
-            return Err(OrchestratorError::PermissionDenied(format!(
+            return Err(RuntimeError::PermissionDenied(format!(
                 "{doing} needs the {:?} role",
                 role(auth)
-            )));
+            ))
+            .into());
         }
         Ok(())
     }
@@ -163,9 +152,10 @@ fn principal(
             identity.roles.clone()
         }
         Caller::Verified(_) => {
-            return Err(OrchestratorError::PermissionDenied(
+            return Err(RuntimeError::PermissionDenied(
                 "roles name other roles than the caller's token grants".into(),
-            ));
+            )
+            .into());
         }
         Caller::Anyone if request.roles.len() > MAX_ROLES => {
             return Err(invalid(format!("at most {MAX_ROLES} roles may be named")));
@@ -234,7 +224,7 @@ fn named(
 ) -> Result<String, OrchestratorError> {
     match verified {
         Some(verified) if value.is_empty() || value == verified => Ok(verified.to_owned()),
-        Some(_) => Err(OrchestratorError::PermissionDenied(other.to_owned())),
+        Some(_) => Err(RuntimeError::PermissionDenied(other.to_owned()).into()),
         None if value.is_empty() || agentloop_auth::is_valid_identity(value) => {
             Ok(value.to_owned())
         }
@@ -247,7 +237,7 @@ fn named(
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchInvocationResponse, Status>> + Send>>;
 
 fn invalid(message: impl Into<String>) -> OrchestratorError {
-    OrchestratorError::InvalidArgument(message.into())
+    RuntimeError::InvalidArgument(message.into()).into()
 }
 
 fn parse_id(text: &str) -> Result<Uuid, OrchestratorError> {
@@ -268,31 +258,18 @@ fn bounded(field: &str, text: &str, limit: usize) -> Result<(), OrchestratorErro
 }
 
 fn millis(duration: &prost_types::Duration, field: &str) -> Result<u64, OrchestratorError> {
-    if duration.seconds < 0 || duration.nanos < 0 || duration.nanos >= 1_000_000_000 {
-        return Err(invalid(format!("{field} must be a non-negative duration")));
-    }
-    let seconds =
-        u64::try_from(duration.seconds).map_err(|_| invalid(format!("{field} is out of range")))?;
-    let nanos =
-        u64::try_from(duration.nanos).map_err(|_| invalid(format!("{field} is out of range")))?;
-    Ok(seconds
-        .saturating_mul(1000)
-        .saturating_add(nanos / 1_000_000))
+    wire::millis(duration)
+        .ok_or_else(|| invalid(format!("{field} must be a non-negative duration")))
 }
 
-impl Orchestrator {
+impl Api {
     /// Starts `request`, whose actor and tenant the API has settled.
     async fn start(
         &self,
         request: pb::StartInvocationRequest,
     ) -> Result<pb::StartInvocationResponse, OrchestratorError> {
-        let shared = &self.shared;
-        if shared.drain.is_cancelled() {
-            return Err(OrchestratorError::Unavailable(
-                "the orchestrator is shutting down".into(),
-            ));
-        }
-        let bounds = shared.config.bounds;
+        let config = self.runtime.config();
+        let bounds = config.bounds;
         if request.goal.trim().is_empty() {
             return Err(invalid("goal is required"));
         }
@@ -324,158 +301,34 @@ impl Orchestrator {
                 .map_err(|e| invalid(format!("scripted_model_json: {e}")))?;
             Some(request.scripted_model_json.clone())
         };
-
-        let now = shared.clock.now();
-        let mut limits = shared.config.limits.limits(now);
-        if let Some(overrides) = &request.budget_overrides {
-            if let Some(max_steps) = overrides.max_steps {
-                if max_steps == 0 || max_steps > bounds.max_steps_cap {
-                    return Err(invalid(format!(
-                        "max_steps must be within 1..={}",
-                        bounds.max_steps_cap
-                    )));
-                }
-                limits.max_steps = max_steps;
-            }
-            if let Some(max_tool_calls) = overrides.max_tool_calls {
-                if max_tool_calls > bounds.max_tool_calls_cap {
-                    return Err(invalid(format!(
-                        "max_tool_calls must be at most {}",
-                        bounds.max_tool_calls_cap
-                    )));
-                }
-                limits.max_tool_calls = max_tool_calls;
-            }
-            if let Some(max_tokens) = overrides.max_tokens {
-                limits.max_tokens = Some(max_tokens);
-            }
-            if let Some(max_cost) = overrides.max_cost_micro_usd {
-                limits.max_cost = Some(MicroUsd(max_cost));
-            }
-            if let Some(repeats) = overrides.max_repeated_plan {
-                limits.max_repeated_plan = std::num::NonZeroU32::new(repeats);
-            }
-            if let Some(deadline) = &overrides.deadline {
-                let ms = millis(deadline, "deadline")?;
-                if ms == 0 || ms > bounds.max_deadline_ms {
-                    return Err(invalid(format!(
-                        "deadline must be within 1 ms..={} ms",
-                        bounds.max_deadline_ms
-                    )));
-                }
-                limits.deadline = Some(now.saturating_add(ms));
-            }
-            if let Some(max_wait) = &overrides.max_wait {
-                let ms = millis(max_wait, "max_wait")?;
-                if ms == 0 || ms > bounds.max_wait_cap_ms {
-                    return Err(invalid(format!(
-                        "max_wait must be within 1 ms..={} ms",
-                        bounds.max_wait_cap_ms
-                    )));
-                }
-                limits.max_wait_ms = ms;
-            }
-        }
-
-        let descriptors = shared.descriptors().await?;
-        for name in &request.allowed_tools {
-            if !descriptors.iter().any(|d| &d.name == name) {
-                return Err(invalid(format!(
-                    "allowed_tools names unknown tool {name:?}"
-                )));
-            }
-        }
-        let tools = descriptors
-            .iter()
-            .filter(|d| request.allowed_tools.is_empty() || request.allowed_tools.contains(&d.name))
-            .map(|d| {
-                let timeout_ms = d
-                    .timeout
-                    .as_ref()
-                    .and_then(|t| millis(t, "timeout").ok())
-                    .filter(|ms| *ms > 0)
-                    .unwrap_or(shared.config.limits.tool_timeout_ms);
-                let spec = ToolSpec {
-                    side_effect: wire::side_effect(d.side_effect()),
-                    commutative: d.commutative,
-                    timeout_ms: Some(timeout_ms),
-                    // A gateway that does not version its tools sends none.
-                    digest: d.digest.parse().ok(),
-                };
-                (d.name.clone(), spec)
-            })
-            .collect::<ToolCatalog>();
-
-        // Taken before anything is stored and held until the runner starts (or the start
-        // gives up), so concurrent starts cannot pass the bounds together.
-        let Some(mut slot) = shared.slot() else {
-            return Err(shared.full());
-        };
-        slot.ticket = Some(
-            shared
-                .tenants
-                .admit(&request.tenant)
-                .map_err(|refusal| OrchestratorError::ResourceExhausted(refusal.to_string()))?,
-        );
-        let invocation_id = Uuid::now_v7();
-        // Under the caller's span (this handler runs in its context), and stored with
-        // the spec, so that a resumed run continues the same trace.
-        let span =
-            shared
-                .instruments
-                .invoke_agent(invocation_id, &profile, &request.tenant, None, None);
-        let spec = InvocationSpec {
-            goal: request.goal.clone(),
-            profile,
-            actor: request.actor.clone(),
-            tenant: request.tenant.clone(),
-            roles: Some(Box::new(request.roles.clone())).filter(|roles| !roles.is_empty()),
-            limits,
-            tools: Arc::new(tools),
-            script,
-            trace: agentloop_telemetry::traceparent(&span.span_context()).map(Box::new),
-        };
-        let spec_json = serde_json::to_string(&spec)
-            .map_err(|e| invalid(format!("cannot encode the invocation: {e}")))?;
+        let limits = limits(&request, config, self.runtime.now())?;
         let digest = hex::encode(Sha256::digest(request.encode_to_vec()));
-        let new = NewInvocation {
-            invocation_id,
-            tenant: request.tenant.clone(),
-            idempotency_key: Some(request.idempotency_key.clone()).filter(|key| !key.is_empty()),
-            request_digest: digest,
-            spec: spec_json,
-            created_at: now,
-        };
-        let (record, created) = match shared.store.create(new).await? {
-            Created::New(record) => {
-                shared.instruments.started();
-                if let Err(error) = self.start_new(&record, spec, slot, span).await {
-                    // Stored and running: the sweep starts it once the lease backend
-                    // answers again. The caller gets the invocation, not an error, so a
-                    // retry does not look like a different request.
-                    tracing::warn!(invocation = %record.invocation_id, %error, "stored, not started yet");
-                }
-                (record, true)
-            }
-            Created::Existing(record) => {
-                // The key's invocation runs (or ran) under the first start's span.
-                span.set(|| vec![agentloop_telemetry::KeyValue::new(REPLAYED, true)]);
-                (record, false)
-            }
-        };
+        let started = self
+            .runtime
+            .start(Start {
+                goal: request.goal,
+                profile,
+                actor: request.actor,
+                tenant: request.tenant,
+                roles: request.roles,
+                limits,
+                allowed_tools: request.allowed_tools,
+                script,
+                idempotency_key: Some(request.idempotency_key).filter(|key| !key.is_empty()),
+                request_digest: digest,
+            })
+            .await?;
         Ok(pb::StartInvocationResponse {
-            invocation: Some(self.invocation(&record).await?),
-            created,
+            invocation: Some(self.invocation(&started.record).await?),
+            created: started.created,
         })
     }
 
     async fn record(&self, invocation_id: &str) -> Result<InvocationRecord, OrchestratorError> {
         let id = parse_id(invocation_id)?;
-        Ok(self.shared.store.get(id).await?)
+        Ok(self.runtime.store().get(id).await?)
     }
-}
 
-impl Orchestrator {
     /// The wire form of a stored invocation, with live progress if it runs here, and,
     /// while it waits for an approval, the exact calls that would run (read from the
     /// turn committed with its waiting end).
@@ -483,15 +336,13 @@ impl Orchestrator {
         &self,
         record: &InvocationRecord,
     ) -> Result<pb::Invocation, OrchestratorError> {
-        let id = record.invocation_id;
-        let spec: InvocationSpec = serde_json::from_str(&record.spec)
-            .map_err(|e| StoreError::Corrupt(format!("invocation {id}: spec: {e}")))?;
+        let spec = InvocationSpec::of(record)?;
         let mut wire = invocation(record, &spec);
         if record.state == InvocationState::Running
-            && let Some(progress) = self.shared.progress(id)
+            && let Some((turn, in_flight)) = self.runtime.progress(record.invocation_id)
         {
-            wire.current_turn = progress.turn.load(Relaxed);
-            wire.calls_in_flight = progress.in_flight.load(Relaxed);
+            wire.current_turn = turn;
+            wire.calls_in_flight = in_flight;
         }
         if let Some(pending) = &mut wire.pending_approval {
             pending.calls = self.pending_calls(record, &spec).await?;
@@ -508,7 +359,7 @@ impl Orchestrator {
     ) -> Result<Vec<pb::ToolCall>, OrchestratorError> {
         let id = record.invocation_id;
         let from = record.version.saturating_sub(1);
-        let stored = self.shared.store.events(id, from, 1).await?;
+        let stored = self.runtime.store().events(id, from, 1).await?;
         let Some(EventBody::Turn(turn)) = stored.first().map(|stored| &stored.event.body) else {
             return Err(StoreError::Corrupt(format!(
                 "invocation {id}: no turn before its waiting end"
@@ -532,6 +383,67 @@ impl Orchestrator {
             })
             .collect()
     }
+}
+
+/// The budgets `request` runs under: the configured ones, with the overrides it asks
+/// for within the bounds; its deadline placed in time from `now`.
+fn limits(
+    request: &pb::StartInvocationRequest,
+    config: &agentloop_runtime::RuntimeConfig,
+    now: agentloop_engine::UnixMillis,
+) -> Result<agentloop_engine::Limits, OrchestratorError> {
+    let mut limits = config.limits.limits(now);
+    let bounds = config.bounds;
+    if let Some(overrides) = &request.budget_overrides {
+        if let Some(max_steps) = overrides.max_steps {
+            if max_steps == 0 || max_steps > bounds.max_steps_cap {
+                return Err(invalid(format!(
+                    "max_steps must be within 1..={}",
+                    bounds.max_steps_cap
+                )));
+            }
+            limits.max_steps = max_steps;
+        }
+        if let Some(max_tool_calls) = overrides.max_tool_calls {
+            if max_tool_calls > bounds.max_tool_calls_cap {
+                return Err(invalid(format!(
+                    "max_tool_calls must be at most {}",
+                    bounds.max_tool_calls_cap
+                )));
+            }
+            limits.max_tool_calls = max_tool_calls;
+        }
+        if let Some(max_tokens) = overrides.max_tokens {
+            limits.max_tokens = Some(max_tokens);
+        }
+        if let Some(max_cost) = overrides.max_cost_micro_usd {
+            limits.max_cost = Some(MicroUsd(max_cost));
+        }
+        if let Some(repeats) = overrides.max_repeated_plan {
+            limits.max_repeated_plan = std::num::NonZeroU32::new(repeats);
+        }
+        if let Some(deadline) = &overrides.deadline {
+            let ms = millis(deadline, "deadline")?;
+            if ms == 0 || ms > bounds.max_deadline_ms {
+                return Err(invalid(format!(
+                    "deadline must be within 1 ms..={} ms",
+                    bounds.max_deadline_ms
+                )));
+            }
+            limits.deadline = Some(now.saturating_add(ms));
+        }
+        if let Some(max_wait) = &overrides.max_wait {
+            let ms = millis(max_wait, "max_wait")?;
+            if ms == 0 || ms > bounds.max_wait_cap_ms {
+                return Err(invalid(format!(
+                    "max_wait must be within 1 ms..={} ms",
+                    bounds.max_wait_cap_ms
+                )));
+            }
+            limits.max_wait_ms = ms;
+        }
+    }
+    Ok(limits)
 }
 
 /// A stored invocation -> its wire form (durable state only, and no pending calls).
@@ -596,7 +508,7 @@ impl OrchestratorService for Api {
         // The request as the caller's identity makes it, so that naming one's own tenant
         // or leaving it out is the same request for its idempotency key.
         (request.actor, request.tenant, request.roles) = principal(&caller, &request)?;
-        let started = self.orchestrator.start(request).await?;
+        let started = self.start(request).await?;
         Ok(Response::new(started))
     }
 
@@ -609,7 +521,7 @@ impl OrchestratorService for Api {
             .owned(&caller, &request.into_inner().invocation_id)
             .await?;
         Ok(Response::new(pb::GetInvocationResponse {
-            invocation: Some(self.orchestrator.invocation(&record).await?),
+            invocation: Some(self.invocation(&record).await?),
         }))
     }
 
@@ -647,9 +559,8 @@ impl OrchestratorService for Api {
             }
         };
         let records = self
-            .orchestrator
-            .shared
-            .store
+            .runtime
+            .store()
             .list(ListRequest {
                 limit,
                 before,
@@ -664,7 +575,7 @@ impl OrchestratorService for Api {
         };
         let mut invocations = Vec::with_capacity(records.len());
         for record in &records {
-            invocations.push(self.orchestrator.invocation(record).await?);
+            invocations.push(self.invocation(record).await?);
         }
         Ok(Response::new(pb::ListInvocationsResponse {
             invocations,
@@ -690,20 +601,23 @@ impl OrchestratorService for Api {
         if from_seq > record.version + 1 {
             // Nobody saw that event (only committed ones are shown), and a stream that
             // waited for it would not notice an end before it.
-            return Err(OrchestratorError::OutOfRange(format!(
+            return Err(OrchestratorError(RuntimeError::OutOfRange(format!(
                 "from_seq {from_seq} is beyond the next event, {}",
                 record.version + 1
-            ))
+            )))
             .into());
         }
-        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
-        let shared = self.orchestrator.shared.clone();
-        // Ends by itself: after the `Ended` event, when the watcher goes away, or when the
-        // invocation parks on shutdown. Tracked, so shutdown waits for it.
-        shared
-            .tracker
-            .spawn(watch(shared.clone(), record.invocation_id, from_seq, tx));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        // Ends by itself: after the final event, when the watcher goes away, or when
+        // the invocation parks on shutdown.
+        let id = record.invocation_id.to_string();
+        let events = ReceiverStream::new(self.runtime.watch(record.invocation_id, from_seq));
+        Ok(Response::new(Box::pin(events.map(move |watched| {
+            watched
+                .map(|stored| pb::WatchInvocationResponse {
+                    event: Some(wire::event(&id, stored.committed_at, &stored.event)),
+                })
+                .map_err(|error| Status::from(OrchestratorError(error)))
+        }))))
     }
 
     async fn cancel_invocation(
@@ -714,38 +628,13 @@ impl OrchestratorService for Api {
         let request = request.into_inner();
         bounded("reason", &request.reason, MAX_REASON_BYTES)?;
         let id = self.owned_id(&caller, &request.invocation_id).await?;
-        let shared = &self.orchestrator.shared;
-        // First durable, then announced: whichever worker runs the invocation next (its
-        // current holder after taking the lease again, or any worker after a crash) finds
-        // the request and ends it `cancelled`. Cancelling an ended invocation changes
-        // nothing and is not an error.
-        let now = shared.clock.now();
-        let mut record = shared
-            .store
-            .request_cancel(id, now, &request.reason)
+        let record = self
+            .runtime
+            .cancel(id, &request.reason)
             .await
-            .map_err(OrchestratorError::from)?;
-        // Waiting, nothing runs: the wait ends now. Should a reply come first, the
-        // invocation runs again, and it is cancelled as a running one is.
-        if record.state == InvocationState::Waiting {
-            let reason = WaitEnd::Cancelled(record.cancel_reason.clone());
-            self.orchestrator.end_wait(&record, reason).await?;
-            record = shared
-                .store
-                .get(id)
-                .await
-                .map_err(OrchestratorError::from)?;
-        }
-        if record.state == InvocationState::Running {
-            tracing::info!(invocation = %id, reason = %request.reason, "cancel requested");
-            if let Err(error) = shared.workers.leases.revoke(&id.to_string()).await {
-                // Recorded all the same: the holder stops when its lease lapses, and the
-                // next worker ends the invocation `cancelled`.
-                tracing::warn!(invocation = %id, %error, "cancel recorded; revocation failed");
-            }
-        }
+            .map_err(OrchestratorError)?;
         Ok(Response::new(pb::CancelInvocationResponse {
-            invocation: Some(self.orchestrator.invocation(&record).await?),
+            invocation: Some(self.invocation(&record).await?),
         }))
     }
 
@@ -773,7 +662,7 @@ impl OrchestratorService for Api {
         if actor.is_empty() {
             return Err(invalid("actor is required").into());
         }
-        let bounds = self.orchestrator.shared.config.bounds;
+        let bounds = self.runtime.config().bounds;
         bounded("comment", &request.comment, bounds.max_reply_bytes)?;
         let proposal = match request.proposal_digest.as_str() {
             "" => return Err(invalid("proposal_digest is required").into()),
@@ -787,9 +676,13 @@ impl OrchestratorService for Api {
             actor,
             comment: request.comment,
         };
-        let record = self.orchestrator.reply(&record, reply).await?;
+        let record = self
+            .runtime
+            .reply(&record, reply)
+            .await
+            .map_err(OrchestratorError)?;
         Ok(Response::new(pb::ResolveApprovalResponse {
-            invocation: Some(self.orchestrator.invocation(&record).await?),
+            invocation: Some(self.invocation(&record).await?),
         }))
     }
 
@@ -803,16 +696,20 @@ impl OrchestratorService for Api {
         if request.answer.trim().is_empty() {
             return Err(invalid("answer is required").into());
         }
-        let bounds = self.orchestrator.shared.config.bounds;
+        let bounds = self.runtime.config().bounds;
         bounded("answer", &request.answer, bounds.max_reply_bytes)?;
         let actor = acting_actor(&caller, &request.actor)?;
         let reply = Reply::Answer {
             answer: request.answer,
             actor,
         };
-        let record = self.orchestrator.reply(&record, reply).await?;
+        let record = self
+            .runtime
+            .reply(&record, reply)
+            .await
+            .map_err(OrchestratorError)?;
         Ok(Response::new(pb::AnswerClarificationResponse {
-            invocation: Some(self.orchestrator.invocation(&record).await?),
+            invocation: Some(self.invocation(&record).await?),
         }))
     }
 
@@ -832,18 +729,18 @@ impl OrchestratorService for Api {
             (Caller::Verified(_), id) => self.owned(&caller, id).await?.invocation_id.to_string(),
         };
         let listed = self
-            .orchestrator
-            .shared
-            .ports
+            .runtime
+            .ports()
             .ledger
-            .list_unresolved(pb::ListUnresolvedRequest {
-                invocation_id,
-                page_size: request.page_size.min(MAX_EFFECTS_PAGE),
-                page_token: request.page_token,
-            })
-            .await?;
+            .list_unresolved(
+                &invocation_id,
+                request.page_size.min(MAX_EFFECTS_PAGE),
+                &request.page_token,
+            )
+            .await
+            .map_err(|failure| ledger_status(&failure))?;
         Ok(Response::new(pb::ListUnresolvedEffectsResponse {
-            entries: listed.entries,
+            entries: listed.entries.iter().map(calls::entry).collect(),
             next_page_token: listed.next_page_token,
         }))
     }
@@ -856,8 +753,9 @@ impl OrchestratorService for Api {
         let request = request.into_inner();
         let record = self.owned(&caller, &request.invocation_id).await?;
         self.require_role(&caller, Authenticator::operator_role, "settling an effect")?;
-        let state = match request.state() {
-            state @ (pb::EffectState::Committed | pb::EffectState::Rejected) => state,
+        let outcome = match request.state() {
+            pb::EffectState::Committed => Outcome::Committed,
+            pb::EffectState::Rejected => Outcome::Rejected,
             pb::EffectState::Unspecified
             | pb::EffectState::Prepared
             | pb::EffectState::Dispatched
@@ -876,181 +774,71 @@ impl OrchestratorService for Api {
         if request.detail.trim().is_empty() {
             return Err(invalid("detail is required: say how the effect was checked").into());
         }
-        let bounds = self.orchestrator.shared.config.bounds;
+        let bounds = self.runtime.config().bounds;
         bounded("detail", &request.detail, bounds.max_reply_bytes)?;
         bounded("receipt", &request.receipt, bounds.max_reply_bytes)?;
         if request.effect_key.is_empty() {
             return Err(invalid("effect_key is required").into());
         }
         bounded("effect_key", &request.effect_key, bounds.max_reply_bytes)?;
-        let ledger = &self.orchestrator.shared.ports.ledger;
+        let ledger = &self.runtime.ports().ledger;
         // An effect of another invocation is as absent as one that does not exist, so
         // that a key names nothing beyond the invocation the caller may see.
         let not_found = || {
-            OrchestratorError::NotFound(format!(
+            OrchestratorError(RuntimeError::NotFound(format!(
                 "invocation {} has no effect {:?}",
                 record.invocation_id, request.effect_key
-            ))
+            )))
         };
-        let entry = match ledger
-            .get(pb::GetRequest {
-                effect_key: request.effect_key.clone(),
-            })
-            .await
-        {
-            Ok(found) => found.entry.ok_or_else(not_found)?,
-            Err(status) if status.code() == tonic::Code::NotFound => return Err(not_found().into()),
-            Err(status) => return Err(status),
+        let entry = match ledger.get(&request.effect_key).await {
+            Ok(found) => found,
+            Err(failure) if failure.kind == FailureKind::NotFound => {
+                return Err(not_found().into());
+            }
+            Err(failure) => return Err(ledger_status(&failure)),
         };
         if entry.invocation_id != record.invocation_id.to_string() {
             return Err(not_found().into());
         }
-        if entry.state() != pb::EffectState::ReconciliationRequired {
-            return Err(OrchestratorError::FailedPrecondition(format!(
-                "effect {:?} is {}: only a reconciliation_required effect is an operator's to settle",
-                entry.effect_key,
-                entry.state().as_str_name()
-            ))
+        if entry.state != Some(EffectState::ReconciliationRequired) {
+            let state = entry.state.map_or("unknown", EffectState::as_str);
+            return Err(OrchestratorError(RuntimeError::FailedPrecondition(format!(
+                "effect {:?} is {state}: only a reconciliation_required effect is an operator's to settle",
+                entry.effect_key
+            )))
             .into());
         }
         // Guarded by the state just read: of two operators settling at once, one wins and
         // the other gets FAILED_PRECONDITION from the ledger.
-        let recorded = ledger
-            .record(pb::RecordRequest {
-                effect_key: entry.effect_key,
-                expected_state: pb::EffectState::ReconciliationRequired.into(),
-                state: state.into(),
-                receipt: request.receipt,
-                detail: format!("settled by {actor}: {}", request.detail),
-            })
-            .await?;
+        let recorded = Recorded {
+            outcome,
+            receipt: request.receipt,
+            detail: format!("settled by {actor}: {}", request.detail),
+        };
+        let settled = ledger
+            .record(
+                &entry.effect_key,
+                EffectState::ReconciliationRequired,
+                &recorded,
+            )
+            .await
+            .map_err(|failure| ledger_status(&failure))?;
         tracing::info!(
             invocation = %record.invocation_id,
             effect_key = %request.effect_key,
-            state = state.as_str_name(),
+            state = outcome.state().as_str(),
             %actor,
             "effect settled by an operator"
         );
         Ok(Response::new(pb::SettleEffectResponse {
-            entry: recorded.entry,
+            entry: Some(calls::entry(&settled)),
         }))
     }
 }
 
-type WatchSender = mpsc::Sender<Result<pb::WatchInvocationResponse, Status>>;
-
-/// Where a catch-up from the store left the watcher.
-enum Caught {
-    /// Everything committed so far was sent.
-    Up,
-    /// The final `Ended` event was sent (or the watcher left): the stream is over.
-    Over,
-}
-
-/// Streams committed events from `next` on until the final `Ended` event, the watcher
-/// leaving or a drain. While this process runs the invocation: subscribe first (so
-/// nothing committed meanwhile is missed), replay the store, then follow live events.
-/// While another worker runs it, none does yet, or it waits for a human: read the store
-/// every [`WATCH_POLL`], less often while nothing comes.
-async fn watch(shared: Arc<Shared>, id: Uuid, mut next: u64, tx: WatchSender) {
-    let mut pause = WATCH_POLL;
-    loop {
-        let live = shared.hub.subscribe(id);
-        // Only the store has what was committed before the subscription (for a watcher of
-        // an invocation that just started here: nothing, so no read).
-        let stored = live.as_ref().is_none_or(|live| next <= live.published);
-        let before = next;
-        if stored && let Caught::Over = catch_up(&shared, id, &mut next, &tx).await {
-            return;
-        }
-        if next != before {
-            pause = WATCH_POLL;
-        }
-        let caught = match live {
-            Some(live) => {
-                pause = WATCH_POLL;
-                follow(&shared, id, &mut next, &tx, live.events).await
-            }
-            None => tokio::select! {
-                () = shared.drain.cancelled() => Caught::Over,
-                () = tx.closed() => Caught::Over,
-                () = tokio::time::sleep(pause) => {
-                    pause = (pause * 2).min(WATCH_POLL_MAX);
-                    Caught::Up
-                }
-            },
-        };
-        if let Caught::Over = caught {
-            return;
-        }
-    }
-}
-
-/// Follows the live channel of an invocation this process runs, until it ends or the
-/// channel closes (the runner stopped here: `Up`, and the caller looks again).
-async fn follow(
-    shared: &Shared,
-    id: Uuid,
-    next: &mut u64,
-    tx: &WatchSender,
-    mut live: broadcast::Receiver<Arc<pb::Event>>,
-) -> Caught {
-    loop {
-        let caught = match live.recv().await {
-            Ok(event) if event.seq < *next => Caught::Up,
-            Ok(event) if event.seq == *next => {
-                *next += 1;
-                let over = matches!(
-                    &event.body,
-                    Some(pb::event::Body::Ended(end)) if end.wait_until.is_none()
-                );
-                let response = pb::WatchInvocationResponse {
-                    event: Some(event.as_ref().clone()),
-                };
-                if tx.send(Ok(response)).await.is_err() || over {
-                    Caught::Over
-                } else {
-                    Caught::Up
-                }
-            }
-            // A gap (this watcher lagged): the store has what it missed.
-            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                catch_up(shared, id, next, tx).await
-            }
-            Err(broadcast::error::RecvError::Closed) => return Caught::Up,
-        };
-        if let Caught::Over = caught {
-            return Caught::Over;
-        }
-    }
-}
-
-async fn catch_up(shared: &Shared, id: Uuid, next: &mut u64, tx: &WatchSender) -> Caught {
-    let id_text = id.to_string();
-    loop {
-        let page = match shared.store.events(id, *next, WATCH_PAGE).await {
-            Ok(page) => page,
-            Err(error) => {
-                let _ = tx
-                    .send(Err(Status::from(OrchestratorError::from(error))))
-                    .await;
-                return Caught::Over;
-            }
-        };
-        let full = page.len() == WATCH_PAGE as usize;
-        for stored in page {
-            *next = stored.event.seq + 1;
-            let over = matches!(&stored.event.body, EventBody::Ended(end) if !end.waits());
-            let event = wire::event(&id_text, stored.committed_at, &stored.event);
-            let response = pb::WatchInvocationResponse { event: Some(event) };
-            if tx.send(Ok(response)).await.is_err() || over {
-                return Caught::Over;
-            }
-        }
-        if !full {
-            return Caught::Up;
-        }
-    }
+/// The ledger's refusal, passed on to the caller as it gave it.
+fn ledger_status(failure: &agentloop_runtime::ports::Failure) -> Status {
+    Status::new(calls::code(failure.kind), failure.message.clone())
 }
 
 #[cfg(test)]
@@ -1069,10 +857,10 @@ mod tests {
     #[test]
     fn ids_are_checked() {
         assert!(
-            matches!(parse_id(""), Err(OrchestratorError::InvalidArgument(m)) if m.contains("required"))
+            matches!(parse_id(""), Err(OrchestratorError(RuntimeError::InvalidArgument(m))) if m.contains("required"))
         );
         assert!(
-            matches!(parse_id("nope"), Err(OrchestratorError::InvalidArgument(m)) if m.contains("not a UUID"))
+            matches!(parse_id("nope"), Err(OrchestratorError(RuntimeError::InvalidArgument(m))) if m.contains("not a UUID"))
         );
         assert!(parse_id(&Uuid::now_v7().to_string()).is_ok());
     }

@@ -49,6 +49,15 @@ pub fn side_effect(side_effect: pb::SideEffect) -> SideEffect {
     }
 }
 
+/// Engine side effect -> wire.
+pub fn side_effect_of(side_effect: SideEffect) -> pb::SideEffect {
+    match side_effect {
+        SideEffect::ReadOnly => pb::SideEffect::ReadOnly,
+        SideEffect::IdempotentWrite => pb::SideEffect::IdempotentWrite,
+        SideEffect::Write => pb::SideEffect::Write,
+    }
+}
+
 /// A validated engine call -> wire call.
 pub fn tool_call(call: &ToolCall) -> pb::ToolCall {
     pb::ToolCall {
@@ -107,9 +116,10 @@ pub fn decision(decision: &ProposedDecision) -> Option<pb::Decision> {
     Some(pb::Decision { kind: Some(kind) })
 }
 
-/// A decision service's answer -> the engine's input. A response with no decision kind
-/// is the model breaking the protocol, which the engine turns into `invalid_decision`.
-pub fn decided(response: pb::DecideResponse) -> agentloop_engine::Input {
+/// A decision service's answer -> the engine's proposal and usage. A response with no
+/// decision kind is the model breaking the protocol, which the engine turns into
+/// `invalid_decision`.
+pub fn decided(response: pb::DecideResponse) -> (ProposedDecision, Usage) {
     use pb::decide_response::Outcome;
     use pb::decision::Kind;
     let usage = response.usage.map(usage_from).unwrap_or_default();
@@ -145,7 +155,7 @@ pub fn decided(response: pb::DecideResponse) -> agentloop_engine::Input {
             text: "an empty response".into(),
         },
     };
-    agentloop_engine::Input::Decided { decision, usage }
+    (decision, usage)
 }
 
 fn usage_from(usage: pb::Usage) -> Usage {
@@ -314,8 +324,8 @@ fn next_action_from(action: pb::NextAction) -> NextAction {
 }
 
 /// A wire tool result -> the engine's outcome. A result with no outcome is a broken
-/// executor: for a write that means nobody knows what happened.
-pub fn call_outcome(result: pb::ToolResult, writes: bool) -> CallOutcome {
+/// executor, and nobody knows what happened.
+pub fn call_outcome(result: pb::ToolResult) -> CallOutcome {
     use pb::tool_result::Outcome;
     match result.outcome {
         Some(Outcome::Output(output)) => CallOutcome::Output {
@@ -332,27 +342,14 @@ pub fn call_outcome(result: pb::ToolResult, writes: bool) -> CallOutcome {
         Some(Outcome::Unknown(unknown)) => CallOutcome::Unknown {
             detail: unknown.detail,
         },
-        None => unanswered(writes, "the tool result carried no outcome".into()),
+        None => CallOutcome::Unknown {
+            detail: "the tool result carried no outcome".into(),
+        },
     }
 }
 
-/// The outcome of a call whose answer never arrived (the gateway failed, the transport
-/// broke). A write may have been applied, so its outcome is unknown; a read is a
-/// retryable unavailability.
-pub fn unanswered(writes: bool, detail: String) -> CallOutcome {
-    if writes {
-        CallOutcome::Unknown { detail }
-    } else {
-        CallOutcome::Error(ToolError {
-            error_type: ErrorType::Unavailable,
-            message: detail,
-            retryable: true,
-            next_allowed_action: NextAction::Retry,
-        })
-    }
-}
-
-fn tool_result(call_id: &str, outcome: &CallOutcome) -> pb::ToolResult {
+/// An engine outcome -> the wire's result of call `call_id`.
+pub fn tool_result(call_id: &str, outcome: &CallOutcome) -> pb::ToolResult {
     use pb::tool_result::Outcome;
     let outcome = match outcome {
         CallOutcome::Output { output_json } => Outcome::Output(pb::ToolOutput {
@@ -435,6 +432,20 @@ pub fn ended(end: &EndRecord) -> pb::InvocationEnded {
         wait_until: end.wait.map(|wait| timestamp(wait.until)),
         accepted_by: checks(&end.accepted_by),
     }
+}
+
+/// A protobuf duration -> milliseconds (saturating); `None` when it is negative or not
+/// normalized.
+pub fn millis(duration: &prost_types::Duration) -> Option<u64> {
+    let seconds = u64::try_from(duration.seconds).ok()?;
+    let nanos = u64::try_from(duration.nanos)
+        .ok()
+        .filter(|nanos| *nanos < 1_000_000_000)?;
+    Some(
+        seconds
+            .saturating_mul(1000)
+            .saturating_add(nanos / 1_000_000),
+    )
 }
 
 /// Milliseconds -> a protobuf duration.
@@ -544,27 +555,17 @@ mod tests {
         ];
         for outcome in outcomes {
             let wire = tool_result("c", &outcome);
-            assert_eq!(call_outcome(wire, true), outcome);
+            assert_eq!(call_outcome(wire), outcome);
         }
     }
 
     #[test]
-    fn a_missing_outcome_is_unknown_for_writes_and_retryable_for_reads() {
+    fn a_missing_outcome_is_unknown() {
         let empty = pb::ToolResult {
             call_id: "c".into(),
             outcome: None,
         };
-        assert!(matches!(
-            call_outcome(empty.clone(), true),
-            CallOutcome::Unknown { .. }
-        ));
-        assert!(matches!(
-            call_outcome(empty, false),
-            CallOutcome::Error(ToolError {
-                retryable: true,
-                ..
-            })
-        ));
+        assert!(matches!(call_outcome(empty), CallOutcome::Unknown { .. }));
     }
 
     #[test]
@@ -600,9 +601,7 @@ mod tests {
                 }),
                 ..Default::default()
             };
-            let agentloop_engine::Input::Decided { decision, usage } = decided(response) else {
-                panic!("expected a decision");
-            };
+            let (decision, usage) = decided(response);
             assert_eq!(decision, proposal);
             assert_eq!(usage.total(), 7);
             assert_eq!(usage.cost, Some(MicroUsd(9)));
@@ -616,12 +615,12 @@ mod tests {
         };
         assert_eq!(
             decided(invalid),
-            agentloop_engine::Input::Decided {
-                decision: ProposedDecision::Unparseable {
+            (
+                ProposedDecision::Unparseable {
                     text: "call lookup pls".into()
                 },
-                usage: Usage::default(),
-            }
+                Usage::default(),
+            )
         );
     }
 

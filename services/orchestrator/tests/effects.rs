@@ -14,12 +14,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentloop_decision::DecisionServer;
+use agentloop_effects::settle;
+use agentloop_engine::{CallOutcome, Check, ErrorType, NextAction, ToolCall, ToolError};
 use agentloop_ledger::{LedgerConfig, LedgerService};
-use agentloop_orchestrator::{Api, Orchestrator, OrchestratorConfig, Ports, ToolsPort};
+use agentloop_orchestrator::{Api, OrchestratorConfig, calls};
 use agentloop_policy::{PolicyConfig, PolicyServer};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::effect_ledger_service_server::EffectLedgerService;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
+use agentloop_runtime::ports::{
+    Claim, Dispatch, Failure, FailureKind, Ports, Sent, Tool, ToolsPort,
+};
+use agentloop_runtime::{Runtime, Workers};
 use agentloop_stack::{InProcess, InProcessDecision};
 use agentloop_store::SqliteStore;
 use async_trait::async_trait;
@@ -41,19 +47,37 @@ enum Answer {
     Lost,
 }
 
+/// One send the fake gateway got.
+#[derive(Debug, Clone)]
+struct Sending {
+    call_id: String,
+    effect_key: String,
+    attempt: u32,
+}
+
+impl Sending {
+    fn of(dispatch: &Dispatch<'_>) -> Sending {
+        Sending {
+            call_id: dispatch.call.call_id.as_str().to_owned(),
+            effect_key: dispatch.effect_key.to_owned(),
+            attempt: dispatch.attempt,
+        }
+    }
+}
+
 /// The fake gateway: the demo executor's tools plus an idempotent, commutative `upsert`, answers
 /// from a script, and a log of every request it got. It takes stages when told to.
 struct FaultyTools {
     script: Mutex<Script>,
     sends_stages: bool,
-    executed: Mutex<Vec<pb::ToolGatewayServiceExecuteRequest>>,
-    stages: Mutex<Vec<pb::ExecuteStageRequest>>,
+    executed: Mutex<Vec<Sending>>,
+    stages: Mutex<Vec<Vec<Sending>>>,
     reconciled: Mutex<u32>,
 }
 
 impl FaultyTools {
     /// The scripted answer to one call: the next for its tool (the last one repeats).
-    fn answer(&self, call: &pb::ToolCall) -> Answer {
+    fn answer(&self, call: &ToolCall) -> Answer {
         let mut script = self.script.lock().unwrap();
         let answers = script
             .execute
@@ -68,35 +92,27 @@ impl FaultyTools {
         }
     }
 
-    /// The call's result, or `None` when the answer is lost.
-    fn result(&self, call: pb::ToolCall) -> Option<pb::ToolResult> {
-        use pb::tool_result::Outcome;
-        let outcome = match self.answer(&call) {
-            Answer::Output(json) => Outcome::Output(pb::ToolOutput {
+    /// The call's result, or a failure when the answer is lost.
+    fn result(&self, call: &ToolCall) -> Result<Sent, Failure> {
+        let outcome = match self.answer(call) {
+            Answer::Output(json) => CallOutcome::Output {
                 output_json: json.into(),
-                receipt: "r-1".into(),
-            }),
-            Answer::RetryableError => Outcome::Error(pb::ToolError {
-                error_type: pb::ErrorType::Unavailable.into(),
+            },
+            Answer::RetryableError => CallOutcome::Error(ToolError {
+                error_type: ErrorType::Unavailable,
                 message: "busy".into(),
                 retryable: true,
-                next_allowed_action: pb::NextAction::Retry.into(),
+                next_allowed_action: NextAction::Retry,
             }),
-            Answer::Lost => return None,
+            Answer::Lost => return Err(Failure::new(FailureKind::Unavailable, "connection reset")),
         };
-        Some(pb::ToolResult {
-            call_id: call.call_id,
-            outcome: Some(outcome),
+        Ok(Sent {
+            outcome,
+            receipt: "r-1".into(),
         })
     }
-}
 
-#[async_trait]
-impl ToolsPort for FaultyTools {
-    async fn list_tools(
-        &self,
-        _request: pb::ListToolsRequest,
-    ) -> Result<pb::ListToolsResponse, Status> {
+    fn tools() -> Vec<pb::ToolDescriptor> {
         let mut tools = agentloop_demo_executor::descriptors();
         let mut upsert = tools
             .iter()
@@ -108,71 +124,61 @@ impl ToolsPort for FaultyTools {
         // So that two upserts of a turn make one stage, as two lookups do.
         upsert.commutative = true;
         tools.push(upsert);
-        Ok(pb::ListToolsResponse {
-            tools,
-            ..Default::default()
-        })
+        tools
+    }
+}
+
+#[async_trait]
+impl ToolsPort for FaultyTools {
+    async fn list(&self) -> Result<Vec<Tool>, Failure> {
+        Ok(FaultyTools::tools().into_iter().map(calls::tool).collect())
     }
 
-    async fn execute(
-        &self,
-        request: pb::ToolGatewayServiceExecuteRequest,
-    ) -> Result<pb::ToolGatewayServiceExecuteResponse, Status> {
-        let call = request.call.clone().unwrap();
-        self.executed.lock().unwrap().push(request);
-        match self.result(call) {
-            Some(result) => Ok(pb::ToolGatewayServiceExecuteResponse {
-                result: Some(result),
-            }),
-            None => Err(Status::unavailable("connection reset")),
-        }
+    async fn execute(&self, dispatch: Dispatch<'_>) -> Result<Sent, Failure> {
+        self.executed.lock().unwrap().push(Sending::of(&dispatch));
+        self.result(dispatch.call)
     }
 
     /// A lost answer loses the whole stage's reply.
     async fn execute_stage(
         &self,
-        request: pb::ExecuteStageRequest,
-    ) -> Result<pb::ExecuteStageResponse, Status> {
+        dispatches: &[Dispatch<'_>],
+    ) -> Result<Vec<Result<Sent, Failure>>, Failure> {
         assert!(
             self.sends_stages,
             "a stage was sent to a port that takes none"
         );
-        self.stages.lock().unwrap().push(request.clone());
+        self.stages
+            .lock()
+            .unwrap()
+            .push(dispatches.iter().map(Sending::of).collect());
         let mut answers = Vec::new();
-        for call in request.calls {
-            let result = self.result(call.call.unwrap());
-            answers.push(pb::StageAnswer {
-                answer: Some(pb::stage_answer::Answer::Result(
-                    result.ok_or_else(|| Status::unavailable("connection reset"))?,
-                )),
-            });
+        for dispatch in dispatches {
+            answers.push(Ok(self.result(dispatch.call)?));
         }
-        Ok(pb::ExecuteStageResponse { answers })
+        Ok(answers)
     }
 
-    fn sends_stages(&self) -> bool {
-        self.sends_stages
+    fn max_stage(&self) -> usize {
+        if self.sends_stages { 256 } else { 1 }
     }
 
     async fn verify(
         &self,
-        _request: pb::ToolGatewayServiceVerifyRequest,
-    ) -> Result<pb::ToolGatewayServiceVerifyResponse, Status> {
-        Err(Status::unimplemented("no verifier in these tests"))
+        _name: &str,
+        _claim: &Claim,
+        _within: Option<Duration>,
+    ) -> Result<Option<Check>, Failure> {
+        Err(Failure::new(
+            FailureKind::Unimplemented,
+            "no verifier in these tests",
+        ))
     }
 
-    async fn reconcile(
-        &self,
-        _request: pb::ToolGatewayServiceReconcileRequest,
-    ) -> Result<pb::ToolGatewayServiceReconcileResponse, Status> {
+    async fn reconcile(&self, _tool: &str, _effect_key: &str) -> Result<settle::Answer, Failure> {
         *self.reconciled.lock().unwrap() += 1;
-        Ok(self
-            .script
-            .lock()
-            .unwrap()
-            .reconcile
-            .clone()
-            .unwrap_or_default())
+        let answer = self.script.lock().unwrap().reconcile.clone();
+        Ok(calls::answer(answer.unwrap_or_default()))
     }
 }
 
@@ -196,12 +202,8 @@ async fn setup_with(script: Script, sends_stages: bool) -> Setup {
         stages: Mutex::new(Vec::new()),
         reconciled: Mutex::new(0),
     });
-    let descriptors = tools
-        .list_tools(pb::ListToolsRequest::default())
-        .await
-        .unwrap()
-        .tools;
-    let policy = PolicyServer::from_descriptors(&descriptors, &PolicyConfig::default()).unwrap();
+    let policy =
+        PolicyServer::from_descriptors(&FaultyTools::tools(), &PolicyConfig::default()).unwrap();
     let ledger = LedgerService::new(
         LedgerConfig {
             data_dir: dir.path().join("ledger"),
@@ -220,8 +222,16 @@ async fn setup_with(script: Script, sends_stages: bool) -> Setup {
     let store = SqliteStore::open_in(&dir.path().join("events"))
         .await
         .unwrap();
-    let orchestrator =
-        Orchestrator::new(OrchestratorConfig::default(), Arc::new(store), ports).api(None);
+    let config = OrchestratorConfig::default();
+    let workers = Workers::in_process(&config.workers);
+    let runtime = Runtime::new(
+        config.runtime(),
+        Arc::new(store),
+        ports,
+        workers,
+        agentloop_telemetry::Telemetry::off(),
+    );
+    let orchestrator = Api::new(runtime, None);
     Setup {
         orchestrator,
         tools,
@@ -292,7 +302,7 @@ async fn run(setup: &Setup, script: String) -> (pb::Invocation, Vec<pb::ToolResu
     (invocation, results)
 }
 
-fn sends(setup: &Setup) -> Vec<pb::ToolGatewayServiceExecuteRequest> {
+fn sends(setup: &Setup) -> Vec<Sending> {
     setup.tools.executed.lock().unwrap().clone()
 }
 
@@ -360,10 +370,10 @@ const TWO_LOOKUPS: &str = r#"{"turns": [
     {"id": "b", "name": "lookup", "arguments": {"key": "policy"}}]},
   {"final": "done"}]}"#;
 
-fn call_ids(requests: &[pb::ToolGatewayServiceExecuteRequest]) -> Vec<String> {
+fn call_ids(requests: &[Sending]) -> Vec<String> {
     requests
         .iter()
-        .map(|request| request.call.as_ref().unwrap().call_id.clone())
+        .map(|request| request.call_id.clone())
         .collect()
 }
 
@@ -385,7 +395,7 @@ async fn a_stage_of_reads_goes_as_one_request_and_only_a_retryable_call_is_sent_
     assert_eq!(invocation.terminal_reason(), pb::TerminalReason::Completed);
     let stages = setup.tools.stages.lock().unwrap().clone();
     assert_eq!(stages.len(), 1, "one request for the stage");
-    assert_eq!(call_ids(&stages[0].calls), ["a", "b"]);
+    assert_eq!(call_ids(&stages[0]), ["a", "b"]);
     assert_eq!(call_ids(&sends(&setup)), ["a"], "only the busy call again");
     assert_eq!(results.len(), 2);
     for result in &results {

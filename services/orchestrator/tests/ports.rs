@@ -6,10 +6,12 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use agentloop_orchestrator::{GrpcTools, ToolsPort};
+use agentloop_engine::{CallId, ToolCall};
+use agentloop_orchestrator::grpc::GrpcTools;
 use agentloop_proto::client;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
+use agentloop_runtime::ports::{Dispatch, FailureKind, ToolsPort};
 use tonic::{Code, Request, Response, Status};
 
 /// A gateway whose `ExecuteStage` fails with the given code, each time it is asked.
@@ -91,29 +93,46 @@ async fn port_to(code: Code) -> (GrpcTools, Arc<Mutex<u32>>) {
     (GrpcTools::new(client::tool_gateway(transport)), asked)
 }
 
-fn stage() -> pb::ExecuteStageRequest {
-    pb::ExecuteStageRequest {
-        calls: vec![pb::ToolGatewayServiceExecuteRequest::default(); 2],
+fn call(id: &str) -> ToolCall {
+    ToolCall {
+        call_id: CallId::new(id),
+        tool: "lookup".into(),
+        arguments_json: "{}".into(),
+    }
+}
+
+fn dispatch(call: &ToolCall) -> Dispatch<'_> {
+    Dispatch {
+        invocation: uuid::Uuid::nil(),
+        call,
+        effect_key: "",
+        attempt: 1,
+        timeout_ms: 1_000,
+        digest: None,
     }
 }
 
 #[tokio::test]
 async fn a_gateway_without_stages_gets_calls_one_by_one_from_then_on() {
     let (port, asked) = port_to(Code::Unimplemented).await;
-    assert!(port.sends_stages());
-    let status = port.execute_stage(stage()).await.unwrap_err();
-    assert_eq!(status.code(), Code::Unimplemented);
-    assert!(!port.sends_stages());
+    let (a, b) = (call("a"), call("b"));
+    let stage = [dispatch(&a), dispatch(&b)];
+    assert!(port.max_stage() > 1);
+    let failure = port.execute_stage(&stage).await.unwrap_err();
+    assert_eq!(failure.kind, FailureKind::Unimplemented);
+    assert_eq!(port.max_stage(), 1);
     assert_eq!(*asked.lock().unwrap(), 1);
 }
 
 #[tokio::test]
 async fn a_failed_stage_of_a_gateway_that_has_them_keeps_stages_on() {
     let (port, asked) = port_to(Code::Unavailable).await;
+    let (a, b) = (call("a"), call("b"));
+    let stage = [dispatch(&a), dispatch(&b)];
     for _ in 0..2 {
-        let status = port.execute_stage(stage()).await.unwrap_err();
-        assert_eq!(status.code(), Code::Unavailable);
-        assert!(port.sends_stages());
+        let failure = port.execute_stage(&stage).await.unwrap_err();
+        assert_eq!(failure.kind, FailureKind::Unavailable);
+        assert!(port.max_stage() > 1);
     }
     assert_eq!(*asked.lock().unwrap(), 2);
 }

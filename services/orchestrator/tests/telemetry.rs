@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop_decision::DecisionServer;
-use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Workers};
+use agentloop_orchestrator::{Api, OrchestratorConfig};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
+use agentloop_runtime::{Runtime, Workers};
 use agentloop_stack::{InProcessDecision, Services, ServicesOptions, Wiring};
 use agentloop_store::SqliteStore;
 use agentloop_telemetry::metrics;
@@ -49,9 +50,14 @@ async fn one_invocation_is_one_trace_of_genai_spans_and_its_counters_move() {
     let store = SqliteStore::open_in(&dir.path().join("events"))
         .await
         .unwrap();
-    let orchestrator =
-        Orchestrator::with_workers(config, Arc::new(store), ports, workers, telemetry.clone());
-    let api = orchestrator.api(None);
+    let runtime = Runtime::new(
+        config.runtime(),
+        Arc::new(store),
+        ports,
+        workers,
+        telemetry.clone(),
+    );
+    let api = Api::new(runtime, None);
 
     // The caller's span: StartInvocation runs in its context, as a server span would.
     let caller = telemetry.span(SpanKind::Client, || SpanStart::new("caller", Vec::new()));

@@ -18,11 +18,11 @@
 
 use std::collections::BTreeMap;
 
+use agentloop_engine::{MAX_CLAIM_EFFECTS, MAX_PROFILE_VERIFIERS};
 use agentloop_proto::v1::{
     Check, CheckKind, CheckVerdict, CitedResult, Claim, EffectState, ValidateFinalRequest,
     ValidateFinalResponse, tool_result,
 };
-use agentloop_proto::{MAX_CLAIM_EFFECTS, MAX_PROFILE_VERIFIERS};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 

@@ -18,10 +18,11 @@ use agentloop_lease::testing::RedisServer;
 use agentloop_lease::{
     Lease, LeaseBackend, LeaseError, RedisHandoff, RedisLeaseConfig, RedisLeases, Revocations,
 };
-use agentloop_orchestrator::{Orchestrator, OrchestratorConfig, Workers};
+use agentloop_orchestrator::OrchestratorConfig;
 use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
+use agentloop_runtime::{Runtime, Workers};
 use agentloop_stack::{Services, ServicesOptions, Wiring};
 use agentloop_store::testing::{PostgresServer, TestDatabase};
 use agentloop_store::{
@@ -192,17 +193,17 @@ impl Cluster {
         leases: Arc<dyn LeaseBackend>,
     ) -> Worker {
         let workers = Workers::new(leases, self.handoff(), &config.workers);
-        let orchestrator = Orchestrator::with_workers(
-            config,
+        let runtime = Runtime::new(
+            config.runtime(),
             store,
             self.services.ports(),
             workers,
             agentloop_telemetry::Telemetry::off(),
         );
-        orchestrator.resume().await.unwrap();
+        runtime.resume().await.unwrap();
         let (l, endpoint) = listener().await;
         let shutdown = CancellationToken::new();
-        let (o, s) = (orchestrator.clone(), shutdown.clone());
+        let (o, s) = (runtime.clone(), shutdown.clone());
         let server = tokio::spawn(async move {
             agentloop_orchestrator::run(l, o, None, None, s.cancelled_owned())
                 .await
@@ -210,7 +211,7 @@ impl Cluster {
         });
         Worker {
             endpoint,
-            orchestrator,
+            runtime,
             shutdown,
             server,
         }
@@ -309,7 +310,7 @@ impl Cluster {
 /// One in-process orchestrator worker serving gRPC.
 pub(crate) struct Worker {
     pub(crate) endpoint: String,
-    pub(crate) orchestrator: Orchestrator,
+    pub(crate) runtime: Runtime,
     shutdown: CancellationToken,
     server: JoinHandle<()>,
 }

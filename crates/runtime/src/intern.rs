@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use agentloop_proto::v1 as pb;
+use crate::ports::Tool;
 
 /// A bounded set of shared values: [`Interner::intern`] hands out the held copy of an
 /// equal value, and holds new ones until it holds `max`. Values are never evicted (they
@@ -40,13 +40,10 @@ impl<T: Hash + Eq> Interner<T> {
     }
 }
 
-/// The descriptors of the tools an invocation may call, as shown to the model: an
-/// [`Interner`] value (prost messages are neither `Eq` nor `Hash`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct Descriptors(pub(crate) Vec<pb::ToolDescriptor>);
-
-// A descriptor holds text, integers and a duration: equality is total.
-impl Eq for Descriptors {}
+/// The tools an invocation may call, as shown to the model: an [`Interner`] value
+/// hashed by the tools' names alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Descriptors(pub(crate) Vec<Tool>);
 
 impl Hash for Descriptors {
     // By name alone: equal lists have equal names, and a deployment rarely has two
@@ -81,10 +78,16 @@ mod tests {
     #[test]
     fn descriptor_lists_are_shared_only_when_equal() {
         let lookup = |description: &str| {
-            Descriptors(vec![pb::ToolDescriptor {
+            Descriptors(vec![Tool {
                 name: "lookup".into(),
                 description: description.into(),
-                ..pb::ToolDescriptor::default()
+                input_schema_json: "{}".into(),
+                side_effect: agentloop_engine::SideEffect::ReadOnly,
+                commutative: false,
+                timeout_ms: None,
+                requires_approval: false,
+                digest: None,
+                unavailable: false,
             }])
         };
         let interner = Interner::new(8);

@@ -5,17 +5,22 @@
 use std::sync::Arc;
 
 use agentloop_engine::{Limits, ToolCatalog};
+use agentloop_store::{InvocationRecord, StoreError};
 use serde::{Deserialize, Serialize};
 
 use crate::intern::Interner;
 
 /// The stored description of one invocation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct InvocationSpec {
-    pub(crate) goal: String,
-    pub(crate) profile: String,
-    pub(crate) actor: String,
-    pub(crate) tenant: String,
+pub struct InvocationSpec {
+    /// The task, as the caller gave it.
+    pub goal: String,
+    /// The profile it runs under.
+    pub profile: String,
+    /// Who it acts for.
+    pub actor: String,
+    /// The actor's tenant.
+    pub tenant: String,
     /// The actor's roles as the invocation started (its token's), which policies test.
     /// Behind one pointer: every running invocation keeps its spec, and most have none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -24,12 +29,13 @@ pub(crate) struct InvocationSpec {
         reason = "a thin pointer keeps the spec in its allocator size class (bench --park)"
     )]
     pub(crate) roles: Option<Box<Vec<String>>>,
-    pub(crate) limits: Limits,
+    /// Its budgets.
+    pub limits: Limits,
     /// The tools it may call, as they were when it started, each with its timeout: the
     /// engine's catalog, which the runner reads too, shared with the engine and with the
     /// invocations of the same tools (see [`InvocationSpec::share_tools`]).
     #[serde(with = "stored_tools")]
-    pub(crate) tools: Arc<ToolCatalog>,
+    pub tools: Arc<ToolCatalog>,
     /// The scripted model, for offline runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) script: Option<String>,
@@ -45,6 +51,17 @@ pub(crate) struct InvocationSpec {
 }
 
 impl InvocationSpec {
+    /// The spec `record` was stored with.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Corrupt`] when it does not read.
+    pub fn of(record: &InvocationRecord) -> Result<InvocationSpec, StoreError> {
+        serde_json::from_str(&record.spec).map_err(|e| {
+            StoreError::Corrupt(format!("invocation {}: spec: {e}", record.invocation_id))
+        })
+    }
+
     /// Swaps its tools for the copy `catalogs` holds of the same tools, if any.
     pub(crate) fn share_tools(mut self, catalogs: &Interner<ToolCatalog>) -> InvocationSpec {
         self.tools = catalogs.intern(Arc::unwrap_or_clone(self.tools));

@@ -26,9 +26,7 @@ use agentloop_engine::{
     TerminalReason, ToolCall, ToolDigest, Totals, UnixMillis, Verdict, Verification, WaitEnd,
 };
 use agentloop_lease::{Keeper, KeeperExit};
-use agentloop_proto::MAX_STAGE_CALLS;
-use agentloop_proto::v1 as pb;
-use agentloop_store::{Append, InvocationState, StoreError};
+use agentloop_store::{Append, InvocationState, StoreError, StoredEvent};
 use agentloop_telemetry::{ActiveSpan, KeyValue, semconv};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -38,9 +36,10 @@ use uuid::Uuid;
 
 use crate::context::ModelContext;
 use crate::intern::Descriptors;
+use crate::ports::{Ask, Batch as PolicyBatch, Claim, Decided};
 use crate::spec::InvocationSpec;
 use crate::{Progress, Shared, Taken};
-use crate::{effects, verify, wire};
+use crate::{effects, verify};
 
 /// An operation in flight; it resolves to the inputs that report it.
 type Op = Pin<Box<dyn Future<Output = Done> + Send>>;
@@ -313,7 +312,7 @@ impl Runner {
                         calls,
                         approved,
                     } => {
-                        ops.push(self.authorize(turn, &calls, approved));
+                        ops.push(self.authorize(turn, calls, approved));
                     }
                     Action::Execute {
                         turn,
@@ -389,9 +388,9 @@ impl Runner {
             };
             let calls = || stage.iter().filter_map(|&index| batch.calls.get(index));
             let count = calls().count();
-            if (2..=MAX_STAGE_CALLS).contains(&count)
+            if count >= 2
+                && count <= self.shared.ports.tools.max_stage()
                 && batch.refused.is_none()
-                && self.shared.ports.tools.sends_stages()
                 && calls()
                     .all(|call| settings(&self.spec, &self.shared, call).0 == SideEffect::ReadOnly)
             {
@@ -413,13 +412,22 @@ impl Runner {
             self.tools = self.shared.descriptors_for(&self.spec);
             self.tools_generation = generation;
         }
-        let (request, tools) = (self.context.for_turn(turn), Arc::clone(&self.tools));
-        let port = self.shared.ports.decision.clone();
+        let (context, tools) = (self.context.clone(), Arc::clone(&self.tools));
+        let (shared, spec, id) = (self.shared.clone(), self.spec.clone(), self.id);
         self.span.boxed(async move {
-            Done::One(match port.decide(&request, &tools.0).await {
-                Ok(response) => wire::decided(response),
-                Err(status) => Input::DecisionFailed {
-                    message: format!("{:?}: {}", status.code(), status.message()),
+            let ask = Ask {
+                invocation: id,
+                turn,
+                profile: &spec.profile,
+                goal: context.goal(),
+                history: context.history(),
+                script: context.script(),
+                tools: &tools.0,
+            };
+            Done::One(match shared.ports.decision.decide(ask).await {
+                Ok(Decided { decision, usage }) => Input::Decided { decision, usage },
+                Err(failure) => Input::DecisionFailed {
+                    message: failure.to_string(),
                 },
             })
         })
@@ -427,32 +435,27 @@ impl Runner {
 
     /// Asks policy about `calls`; `approved` is the digest a human approved them under,
     /// which satisfies policy's approval gate for exactly these calls.
-    fn authorize(&self, turn: u32, calls: &[ToolCall], approved: Option<Fingerprint>) -> Op {
-        let request = pb::EvaluateRequest {
-            invocation_id: self.id.to_string(),
-            turn,
-            profile: self.spec.profile.clone(),
-            calls: calls.iter().map(wire::tool_call).collect(),
-            actor: self.spec.actor.clone(),
-            tenant: self.spec.tenant.clone(),
-            roles: self.spec.roles.as_deref().cloned().unwrap_or_default(),
-            approved_proposal_digest: approved.map(|p| p.to_string()).unwrap_or_default(),
-        };
-        let port = self.shared.ports.policy.clone();
-        let shared = self.shared.clone();
+    fn authorize(&self, turn: u32, calls: Vec<ToolCall>, approved: Option<Fingerprint>) -> Op {
+        let (shared, spec, id) = (self.shared.clone(), self.spec.clone(), self.id);
         self.span.boxed(async move {
             let span = shared
                 .instruments
                 .step(|| semconv::SPAN_AUTHORIZE.to_owned(), turn);
+            let batch = PolicyBatch {
+                invocation: id,
+                turn,
+                profile: &spec.profile,
+                actor: &spec.actor,
+                tenant: &spec.tenant,
+                roles: spec.roles.as_deref().map_or(&[], Vec::as_slice),
+                calls: &calls,
+                approved,
+            };
             // Fail closed: no verdict, no execution.
-            let authorization = match span.scope(port.evaluate(request)).await {
-                Ok(response) => wire::authorization(response),
-                Err(status) => Verdict::Deny {
-                    reason: format!(
-                        "the policy service failed: {:?}: {}",
-                        status.code(),
-                        status.message()
-                    ),
+            let authorization = match span.scope(shared.ports.policy.authorize(batch)).await {
+                Ok(authorization) => authorization,
+                Err(failure) => Verdict::Deny {
+                    reason: format!("the policy service failed: {failure}"),
                     refusals: Vec::new(),
                 }
                 .into(),
@@ -482,8 +485,8 @@ impl Runner {
             shared: self.shared.clone(),
             id: self.id,
             profile: self.spec.profile.clone(),
-            claim: pb::Claim {
-                invocation_id: self.id.to_string(),
+            claim: Claim {
+                invocation: self.id,
                 actor: self.spec.actor.clone(),
                 tenant: self.spec.tenant.clone(),
                 goal: self.context.goal().to_owned(),
@@ -628,11 +631,8 @@ impl Runner {
         if record.state != InvocationState::Waiting || record.cancel_requested_at.is_none() {
             return;
         }
-        let orchestrator = crate::Orchestrator {
-            shared: self.shared.clone(),
-        };
         let why = WaitEnd::Cancelled(record.cancel_reason.clone());
-        match orchestrator.end_wait(&record, why).await {
+        match self.shared.end_wait(&record, why).await {
             Ok(ended) => debug!(invocation = %self.id, ended, "cancelled as it began to wait"),
             Err(error) => warn!(invocation = %self.id, %error, "cannot end a cancelled wait"),
         }
@@ -741,13 +741,15 @@ impl Runner {
         span.end();
         match appended {
             Ok(()) => {
-                let id = self.id.to_string();
-                let wire: Vec<pb::Event> = events
-                    .iter()
-                    .map(|event| wire::event(&id, committed_at, event))
+                let stored: Vec<StoredEvent> = events
+                    .into_iter()
+                    .map(|event| StoredEvent {
+                        committed_at,
+                        event,
+                    })
                     .collect();
-                self.context.committed(&wire);
-                self.shared.hub.publish(self.id, wire);
+                self.shared.hub.publish(self.id, &stored);
+                self.context.committed(stored);
                 Ok(Input::Committed)
             }
             Err(

@@ -10,16 +10,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentloop_engine::{Check, CheckKind, CheckVerdict, Verification};
-use agentloop_proto::v1 as pb;
-use agentloop_proto::{MAX_CLAIM_EFFECTS, MAX_PROFILE_VERIFIERS};
+use agentloop_engine::{
+    Check, CheckKind, CheckVerdict, MAX_CLAIM_EFFECTS, MAX_PROFILE_VERIFIERS, Verification,
+};
 use futures::future::join_all;
-use tonic::Status;
 use uuid::Uuid;
 
 use crate::Shared;
 use crate::context::cite;
-use crate::wire;
+use crate::ports::Claim;
 
 /// Events read per page when cited results lie before the runner's window.
 const LOG_PAGE: u32 = 256;
@@ -32,7 +31,7 @@ pub(crate) struct Verify {
     pub(crate) id: Uuid,
     pub(crate) profile: String,
     /// The answer and its citations, with the cited results the runner's window holds.
-    pub(crate) claim: pb::Claim,
+    pub(crate) claim: Claim,
     /// Set when some citations are not in the window: the log's events before this seq
     /// are read for them.
     pub(crate) older: Option<u64>,
@@ -57,20 +56,14 @@ impl Verify {
         {
             return closed(why);
         }
-        let request = pb::ValidateFinalRequest {
-            profile: self.profile.clone(),
-            claim: Some(self.claim.clone()),
-        };
-        let response = match self.shared.ports.policy.validate_final(request).await {
+        let accept = self.shared.ports.policy.accept(&self.profile, &self.claim);
+        let response = match accept.await {
             Ok(response) => response,
-            Err(status) => {
-                return closed(format!(
-                    "the acceptance rules could not be run: {}",
-                    status_text(&status)
-                ));
+            Err(failure) => {
+                return closed(format!("the acceptance rules could not be run: {failure}"));
             }
         };
-        let mut checks: Vec<Check> = response.checks.into_iter().map(wire::check_from).collect();
+        let mut checks = response.checks;
         if !response.accepted {
             let reason = if response.reasons.is_empty() {
                 "the acceptance rules did not accept the answer".to_owned()
@@ -102,7 +95,6 @@ impl Verify {
 
     /// Looks for the citations the window lacked in the events before `before`.
     async fn cite_older(&mut self, before: u64) -> Result<(), String> {
-        let id = self.id.to_string();
         let mut events = Vec::new();
         let mut from = 1;
         while from < before {
@@ -115,11 +107,7 @@ impl Verify {
             let Some(last) = page.last().map(|stored| stored.event.seq) else {
                 break;
             };
-            events.extend(
-                page.iter()
-                    .filter(|stored| stored.event.seq < before)
-                    .map(|stored| wire::event(&id, stored.committed_at, &stored.event)),
-            );
+            events.extend(page.into_iter().filter(|stored| stored.event.seq < before));
             from = last + 1;
         }
         cite(&events, &self.claim.evidence, &mut self.claim.cited);
@@ -130,23 +118,13 @@ impl Verify {
     async fn effects(&mut self) -> Result<(), String> {
         let mut page_token = String::new();
         loop {
-            let request = pb::ListByInvocationRequest {
-                invocation_id: self.claim.invocation_id.clone(),
-                page_size: LEDGER_PAGE,
-                page_token,
-            };
             let page = self
                 .shared
                 .ports
                 .ledger
-                .list_by_invocation(request)
+                .list_by_invocation(self.id, LEDGER_PAGE, &page_token)
                 .await
-                .map_err(|status| {
-                    format!(
-                        "the effect ledger could not be asked: {}",
-                        status_text(&status)
-                    )
-                })?;
+                .map_err(|failure| format!("the effect ledger could not be asked: {failure}"))?;
             self.claim.effects.extend(page.entries);
             if self.claim.effects.len() > MAX_CLAIM_EFFECTS {
                 return Err(format!(
@@ -162,29 +140,20 @@ impl Verify {
 
     /// One verifier's verdict; a verifier that cannot be asked has not accepted.
     async fn verifier(&self, name: &str) -> Check {
-        let request = pb::ToolGatewayServiceVerifyRequest {
-            verifier: name.to_owned(),
-            claim: Some(self.claim.clone()),
-            timeout: self
-                .within
-                .map(|left| wire::duration(left.as_millis() as u64)),
-        };
-        match self.shared.ports.tools.verify(request).await {
-            Ok(pb::ToolGatewayServiceVerifyResponse { check: Some(check) }) => {
-                Check {
-                    // The gateway names the check; the verifier asked is the one recorded.
-                    name: name.to_owned(),
-                    kind: CheckKind::Verifier,
-                    ..wire::check_from(check)
-                }
-            }
-            Ok(pb::ToolGatewayServiceVerifyResponse { check: None }) => {
-                undecided(name, "the tool gateway gave no verdict".to_owned())
-            }
-            Err(status) => undecided(
-                name,
-                format!("it could not be asked: {}", status_text(&status)),
-            ),
+        let verify = self
+            .shared
+            .ports
+            .tools
+            .verify(name, &self.claim, self.within);
+        match verify.await {
+            Ok(Some(check)) => Check {
+                // The gateway names the check; the verifier asked is the one recorded.
+                name: name.to_owned(),
+                kind: CheckKind::Verifier,
+                ..check
+            },
+            Ok(None) => undecided(name, "the tool gateway gave no verdict".to_owned()),
+            Err(failure) => undecided(name, format!("it could not be asked: {failure}")),
         }
     }
 }
@@ -205,8 +174,4 @@ fn closed(reason: String) -> Verification {
         reason,
         checks: Vec::new(),
     }
-}
-
-fn status_text(status: &Status) -> String {
-    format!("{:?}: {}", status.code(), status.message())
 }

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use agentloop_proto::v1 as pb;
+use agentloop_store::StoredEvent;
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
@@ -27,7 +27,7 @@ pub(crate) struct Hub {
 
 #[derive(Debug)]
 struct Channel {
-    sender: Option<broadcast::Sender<Arc<pb::Event>>>,
+    sender: Option<broadcast::Sender<Arc<StoredEvent>>>,
     /// The last sequence number committed: the store holds every event up to it.
     published: u64,
 }
@@ -35,7 +35,7 @@ struct Channel {
 /// A subscription to an invocation's live events.
 #[derive(Debug)]
 pub(crate) struct Live {
-    pub(crate) events: broadcast::Receiver<Arc<pb::Event>>,
+    pub(crate) events: broadcast::Receiver<Arc<StoredEvent>>,
     /// Every event up to this sequence number was committed before the subscription, so
     /// only the store has it; every later one comes on `events`.
     pub(crate) published: u64,
@@ -59,18 +59,18 @@ impl Hub {
     }
 
     /// Publishes committed events to the invocation's watchers, if it has any.
-    pub(crate) fn publish(&self, invocation_id: Uuid, events: Vec<pb::Event>) {
+    pub(crate) fn publish(&self, invocation_id: Uuid, events: &[StoredEvent]) {
         let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(channel) = channels.get_mut(&invocation_id) else {
             return;
         };
         if let Some(last) = events.last() {
-            channel.published = channel.published.max(last.seq);
+            channel.published = channel.published.max(last.event.seq);
         }
         if let Some(sender) = &channel.sender {
             for event in events {
                 // No receiver is fine: every watcher left.
-                let _ = sender.send(Arc::new(event));
+                let _ = sender.send(Arc::new(event.clone()));
             }
         }
     }
@@ -92,10 +92,19 @@ impl Hub {
 mod tests {
     use super::*;
 
-    fn event(seq: u64) -> pb::Event {
-        pb::Event {
-            seq,
-            ..pb::Event::default()
+    fn event(seq: u64) -> StoredEvent {
+        StoredEvent {
+            committed_at: agentloop_engine::UnixMillis(seq),
+            event: agentloop_engine::Event {
+                seq,
+                body: agentloop_engine::EventBody::ClarificationAnswered(
+                    agentloop_engine::Answer {
+                        answer: "yes".into(),
+                        actor: "ana".into(),
+                        waited_ms: 1,
+                    },
+                ),
+            },
         }
     }
 
@@ -108,12 +117,12 @@ mod tests {
         assert!(hub.subscribe(id).is_none(), "not run here");
         // Resumed with 5 events in the log: a watcher from seq 1 must read the store.
         hub.open(id, 5);
-        hub.publish(id, vec![event(6)]);
+        hub.publish(id, &[event(6)]);
         let mut live = hub.subscribe(id).expect("runs here");
         assert_eq!(live.published, 6);
-        hub.publish(id, vec![event(7), event(8)]);
-        assert_eq!(live.events.recv().await.expect("live").seq, 7);
-        assert_eq!(live.events.recv().await.expect("live").seq, 8);
+        hub.publish(id, &[event(7), event(8)]);
+        assert_eq!(live.events.recv().await.expect("live").event.seq, 7);
+        assert_eq!(live.events.recv().await.expect("live").event.seq, 8);
         assert_eq!(hub.subscribe(id).expect("runs here").published, 8);
         hub.close(id);
         assert!(hub.subscribe(id).is_none());

@@ -31,15 +31,13 @@ use agentloop_engine::{
     CallId, CallOutcome, ErrorType, Input, NextAction, Refusal, SideEffect, ToolCall, ToolDigest,
     ToolError,
 };
-use agentloop_proto::v1 as pb;
 use futures::future::join_all;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
-use tonic::Code;
 use tracing::{debug, warn};
 use uuid::Uuid;
 
-use crate::{Ports, wire};
+use crate::ports::{Dispatch, Failure, FailureKind, NewEffect, Ports, Sent};
 
 /// Sends of one read-only or idempotent call, the first included.
 const SEND_ATTEMPTS: u32 = 3;
@@ -118,16 +116,15 @@ impl Call<'_> {
         }
     }
 
-    /// The gateway's request for one send of the call.
-    fn request(&self, effect_key: &str, attempt: u32) -> pb::ToolGatewayServiceExecuteRequest {
-        let timeout_ms = self.timeout_ms;
-        pb::ToolGatewayServiceExecuteRequest {
-            invocation_id: self.invocation.to_string(),
-            call: Some(wire::tool_call(self.call)),
-            effect_key: effect_key.to_owned(),
+    /// One send of the call, as the gateway is asked for it.
+    fn dispatch_of<'k>(&'k self, effect_key: &'k str, attempt: u32) -> Dispatch<'k> {
+        Dispatch {
+            invocation: self.invocation,
+            call: self.call,
+            effect_key,
             attempt,
-            timeout: Some(wire::duration(timeout_ms)),
-            descriptor_digest: self.digest.map(|d| d.to_string()).unwrap_or_default(),
+            timeout_ms: self.timeout_ms,
+            digest: self.digest,
         }
     }
 
@@ -135,26 +132,23 @@ impl Call<'_> {
     /// cancels it at the executor.
     async fn send(&self, effect_key: &str, attempt: u32) -> Sent {
         let writes = self.side_effect.writes();
-        let request = self.request(effect_key, attempt);
-        let tools = self.ports.tools.clone();
+        let dispatch = self.dispatch_of(effect_key, attempt);
+        let tools = &self.ports.tools;
         tokio::select! {
             biased;
             // A write may already have been applied, so its outcome is unknown and gets
             // reconciled, never assumed.
-            () = self.token.cancelled() => Sent::of(if writes {
-                CallOutcome::Unknown { detail: "cancelled while in flight".into() }
-            } else {
-                CallOutcome::Cancelled
-            }),
-            result = tools.execute(request) => match result {
-                Ok(response) => match response.result {
-                    Some(result) => Sent::from_result(result, writes),
-                    None => Sent::of(wire::unanswered(writes, "the tool gateway sent no result".into())),
+            () = self.token.cancelled() => Sent {
+                outcome: if writes {
+                    CallOutcome::Unknown { detail: "cancelled while in flight".into() }
+                } else {
+                    CallOutcome::Cancelled
                 },
-                Err(status) => Sent::of(wire::unanswered(
-                    writes,
-                    gateway_failed(status.code(), status.message()),
-                )),
+                receipt: String::new(),
+            },
+            result = tools.execute(dispatch) => match result {
+                Ok(sent) => sent,
+                Err(failure) => unanswered(writes, gateway_failed(&failure)),
             },
         }
     }
@@ -169,27 +163,23 @@ impl Call<'_> {
         let prepared = self
             .ports
             .ledger
-            .prepare(pb::PrepareRequest {
-                invocation_id: self.invocation.to_string(),
-                call_id: self.call.call_id.as_str().to_owned(),
-                effect_key: key.clone(),
-                tool: self.call.tool.clone(),
+            .prepare(NewEffect {
+                invocation: self.invocation,
+                call_id: self.call.call_id.as_str(),
+                effect_key: &key,
+                tool: &self.call.tool,
             })
             .await;
         let entry = match prepared {
-            Ok(pb::PrepareResponse {
-                entry: Some(entry), ..
-            }) => entry,
-            Ok(_) => return not_sent("the effect ledger answered without an entry".into()),
-            Err(status) => {
+            Ok(entry) => entry,
+            Err(failure) => {
                 return not_sent(format!(
-                    "the effect ledger did not record the write: {:?}: {}",
-                    status.code(),
-                    status.message()
+                    "the effect ledger did not record the write: {failure}"
                 ));
             }
         };
-        match on_entry(entry.state()) {
+        // A state this runtime does not know (a newer ledger's) is never a send.
+        match entry.state.map_or(OnEntry::Unresolved, settle::on_entry) {
             OnEntry::Send => self.dispatch(&key, EffectState::Prepared).await,
             OnEntry::MarkUnknownAndReconcile => {
                 let detail = "dispatched, and no outcome was recorded: the worker that sent it \
@@ -239,29 +229,20 @@ impl Call<'_> {
             self.record(key, expected, Recorded::rejected(detail)).await;
             return CallOutcome::NotStarted;
         }
-        let marked = self
-            .ports
-            .ledger
-            .mark_dispatched(pb::MarkDispatchedRequest {
-                effect_key: key.to_owned(),
-                expected_state: expected.to_proto().into(),
-            })
-            .await;
+        let marked = self.ports.ledger.mark_dispatched(key, expected).await;
         let attempt = match marked {
-            Ok(response) => response.entry.map_or(1, |entry| entry.attempt),
+            Ok(entry) => entry.attempt,
             // Someone else moved the entry since it was read: its outcome is theirs to
             // know, so this worker only asks.
-            Err(status) if status.code() == Code::FailedPrecondition => {
+            Err(failure) if failure.kind == FailureKind::FailedPrecondition => {
                 return settle::result_from_answer(
                     ask(self.ports, self.call, key).await,
-                    format!("another worker moved the effect: {}", status.message()),
+                    format!("another worker moved the effect: {}", failure.message),
                 );
             }
-            Err(status) => {
+            Err(failure) => {
                 return not_sent(format!(
-                    "the effect ledger did not record the dispatch: {:?}: {}",
-                    status.code(),
-                    status.message()
+                    "the effect ledger did not record the dispatch: {failure}"
                 ));
             }
         };
@@ -303,32 +284,37 @@ pub(crate) async fn run_stage(
     if token.is_cancelled() {
         return calls.iter().map(|_| CallOutcome::NotStarted).collect();
     }
-    let request = pb::ExecuteStageRequest {
-        calls: calls.iter().map(|call| call.request("", 1)).collect(),
-    };
+    let dispatches: Vec<Dispatch<'_>> = calls.iter().map(|call| call.dispatch_of("", 1)).collect();
     let answered = tokio::select! {
         biased;
         () = token.cancelled() => return calls.iter().map(|_| CallOutcome::Cancelled).collect(),
-        answered = ports.tools.execute_stage(request) => answered,
+        answered = ports.tools.execute_stage(&dispatches) => answered,
     };
-    let unanswered = |detail: String| -> Vec<Sent> {
-        calls
-            .iter()
-            .map(|_| Sent::of(wire::unanswered(false, detail.clone())))
-            .collect()
-    };
-    let first = match answered {
-        Ok(response) if response.answers.len() == calls.len() => calls
-            .iter()
-            .zip(response.answers)
-            .map(|(call, answer)| Sent::from_stage_answer(call.call, answer))
+    let first: Vec<Sent> = match answered {
+        Ok(answers) if answers.len() == calls.len() => answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|failure| unanswered(false, gateway_failed(&failure)))
+            })
             .collect(),
-        Ok(response) => unanswered(format!(
-            "the tool gateway answered {} calls of a stage of {}",
-            response.answers.len(),
-            calls.len()
-        )),
-        Err(status) => unanswered(gateway_failed(status.code(), status.message())),
+        Ok(answers) => {
+            let detail = format!(
+                "the tool gateway answered {} calls of a stage of {}",
+                answers.len(),
+                calls.len()
+            );
+            calls
+                .iter()
+                .map(|_| unanswered(false, detail.clone()))
+                .collect()
+        }
+        Err(failure) => {
+            let detail = gateway_failed(&failure);
+            calls
+                .iter()
+                .map(|_| unanswered(false, detail.clone()))
+                .collect()
+        }
     };
     join_all(
         calls.iter().zip(first).map(|(call, sent)| async move {
@@ -339,8 +325,28 @@ pub(crate) async fn run_stage(
 }
 
 /// What a call's outcome says when the gateway failed it instead of answering.
-fn gateway_failed(code: Code, message: &str) -> String {
-    format!("the tool gateway failed: {code:?}: {message}")
+fn gateway_failed(failure: &Failure) -> String {
+    format!("the tool gateway failed: {failure}")
+}
+
+/// The answer of a call that never came (the gateway failed, the transport broke). A
+/// write may have been applied, so its outcome is unknown; a read is a retryable
+/// unavailability.
+fn unanswered(writes: bool, detail: String) -> Sent {
+    let outcome = if writes {
+        CallOutcome::Unknown { detail }
+    } else {
+        CallOutcome::Error(ToolError {
+            error_type: ErrorType::Unavailable,
+            message: detail,
+            retryable: true,
+            next_allowed_action: NextAction::Retry,
+        })
+    };
+    Sent {
+        outcome,
+        receipt: String::new(),
+    }
 }
 
 /// The engine's reconcile step for one write whose outcome is unknown: ask the executor,
@@ -363,30 +369,9 @@ pub(crate) async fn reconcile(
 }
 
 async fn ask(ports: &Ports, call: &ToolCall, key: &str) -> Answer {
-    let request = pb::ToolGatewayServiceReconcileRequest {
-        tool: call.tool.clone(),
-        effect_key: key.to_owned(),
-    };
-    match ports.tools.reconcile(request).await {
-        Ok(answer) => match answer.status() {
-            pb::ReconcileStatus::Applied => Answer::Applied {
-                output_json: answer.output_json,
-                receipt: answer.receipt,
-            },
-            pb::ReconcileStatus::NotApplied => Answer::NotApplied,
-            pb::ReconcileStatus::Unknown | pb::ReconcileStatus::Unspecified => {
-                Answer::Unknown(if answer.detail.is_empty() {
-                    "the executor cannot tell".into()
-                } else {
-                    answer.detail
-                })
-            }
-        },
-        Err(status) => Answer::Unknown(format!(
-            "the executor could not be asked: {:?}: {}",
-            status.code(),
-            status.message()
-        )),
+    match ports.tools.reconcile(&call.tool, key).await {
+        Ok(answer) => answer,
+        Err(failure) => Answer::Unknown(format!("the executor could not be asked: {failure}")),
     }
 }
 
@@ -397,80 +382,20 @@ async fn ask(ports: &Ports, call: &ToolCall, key: &str) -> Answer {
 async fn record(ports: &Ports, key: &str, expected: EffectState, recorded: Recorded) {
     let mut pause = RESEND_PAUSE;
     for attempt in 1..=RECORD_ATTEMPTS {
-        let request = pb::RecordRequest {
-            effect_key: key.to_owned(),
-            expected_state: expected.to_proto().into(),
-            state: recorded.outcome.state().to_proto().into(),
-            receipt: recorded.receipt.clone(),
-            detail: recorded.detail.clone(),
-        };
-        match ports.ledger.record(request).await {
+        match ports.ledger.record(key, expected, &recorded).await {
             Ok(_) => return,
-            Err(status) if status.code() == Code::Unavailable && attempt < RECORD_ATTEMPTS => {
+            Err(failure)
+                if failure.kind == FailureKind::Unavailable && attempt < RECORD_ATTEMPTS =>
+            {
                 tokio::time::sleep(pause).await;
                 pause *= 2;
             }
-            Err(status) => {
-                warn!(effect_key = key, code = ?status.code(), message = status.message(), "could not record an effect outcome");
+            Err(failure) => {
+                warn!(effect_key = key, kind = ?failure.kind, message = %failure.message, "could not record an effect outcome");
                 return;
             }
         }
     }
-}
-
-/// A send's result, with the executor's receipt of an applied write.
-struct Sent {
-    outcome: CallOutcome,
-    receipt: String,
-}
-
-impl Sent {
-    fn of(outcome: CallOutcome) -> Sent {
-        Sent {
-            outcome,
-            receipt: String::new(),
-        }
-    }
-
-    /// A read's answer within a stage: its result, or how the gateway refused it.
-    fn from_stage_answer(call: &ToolCall, answer: pb::StageAnswer) -> Sent {
-        use pb::stage_answer::Answer;
-        Sent::of(match answer.answer {
-            Some(Answer::Result(result)) if result.call_id == call.call_id.as_str() => {
-                return Sent::from_result(result, false);
-            }
-            Some(Answer::Result(result)) => wire::unanswered(
-                false,
-                format!(
-                    "the tool gateway answered for call {:?} in the place of {:?}",
-                    result.call_id,
-                    call.call_id.as_str()
-                ),
-            ),
-            Some(Answer::Refused(refused)) => wire::unanswered(
-                false,
-                gateway_failed(Code::from(refused.code), &refused.message),
-            ),
-            None => wire::unanswered(false, "the tool gateway sent no result".into()),
-        })
-    }
-
-    fn from_result(result: pb::ToolResult, writes: bool) -> Sent {
-        let receipt = match &result.outcome {
-            Some(pb::tool_result::Outcome::Output(output)) => output.receipt.clone(),
-            _ => String::new(),
-        };
-        Sent {
-            outcome: wire::call_outcome(result, writes),
-            receipt,
-        }
-    }
-}
-
-/// What to do with a write whose entry the ledger says is in `state` on the wire: a state
-/// this client does not know (`UNSPECIFIED`, or one of a newer ledger) is never a send.
-fn on_entry(state: pb::EffectState) -> OnEntry {
-    EffectState::from_proto(state).map_or(OnEntry::Unresolved, settle::on_entry)
 }
 
 /// The result of a write that was not sent because the ledger could not record it first.
@@ -512,18 +437,6 @@ mod tests {
             call_id: CallId::new(id),
             tool: "transfer".into(),
             arguments_json: args.into(),
-        }
-    }
-
-    #[test]
-    fn a_state_on_the_wire_goes_where_the_settling_table_says_and_unknown_is_never_sent() {
-        assert_eq!(on_entry(pb::EffectState::Unspecified), OnEntry::Unresolved);
-        for state in EffectState::ALL {
-            assert_eq!(
-                on_entry(state.to_proto()),
-                settle::on_entry(state),
-                "{state:?}"
-            );
         }
     }
 

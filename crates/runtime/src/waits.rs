@@ -13,7 +13,7 @@ use agentloop_store::{Append, InvocationRecord, InvocationState, StoreError};
 use tracing::{debug, info, warn};
 
 use crate::instruments::Resumed;
-use crate::{Orchestrator, OrchestratorError, workers};
+use crate::{Runtime, RuntimeError, Shared, workers};
 
 /// How often the waiting invocations are counted for `agentloop_invocations_waiting`.
 const COUNT_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
@@ -21,18 +21,18 @@ const COUNT_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
 /// The longest a reply waits for the run that committed the wait to finish here.
 const RUN_EXIT_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
 
-impl Orchestrator {
+impl Runtime {
     /// Commits `reply` to the waiting invocation `record`, then runs it again. Nothing is
     /// written when it does not fit (FAILED_PRECONDITION), or when no worker could run it
     /// (RESOURCE_EXHAUSTED: this one is full and shares no hand-off queue).
-    pub(crate) async fn reply(
+    pub async fn reply(
         &self,
         record: &InvocationRecord,
         reply: Reply,
-    ) -> Result<InvocationRecord, OrchestratorError> {
+    ) -> Result<InvocationRecord, RuntimeError> {
         let shared = &self.shared;
         if shared.drain.is_cancelled() {
-            return Err(OrchestratorError::Unavailable(
+            return Err(RuntimeError::Unavailable(
                 "the orchestrator is shutting down".into(),
             ));
         }
@@ -41,12 +41,12 @@ impl Orchestrator {
         self.until_the_waiting_run_is_gone(id).await;
         let now = shared.clock.now();
         let body = agentloop_engine::reply(end, reply, now)
-            .map_err(|error| OrchestratorError::FailedPrecondition(error.to_string()))?;
+            .map_err(|error| RuntimeError::FailedPrecondition(error.to_string()))?;
         let slot = shared.slot();
         if slot.is_none() && !shared.workers.shared {
             return Err(shared.full());
         }
-        self.append_after_wait(record, body, now).await?;
+        shared.append_after_wait(record, body, now).await?;
         info!(invocation = %id, "a human replied; the invocation runs again");
         match slot {
             Some(slot) => match self.adopt_in(id, slot, Resumed::Reply).await {
@@ -79,58 +79,8 @@ impl Orchestrator {
         }
     }
 
-    /// Ends the wait of `record` for good: cancelled, or past its bound. `Ok(false)` when
-    /// it no longer waits (a reply or another end came first).
-    pub(crate) async fn end_wait(
-        &self,
-        record: &InvocationRecord,
-        why: WaitEnd,
-    ) -> Result<bool, OrchestratorError> {
-        let end = waiting_end(record)?;
-        let now = self.shared.clock.now();
-        let body = agentloop_engine::end_wait(end, why, now)
-            .map_err(|error| OrchestratorError::FailedPrecondition(error.to_string()))?;
-        match self.append_after_wait(record, body, now).await {
-            Ok(()) => Ok(true),
-            Err(OrchestratorError::FailedPrecondition(_)) => Ok(false),
-            Err(error) => Err(error),
-        }
-    }
-
-    async fn append_after_wait(
-        &self,
-        record: &InvocationRecord,
-        body: EventBody,
-        now: UnixMillis,
-    ) -> Result<(), OrchestratorError> {
-        let events = [Event {
-            seq: record.version + 1,
-            body,
-        }];
-        let append = Append {
-            expected_version: record.version,
-            lease_epoch: record.lease_epoch,
-            events: &events,
-            totals: record.totals,
-            committed_at: now,
-        };
-        match self.shared.store.append(record.invocation_id, append).await {
-            Ok(()) => Ok(()),
-            Err(
-                StoreError::VersionConflict { .. }
-                | StoreError::StaleEpoch { .. }
-                | StoreError::Ended(_),
-            ) => Err(OrchestratorError::FailedPrecondition(
-                "the invocation no longer waits: another reply, a cancel or the end of its \
-                 wait came first"
-                    .into(),
-            )),
-            Err(error) => Err(error.into()),
-        }
-    }
-
     /// Ends every wait past its bound, a page at a time. Returns how many it ended.
-    pub(crate) async fn expire_waits(&self) -> Result<usize, OrchestratorError> {
+    pub(crate) async fn expire_waits(&self) -> Result<usize, RuntimeError> {
         let mut ended = 0;
         loop {
             let now = self.shared.clock.now();
@@ -145,7 +95,7 @@ impl Orchestrator {
                 if record.state != InvocationState::Waiting {
                     continue;
                 }
-                match self.end_wait(&record, WaitEnd::Expired).await {
+                match self.shared.end_wait(&record, WaitEnd::Expired).await {
                     Ok(true) => {
                         info!(invocation = %id, "waited past its bound: deadline_exceeded");
                         ended += 1;
@@ -170,7 +120,7 @@ impl Orchestrator {
     /// # Errors
     ///
     /// When the store fails; the gauge then keeps its last figures.
-    pub async fn count_waiting(&self) -> Result<(), OrchestratorError> {
+    pub async fn count_waiting(&self) -> Result<(), RuntimeError> {
         let counts = self.shared.store.count_waiting().await?;
         self.shared.instruments.waiting(&counts);
         Ok(())
@@ -203,13 +153,63 @@ impl Orchestrator {
     }
 }
 
+impl Shared {
+    /// Ends the wait of `record` for good: cancelled, or past its bound. `Ok(false)` when
+    /// it no longer waits (a reply or another end came first).
+    pub(crate) async fn end_wait(
+        &self,
+        record: &InvocationRecord,
+        why: WaitEnd,
+    ) -> Result<bool, RuntimeError> {
+        let end = waiting_end(record)?;
+        let now = self.clock.now();
+        let body = agentloop_engine::end_wait(end, why, now)
+            .map_err(|error| RuntimeError::FailedPrecondition(error.to_string()))?;
+        match self.append_after_wait(record, body, now).await {
+            Ok(()) => Ok(true),
+            Err(RuntimeError::FailedPrecondition(_)) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn append_after_wait(
+        &self,
+        record: &InvocationRecord,
+        body: EventBody,
+        now: UnixMillis,
+    ) -> Result<(), RuntimeError> {
+        let events = [Event {
+            seq: record.version + 1,
+            body,
+        }];
+        let append = Append {
+            expected_version: record.version,
+            lease_epoch: record.lease_epoch,
+            events: &events,
+            totals: record.totals,
+            committed_at: now,
+        };
+        match self.store.append(record.invocation_id, append).await {
+            Ok(()) => Ok(()),
+            Err(
+                StoreError::VersionConflict { .. }
+                | StoreError::StaleEpoch { .. }
+                | StoreError::Ended(_),
+            ) => Err(RuntimeError::FailedPrecondition(
+                "the invocation no longer waits: another reply, a cancel or the end of its \
+                 wait came first"
+                    .into(),
+            )),
+            Err(error) => Err(error.into()),
+        }
+    }
+}
+
 /// The end `record` waits after; FAILED_PRECONDITION when it does not wait.
-fn waiting_end(
-    record: &InvocationRecord,
-) -> Result<&agentloop_engine::EndRecord, OrchestratorError> {
+fn waiting_end(record: &InvocationRecord) -> Result<&agentloop_engine::EndRecord, RuntimeError> {
     match (&record.state, &record.end) {
         (InvocationState::Waiting, Some(end)) if end.waits() => Ok(end),
-        (state, _) => Err(OrchestratorError::FailedPrecondition(format!(
+        (state, _) => Err(RuntimeError::FailedPrecondition(format!(
             "invocation {} does not wait for a human: it is {}",
             record.invocation_id,
             match state {

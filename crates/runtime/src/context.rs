@@ -1,0 +1,111 @@
+//! What the model is shown of one invocation, kept by its runner from turn to turn.
+
+use std::sync::Arc;
+
+use agentloop_engine::{EventBody, ProposedDecision};
+use agentloop_store::StoredEvent;
+
+use crate::ports::Cited;
+use crate::spec::InvocationSpec;
+
+/// Committed events kept to show the model (bounded context; older turns are in the log).
+pub(crate) const HISTORY: usize = 16;
+
+/// The model's view of an invocation: its goal, the script of an offline run, and the
+/// window of its last [`HISTORY`] committed events, as the engine committed them.
+///
+/// Behind one `Arc`, which the model call in flight shares: a commit changes the window
+/// only after the turn's decision came back, so the window is never copied.
+#[derive(Debug, Clone)]
+pub(crate) struct ModelContext(Arc<Window>);
+
+#[derive(Debug, Clone)]
+struct Window {
+    goal: String,
+    script: Option<String>,
+    history: Vec<StoredEvent>,
+}
+
+impl ModelContext {
+    /// The context of an invocation whose last committed events are `history` (at most
+    /// [`HISTORY`]). The goal and the script, which may be long, move out of `spec`:
+    /// the context keeps the one copy.
+    pub(crate) fn new(spec: &mut InvocationSpec, history: Vec<StoredEvent>) -> Self {
+        ModelContext(Arc::new(Window {
+            goal: std::mem::take(&mut spec.goal),
+            script: spec.script.take(),
+            history,
+        }))
+    }
+
+    /// The task, as the caller gave it.
+    pub(crate) fn goal(&self) -> &str {
+        &self.0.goal
+    }
+
+    /// The scripted model of an offline run, as its JSON text.
+    pub(crate) fn script(&self) -> Option<&str> {
+        self.0.script.as_deref()
+    }
+
+    /// The window, oldest first.
+    pub(crate) fn history(&self) -> &[StoredEvent] {
+        &self.0.history
+    }
+
+    /// Adds newly committed events to the window, dropping the oldest past [`HISTORY`].
+    pub(crate) fn committed(&mut self, events: impl IntoIterator<Item = StoredEvent>) {
+        let history = &mut Arc::make_mut(&mut self.0).history;
+        for event in events {
+            if history.len() == HISTORY {
+                history.remove(0);
+            }
+            history.push(event);
+        }
+    }
+
+    /// Adds to `cited` the committed results of the calls in `evidence` that the window
+    /// holds and `cited` lacks. `Some(seq)` when some are still missing and the log has
+    /// events before `seq`, the first the window holds, to look in.
+    pub(crate) fn cite(&self, evidence: &[String], cited: &mut Vec<Cited>) -> Option<u64> {
+        cite(&self.0.history, evidence, cited);
+        let first = self.0.history.first().map_or(1, |stored| stored.event.seq);
+        (cited.len() < evidence.len() && first > 1).then_some(first)
+    }
+}
+
+/// Adds to `cited` the results in `events` of the calls in `evidence` that `cited`
+/// lacks, the newest first: a model may reuse a call ID in a later turn, and a turn
+/// reopened by an approval is committed again with its results.
+pub(crate) fn cite(events: &[StoredEvent], evidence: &[String], cited: &mut Vec<Cited>) {
+    for stored in events.iter().rev() {
+        if cited.len() == evidence.len() {
+            return;
+        }
+        let EventBody::Turn(turn) = &stored.event.body else {
+            continue;
+        };
+        let calls = match &turn.decision {
+            ProposedDecision::ToolCalls { calls }
+            | ProposedDecision::RequestApproval { calls, .. } => calls,
+            ProposedDecision::Final { .. }
+            | ProposedDecision::Clarification { .. }
+            | ProposedDecision::CannotContinue { .. }
+            | ProposedDecision::Unparseable { .. } => continue,
+        };
+        for result in &turn.results {
+            let id = result.call_id.as_str();
+            if !evidence.iter().any(|cited| cited == id) || cited.iter().any(|c| c.call_id == id) {
+                continue;
+            }
+            let call = calls.iter().find(|call| call.call_id == id);
+            cited.push(Cited {
+                call_id: id.to_owned(),
+                turn: turn.turn,
+                tool: call.map(|c| c.tool.clone()).unwrap_or_default(),
+                arguments_json: call.map(|c| c.arguments_json.clone()).unwrap_or_default(),
+                outcome: result.outcome.clone(),
+            });
+        }
+    }
+}

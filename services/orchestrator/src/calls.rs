@@ -1,0 +1,495 @@
+//! The ports' calls on the wire: each runtime request as the service's request message,
+//! and each response message as the runtime's answer. The gRPC adapters
+//! ([`crate::grpc`]) send them over the network; a service in the same process that has
+//! no runtime-typed core yet is called with the same messages.
+//!
+//! A response that breaks the contract (a missing entry, an answer for another call)
+//! is a [`Failure`] here, so the runtime treats it as a service that did not answer.
+
+use std::time::{Duration, SystemTime};
+
+use agentloop_effects::EffectState;
+use agentloop_effects::settle::{Answer, Recorded};
+use agentloop_engine::{Authorization, Check};
+use agentloop_proto::v1 as pb;
+use agentloop_runtime::ports::{
+    Acceptance, Ask, Batch, Cited, Claim, Decided, Dispatch, Effect, EffectPage, Failure,
+    FailureKind, NewEffect, Sent, Tool,
+};
+use tonic::{Code, Status};
+
+use crate::wire;
+
+/// A service's refusal, as the runtime reads it.
+pub fn failure(status: &Status) -> Failure {
+    Failure::new(failure_kind(status.code()), status.message())
+}
+
+/// A status code as the runtime's class of failure.
+pub fn failure_kind(code: Code) -> FailureKind {
+    match code {
+        Code::Cancelled => FailureKind::Cancelled,
+        Code::InvalidArgument => FailureKind::InvalidArgument,
+        Code::DeadlineExceeded => FailureKind::DeadlineExceeded,
+        Code::NotFound => FailureKind::NotFound,
+        Code::AlreadyExists => FailureKind::AlreadyExists,
+        Code::PermissionDenied => FailureKind::PermissionDenied,
+        Code::ResourceExhausted => FailureKind::ResourceExhausted,
+        Code::FailedPrecondition => FailureKind::FailedPrecondition,
+        Code::Aborted => FailureKind::Aborted,
+        Code::OutOfRange => FailureKind::OutOfRange,
+        Code::Unimplemented => FailureKind::Unimplemented,
+        Code::Internal => FailureKind::Internal,
+        Code::Unavailable => FailureKind::Unavailable,
+        Code::DataLoss => FailureKind::DataLoss,
+        Code::Unauthenticated => FailureKind::Unauthenticated,
+        // OK is no failure; a service that fails with it broke the contract.
+        Code::Ok | Code::Unknown => FailureKind::Unknown,
+    }
+}
+
+/// The runtime's class of failure as a status code.
+pub fn code(kind: FailureKind) -> Code {
+    match kind {
+        FailureKind::Cancelled => Code::Cancelled,
+        FailureKind::Unknown => Code::Unknown,
+        FailureKind::InvalidArgument => Code::InvalidArgument,
+        FailureKind::DeadlineExceeded => Code::DeadlineExceeded,
+        FailureKind::NotFound => Code::NotFound,
+        FailureKind::AlreadyExists => Code::AlreadyExists,
+        FailureKind::PermissionDenied => Code::PermissionDenied,
+        FailureKind::ResourceExhausted => Code::ResourceExhausted,
+        FailureKind::FailedPrecondition => Code::FailedPrecondition,
+        FailureKind::Aborted => Code::Aborted,
+        FailureKind::OutOfRange => Code::OutOfRange,
+        FailureKind::Unimplemented => Code::Unimplemented,
+        FailureKind::Internal => Code::Internal,
+        FailureKind::Unavailable => Code::Unavailable,
+        FailureKind::DataLoss => Code::DataLoss,
+        FailureKind::Unauthenticated => Code::Unauthenticated,
+    }
+}
+
+fn broken(message: impl Into<String>) -> Failure {
+    Failure::new(FailureKind::Internal, message)
+}
+
+/// A gateway's descriptor as the runtime's tool.
+pub fn tool(descriptor: pb::ToolDescriptor) -> Tool {
+    let timeout_ms = descriptor
+        .timeout
+        .as_ref()
+        .and_then(wire::millis)
+        .filter(|ms| *ms > 0);
+    Tool {
+        side_effect: wire::side_effect(descriptor.side_effect()),
+        // A gateway that does not version its tools sends none.
+        digest: descriptor.digest.parse().ok(),
+        name: descriptor.name,
+        description: descriptor.description,
+        input_schema_json: descriptor.input_schema_json,
+        commutative: descriptor.commutative,
+        timeout_ms,
+        requires_approval: descriptor.requires_approval,
+        unavailable: descriptor.unavailable,
+    }
+}
+
+/// The runtime's tool as a descriptor, for the model.
+pub fn descriptor(tool: &Tool) -> pb::ToolDescriptor {
+    pb::ToolDescriptor {
+        name: tool.name.clone(),
+        description: tool.description.clone(),
+        input_schema_json: tool.input_schema_json.clone(),
+        side_effect: wire::side_effect_of(tool.side_effect).into(),
+        commutative: tool.commutative,
+        timeout: tool.timeout_ms.map(wire::duration),
+        requires_approval: tool.requires_approval,
+        digest: tool.digest.map(|d| d.to_string()).unwrap_or_default(),
+        unavailable: tool.unavailable,
+    }
+}
+
+/// A turn's question as the decision service's request, the tools included.
+pub fn decide_request(ask: &Ask<'_>) -> pb::DecideRequest {
+    let invocation_id = ask.invocation.to_string();
+    pb::DecideRequest {
+        turn: ask.turn,
+        goal: ask.goal.to_owned(),
+        profile: ask.profile.to_owned(),
+        tools: ask.tools.iter().map(descriptor).collect(),
+        history: ask
+            .history
+            .iter()
+            .map(|stored| wire::event(&invocation_id, stored.committed_at, &stored.event))
+            .collect(),
+        context_from_seq: ask.history.first().map_or(0, |stored| stored.event.seq),
+        summary: String::new(),
+        scripted_model_json: ask.script.unwrap_or_default().to_owned(),
+        invocation_id,
+    }
+}
+
+/// A decision service's answer. A response with no decision kind is the model breaking
+/// the protocol, which the engine turns into `invalid_decision`.
+pub fn decided(response: pb::DecideResponse) -> Decided {
+    let (decision, usage) = wire::decided(response);
+    Decided { decision, usage }
+}
+
+/// A batch as policy's request.
+pub fn evaluate_request(batch: &Batch<'_>) -> pb::EvaluateRequest {
+    pb::EvaluateRequest {
+        invocation_id: batch.invocation.to_string(),
+        turn: batch.turn,
+        profile: batch.profile.to_owned(),
+        calls: batch.calls.iter().map(wire::tool_call).collect(),
+        actor: batch.actor.to_owned(),
+        tenant: batch.tenant.to_owned(),
+        roles: batch.roles.to_vec(),
+        approved_proposal_digest: batch.approved.map(|p| p.to_string()).unwrap_or_default(),
+    }
+}
+
+/// Policy's verdict on a batch.
+pub fn authorization(response: pb::EvaluateResponse) -> Authorization {
+    wire::authorization(response)
+}
+
+/// A claim on the wire.
+pub fn claim(claim: &Claim) -> pb::Claim {
+    pb::Claim {
+        invocation_id: claim.invocation.to_string(),
+        actor: claim.actor.clone(),
+        tenant: claim.tenant.clone(),
+        goal: claim.goal.clone(),
+        answer: claim.answer.clone(),
+        evidence: claim.evidence.clone(),
+        cited: claim.cited.iter().map(cited).collect(),
+        effects: claim.effects.iter().map(entry).collect(),
+    }
+}
+
+fn cited(cited: &Cited) -> pb::CitedResult {
+    pb::CitedResult {
+        call_id: cited.call_id.clone(),
+        turn: cited.turn,
+        tool: cited.tool.clone(),
+        arguments_json: cited.arguments_json.clone(),
+        result: Some(wire::tool_result(&cited.call_id, &cited.outcome)),
+    }
+}
+
+/// An answer to policy's acceptance rules, as its request.
+pub fn validate_final_request(profile: &str, claim: &Claim) -> pb::ValidateFinalRequest {
+    pb::ValidateFinalRequest {
+        profile: profile.to_owned(),
+        claim: Some(self::claim(claim)),
+    }
+}
+
+/// What policy's acceptance rules said.
+pub fn acceptance(response: pb::ValidateFinalResponse) -> Acceptance {
+    Acceptance {
+        accepted: response.accepted,
+        reasons: response.reasons,
+        checks: response.checks.into_iter().map(wire::check_from).collect(),
+        verifiers: response.verifiers,
+    }
+}
+
+/// One send as the gateway's request.
+pub fn execute_request(dispatch: &Dispatch<'_>) -> pb::ToolGatewayServiceExecuteRequest {
+    pb::ToolGatewayServiceExecuteRequest {
+        invocation_id: dispatch.invocation.to_string(),
+        call: Some(wire::tool_call(dispatch.call)),
+        effect_key: dispatch.effect_key.to_owned(),
+        attempt: dispatch.attempt,
+        timeout: Some(wire::duration(dispatch.timeout_ms)),
+        descriptor_digest: dispatch.digest.map(|d| d.to_string()).unwrap_or_default(),
+    }
+}
+
+/// The gateway's answer to one send.
+pub fn sent(response: pb::ToolGatewayServiceExecuteResponse) -> Result<Sent, Failure> {
+    let result = response
+        .result
+        .ok_or_else(|| broken("the tool gateway sent no result"))?;
+    sent_result(result)
+}
+
+fn sent_result(result: pb::ToolResult) -> Result<Sent, Failure> {
+    let receipt = match &result.outcome {
+        Some(pb::tool_result::Outcome::Output(output)) => output.receipt.clone(),
+        Some(_) => String::new(),
+        None => return Err(broken("the tool result carried no outcome")),
+    };
+    Ok(Sent {
+        outcome: wire::call_outcome(result),
+        receipt,
+    })
+}
+
+/// A stage of sends as the gateway's request.
+pub fn stage_request(dispatches: &[Dispatch<'_>]) -> pb::ExecuteStageRequest {
+    pb::ExecuteStageRequest {
+        calls: dispatches.iter().map(execute_request).collect(),
+    }
+}
+
+/// The gateway's answers to a stage, each checked against the call it answers (a
+/// response with fewer answers than calls gives fewer, which the runtime refuses whole).
+pub fn stage_answers(
+    dispatches: &[Dispatch<'_>],
+    response: pb::ExecuteStageResponse,
+) -> Vec<Result<Sent, Failure>> {
+    use pb::stage_answer::Answer;
+    dispatches
+        .iter()
+        .zip(response.answers)
+        .map(|(dispatch, answer)| match answer.answer {
+            Some(Answer::Result(result)) if result.call_id == dispatch.call.call_id.as_str() => {
+                sent_result(result)
+            }
+            Some(Answer::Result(result)) => Err(broken(format!(
+                "the tool gateway answered for call {:?} in the place of {:?}",
+                result.call_id,
+                dispatch.call.call_id.as_str()
+            ))),
+            Some(Answer::Refused(refused)) => Err(Failure::new(
+                failure_kind(Code::from(refused.code)),
+                refused.message,
+            )),
+            None => Err(broken("the tool gateway sent no result")),
+        })
+        .collect()
+}
+
+/// The executor's answer to a reconcile.
+pub fn answer(response: pb::ToolGatewayServiceReconcileResponse) -> Answer {
+    match response.status() {
+        pb::ReconcileStatus::Applied => Answer::Applied {
+            output_json: response.output_json,
+            receipt: response.receipt,
+        },
+        pb::ReconcileStatus::NotApplied => Answer::NotApplied,
+        pb::ReconcileStatus::Unknown | pb::ReconcileStatus::Unspecified => {
+            Answer::Unknown(if response.detail.is_empty() {
+                "the executor cannot tell".into()
+            } else {
+                response.detail
+            })
+        }
+    }
+}
+
+/// A verifier's question, as the gateway's request.
+pub fn verify_request(
+    name: &str,
+    claim: &Claim,
+    within: Option<Duration>,
+) -> pb::ToolGatewayServiceVerifyRequest {
+    pb::ToolGatewayServiceVerifyRequest {
+        verifier: name.to_owned(),
+        claim: Some(self::claim(claim)),
+        timeout: within
+            .map(|left| wire::duration(u64::try_from(left.as_millis()).unwrap_or(u64::MAX))),
+    }
+}
+
+/// A verifier's verdict, if it gave one.
+pub fn verdict(response: pb::ToolGatewayServiceVerifyResponse) -> Option<Check> {
+    response.check.map(wire::check_from)
+}
+
+/// A write to prepare, as the ledger's request.
+pub fn prepare_request(effect: &NewEffect<'_>) -> pb::PrepareRequest {
+    pb::PrepareRequest {
+        invocation_id: effect.invocation.to_string(),
+        call_id: effect.call_id.to_owned(),
+        effect_key: effect.effect_key.to_owned(),
+        tool: effect.tool.to_owned(),
+    }
+}
+
+/// A dispatch to record, as the ledger's request.
+pub fn mark_dispatched_request(
+    effect_key: &str,
+    expected: EffectState,
+) -> pb::MarkDispatchedRequest {
+    pb::MarkDispatchedRequest {
+        effect_key: effect_key.to_owned(),
+        expected_state: expected.to_proto().into(),
+    }
+}
+
+/// An outcome to record, as the ledger's request.
+pub fn record_request(
+    effect_key: &str,
+    expected: EffectState,
+    recorded: &Recorded,
+) -> pb::RecordRequest {
+    pb::RecordRequest {
+        effect_key: effect_key.to_owned(),
+        expected_state: expected.to_proto().into(),
+        state: recorded.outcome.state().to_proto().into(),
+        receipt: recorded.receipt.clone(),
+        detail: recorded.detail.clone(),
+    }
+}
+
+/// The entry a ledger answered with; a missing one breaks the contract.
+pub fn answered_entry(entry: Option<pb::EffectEntry>) -> Result<Effect, Failure> {
+    entry
+        .map(effect)
+        .ok_or_else(|| broken("the effect ledger answered without an entry"))
+}
+
+/// A ledger entry as the runtime's.
+pub fn effect(entry: pb::EffectEntry) -> Effect {
+    let at = |time: Option<prost_types::Timestamp>| {
+        time.and_then(|time| SystemTime::try_from(time).ok())
+            .unwrap_or(SystemTime::UNIX_EPOCH)
+    };
+    Effect {
+        state: EffectState::from_proto(entry.state()),
+        created_at: at(entry.created_at),
+        updated_at: at(entry.updated_at),
+        invocation_id: entry.invocation_id,
+        call_id: entry.call_id,
+        effect_key: entry.effect_key,
+        attempt: entry.attempt,
+        tool: entry.tool,
+        receipt: entry.receipt,
+        detail: entry.detail,
+    }
+}
+
+/// The runtime's entry on the wire.
+pub fn entry(effect: &Effect) -> pb::EffectEntry {
+    pb::EffectEntry {
+        invocation_id: effect.invocation_id.clone(),
+        call_id: effect.call_id.clone(),
+        effect_key: effect.effect_key.clone(),
+        attempt: effect.attempt,
+        tool: effect.tool.clone(),
+        state: effect
+            .state
+            .map_or(pb::EffectState::Unspecified, EffectState::to_proto)
+            .into(),
+        receipt: effect.receipt.clone(),
+        created_at: Some(effect.created_at.into()),
+        updated_at: Some(effect.updated_at.into()),
+        detail: effect.detail.clone(),
+    }
+}
+
+/// A page of entries.
+pub fn effect_page(entries: Vec<pb::EffectEntry>, next_page_token: String) -> EffectPage {
+    EffectPage {
+        entries: entries.into_iter().map(effect).collect(),
+        next_page_token,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_failure_kind_is_a_code_and_back() {
+        let codes = [
+            Code::Cancelled,
+            Code::Unknown,
+            Code::InvalidArgument,
+            Code::DeadlineExceeded,
+            Code::NotFound,
+            Code::AlreadyExists,
+            Code::PermissionDenied,
+            Code::ResourceExhausted,
+            Code::FailedPrecondition,
+            Code::Aborted,
+            Code::OutOfRange,
+            Code::Unimplemented,
+            Code::Internal,
+            Code::Unavailable,
+            Code::DataLoss,
+            Code::Unauthenticated,
+        ];
+        for code in codes {
+            assert_eq!(self::code(failure_kind(code)), code);
+        }
+        let failure = failure(&Status::unavailable("down"));
+        assert_eq!(failure.to_string(), "Unavailable: down");
+    }
+
+    #[test]
+    fn an_entry_survives_the_wire_and_an_unknown_state_is_none() {
+        let wire_entry = pb::EffectEntry {
+            invocation_id: "i".into(),
+            call_id: "c".into(),
+            effect_key: "k".into(),
+            attempt: 2,
+            tool: "transfer".into(),
+            state: pb::EffectState::OutcomeUnknown.into(),
+            receipt: "r".into(),
+            created_at: Some(prost_types::Timestamp {
+                seconds: 1_700_000_000,
+                nanos: 123_456_789,
+            }),
+            updated_at: Some(prost_types::Timestamp {
+                seconds: 1_700_000_001,
+                nanos: 1,
+            }),
+            detail: "d".into(),
+        };
+        let effect = effect(wire_entry.clone());
+        assert_eq!(effect.state, Some(EffectState::OutcomeUnknown));
+        assert_eq!(entry(&effect), wire_entry);
+        for state in EffectState::ALL {
+            let mut with = wire_entry.clone();
+            with.state = state.to_proto().into();
+            assert_eq!(self::effect(with).state, Some(state));
+        }
+        let unknown = pb::EffectEntry {
+            state: pb::EffectState::Unspecified.into(),
+            ..wire_entry
+        };
+        assert_eq!(self::effect(unknown).state, None);
+    }
+
+    #[test]
+    fn a_stage_answer_for_another_call_is_a_failure() {
+        let call = agentloop_engine::ToolCall {
+            call_id: agentloop_engine::CallId::new("c1"),
+            tool: "lookup".into(),
+            arguments_json: "{}".into(),
+        };
+        let dispatch = Dispatch {
+            invocation: uuid::Uuid::nil(),
+            call: &call,
+            effect_key: "",
+            attempt: 1,
+            timeout_ms: 100,
+            digest: None,
+        };
+        let answer = |call_id: &str| pb::StageAnswer {
+            answer: Some(pb::stage_answer::Answer::Result(pb::ToolResult {
+                call_id: call_id.into(),
+                outcome: Some(pb::tool_result::Outcome::Output(pb::ToolOutput {
+                    output_json: "{}".into(),
+                    receipt: String::new(),
+                })),
+            })),
+        };
+        let response = pb::ExecuteStageResponse {
+            answers: vec![answer("c1")],
+        };
+        assert!(stage_answers(&[dispatch], response)[0].is_ok());
+        let response = pb::ExecuteStageResponse {
+            answers: vec![answer("c2")],
+        };
+        let failure = stage_answers(&[dispatch], response)[0].clone().unwrap_err();
+        assert!(failure.message.contains("in the place of"), "{failure}");
+    }
+}
