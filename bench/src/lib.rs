@@ -849,7 +849,7 @@ impl Deployment {
             let secret_file = dir.join("jwt-secret");
             let secret = hex_secret();
             std::fs::write(&secret_file, &secret)?;
-            orchestrator.auth = AuthConfig {
+            orchestrator.server.auth = AuthConfig {
                 mode: AuthMode::Jwt,
                 hs256_secret_file: Some(secret_file),
                 issuer: Some(ISSUER.to_owned()),

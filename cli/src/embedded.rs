@@ -113,11 +113,15 @@ pub(crate) fn configure(serving: Serving<'_>) -> Result<Configuration, BadConfig
         )
         .map_err(|e| bad(&e))?;
     if let MetricsAt::Nowhere = serving.metrics {
-        config.metrics_listen = None;
+        config.server.metrics_listen = None;
     }
     // The flags are in `config` now, as overrides of its keys.
-    agentloop_server::exposure(config.listen, config.auth.is_on(), config.insecure_no_auth)
-        .map_err(|e| bad(&e))?;
+    agentloop_server::exposure(
+        config.server.listen,
+        config.server.auth.is_on(),
+        config.server.insecure_no_auth,
+    )
+    .map_err(|e| bad(&e))?;
     let telemetry = Telemetry::start(&resolved, Metrics::new()).map_err(|e| bad(&e))?;
     Ok(Configuration { config, telemetry })
 }
@@ -147,7 +151,7 @@ impl Configuration {
     ///
     /// [`BadConfig`] when the metrics address cannot be bound; the stack's own errors.
     pub(crate) async fn start(self, mut options: StackOptions) -> anyhow::Result<Embedded> {
-        let metrics = match self.config.metrics_listen {
+        let metrics = match self.config.server.metrics_listen {
             Some(address) => Some(
                 TcpListener::bind(address)
                     .await
@@ -155,8 +159,8 @@ impl Configuration {
             ),
             None => None,
         };
-        let authenticates = self.config.auth.is_on();
-        options.listen = self.config.listen.to_string();
+        let authenticates = self.config.server.auth.is_on();
+        options.listen = self.config.server.listen.to_string();
         options.orchestrator = self.config;
         options.telemetry = self.telemetry.clone();
         options.services.telemetry = ServiceTelemetry::shared(&self.telemetry);

@@ -551,7 +551,7 @@ impl Stack {
             data_dir,
             ..options.orchestrator
         };
-        let auth = Authenticator::from_config(&config.auth).await?;
+        let auth = Authenticator::from_config(&config.server.auth).await?;
         let workers = Workers::in_process(&config.workers);
         let runtime = Runtime::new(
             config.runtime(),

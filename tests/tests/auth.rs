@@ -36,10 +36,8 @@ async fn authenticated(
     configure: impl FnOnce(&mut OrchestratorConfig),
 ) -> (System, tempfile::TempDir) {
     let keys = tempfile::tempdir().unwrap();
-    let mut config = OrchestratorConfig {
-        auth: issuer.write_key_source(keys.path()),
-        ..OrchestratorConfig::default()
-    };
+    let mut config = OrchestratorConfig::default();
+    config.server.auth = issuer.write_key_source(keys.path());
     configure(&mut config);
     (System::start(wiring, config).await, keys)
 }

@@ -229,10 +229,8 @@ async fn a_permission_removed_between_approval_and_dispatch_stops_the_write(wiri
 async fn with_authentication_the_roles_are_the_tokens(wiring: Wiring) {
     let issuer = TokenIssuer::new(Alg::Es256);
     let keys = tempfile::tempdir().unwrap();
-    let config = OrchestratorConfig {
-        auth: issuer.write_key_source(keys.path()),
-        ..OrchestratorConfig::default()
-    };
+    let mut config = OrchestratorConfig::default();
+    config.server.auth = issuer.write_key_source(keys.path());
     let system = under(wiring, config, demo_policies()).await;
     let client_as = |token: String| {
         let endpoint = system.stack().endpoint();

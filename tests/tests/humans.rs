@@ -1166,10 +1166,8 @@ async fn with_authentication_the_approver_is_the_caller(wiring: Wiring) {
     use agentloop_auth::testing::{Alg, TokenIssuer};
     let issuer = TokenIssuer::new(Alg::Hs256);
     let keys = tempfile::tempdir().unwrap();
-    let config = OrchestratorConfig {
-        auth: issuer.write_key_source(keys.path()),
-        ..OrchestratorConfig::default()
-    };
+    let mut config = OrchestratorConfig::default();
+    config.server.auth = issuer.write_key_source(keys.path());
     let system = System::start(wiring, config).await;
     let as_token = |token: String| {
         let endpoint = system.stack().endpoint();

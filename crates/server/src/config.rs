@@ -51,6 +51,16 @@ pub enum ConfigError {
 
 impl From<figment::Error> for ConfigError {
     fn from(error: figment::Error) -> Self {
+        // A top-level key no setting took, refused by `UnknownKeys` once the flattened
+        // settings had taken theirs: figment knows no path there, serde knows the key.
+        if let (true, figment::error::Kind::UnknownField(key, _)) =
+            (error.path.is_empty(), &error.kind)
+        {
+            return ConfigError::Invalid {
+                key: key.clone(),
+                message: "unknown key".to_owned(),
+            };
+        }
         let key = error.path.join(".");
         let profile = error.profile.clone().unwrap_or_default();
         let keys: Vec<&str> = error.path.iter().map(String::as_str).collect();
@@ -111,6 +121,19 @@ pub fn load_from<T>(
 where
     T: DeserializeOwned + Serialize + Default,
 {
+    Ok(layers::<T>(file, env, env_prefix, overrides)?.extract()?)
+}
+
+/// The layers of [`load_from`], merged and not yet extracted.
+pub(crate) fn layers<T>(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+    env_prefix: &str,
+    overrides: impl Serialize,
+) -> Result<Figment, ConfigError>
+where
+    T: Serialize + Default,
+{
     let mut figment = Figment::from(Serialized::defaults(T::default()));
     if let Some(path) = file {
         if !path.is_file() {
@@ -120,10 +143,9 @@ where
         }
         figment = figment.merge(Toml::file_exact(path));
     }
-    figment = figment
+    Ok(figment
         .merge(EnvVars::new(env, env_prefix))
-        .merge(Serialized::defaults(overrides));
-    Ok(figment.extract()?)
+        .merge(Serialized::defaults(overrides)))
 }
 
 /// A figment provider over a given list of environment variables: figment's own `Env`

@@ -26,9 +26,11 @@ pub mod config;
 mod dump;
 mod guard;
 mod observe;
+mod settings;
 mod start;
 mod tls;
 
+pub use settings::{CallerAuth, ClientSettings, ServerSettings, UnknownKeys};
 pub use start::{
     CommonFlags, Configured, Prepared, Service, ServiceConfig, StartError, Started, client_config,
     exposure,

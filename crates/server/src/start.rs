@@ -22,6 +22,7 @@ use tokio::net::TcpListener;
 
 use crate::config::{self, ConfigError};
 use crate::dump;
+use crate::settings::{CallerAuth, ClientSettings, ServerSettings};
 
 /// The flags every service binary has. Flatten them into the binary's own flags with
 /// `#[command(flatten)] #[serde(flatten)]`; the service's own flags stay in its main.
@@ -56,25 +57,16 @@ pub struct CommonFlags {
 }
 
 /// A service configuration as the shared start needs it: layered by [`config::load`]
-/// (so `Default`, serde both ways) and printable by `--dump-config`.
+/// (so `Default`, serde both ways), printable by `--dump-config`, and with the shared
+/// settings flattened in ([`ServerSettings`]; [`crate::UnknownKeys`] last).
 pub trait ServiceConfig: Serialize + DeserializeOwned + Default {
-    /// The address to listen on: the `listen` key, typed, so that an address that is
-    /// not an IP:port fails at load (exit 78) rather than at bind.
-    fn listen(&self) -> SocketAddr;
+    /// How its callers are authenticated (`[auth]`).
+    type Auth: CallerAuth + Serialize + DeserializeOwned + Default;
 
-    /// Whether every caller is authenticated (a verified token, a service token). A
-    /// service whose callers are not refuses to listen beyond loopback.
-    fn authenticates_callers(&self) -> bool;
-
-    /// The operator's explicit leave to listen beyond loopback without authentication
-    /// (the `insecure_no_auth` key, `--insecure-no-auth`).
-    fn insecure_no_auth(&self) -> bool;
-
-    /// Where `/metrics` is served (the `metrics_listen` key); `None`: nowhere.
-    fn metrics_listen(&self) -> Option<SocketAddr>;
-
-    /// The `[telemetry]` section: traces, content, log format.
-    fn telemetry(&self) -> &agentloop_telemetry::TelemetryConfig;
+    /// The shared settings: `listen` (typed, so that an address that is not an IP:port
+    /// fails at load, exit 78, rather than at bind), `metrics_listen`, `[auth]`,
+    /// `insecure_no_auth`, `[telemetry]` and `[server_tls]`.
+    fn server(&self) -> &ServerSettings<Self::Auth>;
 }
 
 /// What [`Service::start`] hands to the rest of `main`.
@@ -187,14 +179,19 @@ pub fn exposure(
 ///
 /// A message naming the key whose file cannot be read or used.
 pub fn client_config(
-    service_token_file: Option<&std::path::Path>,
-    tls: Option<&crate::ClientTlsFiles>,
+    settings: &ClientSettings,
 ) -> Result<agentloop_proto::client::ClientConfig, String> {
-    let token = service_token_file
+    let token = settings
+        .service_token_file
+        .as_deref()
         .map(agentloop_auth::read_secret_file)
         .transpose()
         .map_err(|e| format!("service_token_file: {e}"))?;
-    let tls = tls.map(crate::ClientTlsFiles::load).transpose()?;
+    let tls = settings
+        .client_tls
+        .as_ref()
+        .map(crate::ClientTlsFiles::load)
+        .transpose()?;
     agentloop_proto::client::ClientConfig::default()
         .with_tls(tls)
         .with_bearer(token.as_deref())
@@ -256,7 +253,7 @@ impl Service {
         C: ServiceConfig,
     {
         let config_env = self.config_env();
-        let listen = C::default().listen();
+        let listen = C::default().server().listen;
         let with_help = |arg: clap::Arg, extra: String| {
             let help = match arg.get_help() {
                 Some(help) => format!("{help} {extra}"),
@@ -330,7 +327,7 @@ impl Service {
                 let address = started
                     .listener
                     .local_addr()
-                    .unwrap_or_else(|_| started.config.listen());
+                    .unwrap_or_else(|_| started.config.server().listen);
                 tracing::info!(service = self.name, %address, "listening");
                 started
             }
@@ -387,19 +384,16 @@ impl Service {
             telemetry: resolved,
         } = self.configure(flags, overrides, env, validate)?;
         loaded(&resolved);
-        let address = config.listen();
-        exposure(
-            address,
-            config.authenticates_callers(),
-            config.insecure_no_auth(),
-        )?;
+        let server = config.server();
+        let address = server.listen;
+        exposure(address, server.auth.is_on(), server.insecure_no_auth)?;
         if flags.dump_config {
             return Ok(Prepared::Dump(dump::to_toml(self.name, &config)?));
         }
         let listener = TcpListener::bind(address)
             .await
             .map_err(|source| StartError::Listen { address, source })?;
-        let metrics_listener = match config.metrics_listen() {
+        let metrics_listener = match config.server().metrics_listen {
             Some(address) => Some(
                 TcpListener::bind(address)
                     .await
@@ -446,12 +440,21 @@ impl Service {
                 .find(|(key, value)| *key == config_env && !value.is_empty())
                 .map(|(_, value)| PathBuf::from(value))
         });
-        let config: C =
-            config::load_from(file.as_deref(), env.clone(), &self.env_prefix(), overrides)?;
+        let layers =
+            config::layers::<C>(file.as_deref(), env.clone(), &self.env_prefix(), overrides)?;
+        // The shared settings on their own first: flattened into `C`, a bad value among
+        // them would be reported without its key and the layer it came from.
+        let extract = |figment: &figment::Figment| -> Result<C, ConfigError> {
+            figment.extract::<ServerSettings<C::Auth>>()?;
+            figment.extract::<ClientSettings>()?;
+            Ok(figment.extract()?)
+        };
+        let config = extract(&layers)?;
         let validated =
             validate(&config).map_err(|error| StartError::Invalid(error.to_string()))?;
         let telemetry = config
-            .telemetry()
+            .server()
+            .telemetry
             .resolve(self.name, env)
             .map_err(StartError::Telemetry)?;
         Ok(Configured {
@@ -474,12 +477,8 @@ impl Service {
 
     /// How this service calls the others: [`client_config`], exiting as a bad
     /// configuration when a file cannot be read.
-    pub fn client(
-        &self,
-        service_token_file: Option<&std::path::Path>,
-        tls: Option<&crate::ClientTlsFiles>,
-    ) -> agentloop_proto::client::ClientConfig {
-        client_config(service_token_file, tls).unwrap_or_else(|e| self.exit_bad_config(&e))
+    pub fn client(&self, settings: &ClientSettings) -> agentloop_proto::client::ClientConfig {
+        client_config(settings).unwrap_or_else(|e| self.exit_bad_config(&e))
     }
 
     /// [`exit_bad_config`](crate::exit_bad_config) under this service's name, for the
@@ -493,36 +492,42 @@ impl Service {
 mod tests {
     use super::*;
 
+    /// Callers authenticated or not, as the test says.
     #[derive(Debug, Default, Serialize, serde::Deserialize)]
     #[serde(default)]
+    struct Toggle {
+        on: bool,
+    }
+
+    impl CallerAuth for Toggle {
+        fn is_on(&self) -> bool {
+            self.on
+        }
+    }
+
+    #[derive(Debug, Serialize, serde::Deserialize)]
+    #[serde(default)]
     struct Config {
-        listen: Option<SocketAddr>,
-        authenticated: bool,
-        insecure_no_auth: bool,
-        metrics_listen: Option<SocketAddr>,
-        telemetry: agentloop_telemetry::TelemetryConfig,
+        #[serde(flatten)]
+        server: ServerSettings<Toggle>,
+        #[serde(flatten)]
+        unknown: crate::UnknownKeys,
+    }
+
+    impl Default for Config {
+        fn default() -> Self {
+            Config {
+                server: ServerSettings::on_port(50099),
+                unknown: crate::UnknownKeys,
+            }
+        }
     }
 
     impl ServiceConfig for Config {
-        fn listen(&self) -> SocketAddr {
-            self.listen
-                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 50099)))
-        }
+        type Auth = Toggle;
 
-        fn authenticates_callers(&self) -> bool {
-            self.authenticated
-        }
-
-        fn insecure_no_auth(&self) -> bool {
-            self.insecure_no_auth
-        }
-
-        fn metrics_listen(&self) -> Option<SocketAddr> {
-            self.metrics_listen
-        }
-
-        fn telemetry(&self) -> &agentloop_telemetry::TelemetryConfig {
-            &self.telemetry
+        fn server(&self) -> &ServerSettings<Toggle> {
+            &self.server
         }
     }
 
@@ -548,7 +553,7 @@ mod tests {
             }
             other => panic!("expected a refusal, got {other:?}"),
         }
-        let authenticated = [("AGENTLOOP_TEST_AUTHENTICATED", "true")];
+        let authenticated = [("AGENTLOOP_TEST_AUTH__ON", "true")];
         assert!(matches!(
             start(&authenticated, public.clone()).await,
             Ok(Prepared::Serve(_))

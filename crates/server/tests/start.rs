@@ -5,24 +5,28 @@
 
 use std::convert::Infallible;
 use std::io::Write;
-use std::net::SocketAddr;
 use std::path::Path;
 
 use agentloop_server::config::{ConfigError, load_from};
-use agentloop_server::{CommonFlags, Prepared, Service, ServiceConfig, StartError, Started};
+use agentloop_server::{
+    CommonFlags, Prepared, ServerSettings, Service, ServiceConfig, StartError, Started, UnknownKeys,
+};
 use serde::{Deserialize, Serialize};
 
 const SERVICE: Service = Service::new("agentloop-test");
 
-/// A service configuration shaped like the real ones: `listen`, a URL that may hold a
-/// password, a nested table.
+/// A service configuration shaped like the real ones: the shared settings, a URL that
+/// may hold a password, a nested table, and unknown keys refused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 struct TestConfig {
-    listen: SocketAddr,
+    #[serde(flatten)]
+    server: ServerSettings,
     database_url: Option<String>,
     retries: u32,
     store: Store,
+    #[serde(flatten)]
+    unknown: UnknownKeys,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -35,10 +39,11 @@ struct Store {
 impl Default for TestConfig {
     fn default() -> Self {
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            server: ServerSettings::default(),
             database_url: None,
             retries: 1,
             store: Store::default(),
+            unknown: UnknownKeys,
         }
     }
 }
@@ -53,26 +58,10 @@ impl Default for Store {
 }
 
 impl ServiceConfig for TestConfig {
-    fn listen(&self) -> SocketAddr {
-        self.listen
-    }
+    type Auth = agentloop_auth::CallersConfig;
 
-    fn authenticates_callers(&self) -> bool {
-        false
-    }
-
-    fn insecure_no_auth(&self) -> bool {
-        false
-    }
-
-    fn metrics_listen(&self) -> Option<SocketAddr> {
-        None
-    }
-
-    fn telemetry(&self) -> &agentloop_telemetry::TelemetryConfig {
-        static NONE: std::sync::LazyLock<agentloop_telemetry::TelemetryConfig> =
-            std::sync::LazyLock::new(Default::default);
-        &NONE
+    fn server(&self) -> &ServerSettings {
+        &self.server
     }
 }
 
@@ -183,6 +172,76 @@ async fn a_listen_address_that_is_not_ip_and_port_fails_at_load() {
     .unwrap_err();
     assert!(
         matches!(&error, StartError::Config(ConfigError::Invalid { key, .. }) if key == "listen"),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_shared_setting_in_the_file_is_read_and_a_bad_one_named_with_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = toml_file(
+        dir.path(),
+        "service.toml",
+        "metrics_listen = \"127.0.0.1:0\"\nretries = 2\n[telemetry]\nlog_format = \"json\"\n",
+    );
+    let flags = Flags {
+        common: CommonFlags {
+            config: Some(file),
+            ..CommonFlags::default()
+        },
+        ..Flags::default()
+    };
+    let started = match prepare(&flags, env(&[])).await.unwrap() {
+        Prepared::Serve(started) => started,
+        Prepared::Dump(_) => panic!("not a dump"),
+    };
+    assert_eq!(started.config.retries, 2);
+    assert!(started.metrics_listener.is_some());
+    assert!(started.config.server.telemetry.log_format.is_some());
+
+    let error = prepare(
+        &Flags::default(),
+        env(&[("AGENTLOOP_TEST_METRICS_LISTEN", "nowhere")]),
+    )
+    .await
+    .unwrap_err();
+    let StartError::Config(ConfigError::Invalid { key, message }) = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(key, "metrics_listen");
+    assert!(
+        message.contains("AGENTLOOP_TEST_METRICS_LISTEN"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_key_no_setting_has_is_refused_by_name() {
+    for (variable, key) in [
+        ("AGENTLOOP_TEST_LISTEN_ADDRESS", "listen_address"),
+        ("AGENTLOOP_TEST_RETRY", "retry"),
+    ] {
+        let error = prepare(&Flags::default(), env(&[(variable, "1")]))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, StartError::Config(ConfigError::Invalid { key: named, .. }) if named == key),
+            "{error:?}"
+        );
+        assert_eq!(
+            error.to_string(),
+            format!("invalid configuration key `{key}`: unknown key")
+        );
+    }
+    // Within a table of the shared settings, serde's own refusal, with its path.
+    let error = prepare(
+        &Flags::default(),
+        env(&[("AGENTLOOP_TEST_TELEMETRY__BOGUS", "1")]),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&error, StartError::Config(ConfigError::Invalid { key, .. }) if key == "telemetry.bogus"),
         "{error:?}"
     );
 }

@@ -44,7 +44,6 @@ mod price;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -75,24 +74,12 @@ pub const MAX_INVOCATION_ID_BYTES: usize = 256;
 /// Configuration of the decision service (layered by `agentloop_server::config`;
 /// environment prefix `AGENTLOOP_DECISION_`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct DecisionConfig {
-    /// Address to listen on.
-    pub listen: SocketAddr,
-    /// Where `/metrics` is served, as IP:port (Prometheus); unset: nowhere.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_listen: Option<std::net::SocketAddr>,
-    /// The callers it accepts, each by its service token (`[[auth.callers]]`). With
-    /// none, anyone who reaches the port is served, so it must be loopback (or
-    /// `insecure_no_auth`).
-    pub auth: agentloop_auth::CallersConfig,
-    /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
-    pub insecure_no_auth: bool,
-    /// Traces (OTLP), what content they may carry, and the log format (`[telemetry]`).
-    pub telemetry: agentloop_telemetry::TelemetryConfig,
-    /// TLS on the listener; with `client_ca_file`, mutual TLS, and `auth.callers` may name
-    /// callers by the SPIFFE ID of their certificates.
-    pub server_tls: Option<agentloop_server::ServerTls>,
+    /// The settings every service has: `listen`, `metrics_listen`, `[auth]`,
+    /// `insecure_no_auth`, `[telemetry]`, `[server_tls]`.
+    #[serde(flatten)]
+    pub server: agentloop_server::ServerSettings,
     /// A scripted-model file used when a request carries no `scripted_model_json`.
     /// Without it, such requests fail with FAILED_PRECONDITION.
     pub script_file: Option<PathBuf>,
@@ -105,45 +92,30 @@ pub struct DecisionConfig {
     /// without an entry reports no cost, and an invocation with a cost budget then ends
     /// with `model_error` instead of running unmetered.
     pub prices: BTreeMap<String, Price>,
+    /// Keys no setting took: refused as the configuration loads.
+    #[serde(flatten)]
+    pub unknown: agentloop_server::UnknownKeys,
 }
 
 impl Default for DecisionConfig {
     fn default() -> Self {
         DecisionConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
-            auth: agentloop_auth::CallersConfig::default(),
-            insecure_no_auth: false,
-            metrics_listen: None,
-            telemetry: agentloop_telemetry::TelemetryConfig::default(),
-            server_tls: None,
+            server: agentloop_server::ServerSettings::on_port(50052),
             script_file: None,
             model: None,
             profiles: BTreeMap::new(),
             prices: BTreeMap::new(),
+            unknown: agentloop_server::UnknownKeys,
         }
     }
 }
 
 /// The shared start (`agentloop_server::Service::start`) binds `listen`.
 impl agentloop_server::ServiceConfig for DecisionConfig {
-    fn listen(&self) -> SocketAddr {
-        self.listen
-    }
+    type Auth = agentloop_auth::CallersConfig;
 
-    fn authenticates_callers(&self) -> bool {
-        self.auth.is_on()
-    }
-
-    fn insecure_no_auth(&self) -> bool {
-        self.insecure_no_auth
-    }
-
-    fn metrics_listen(&self) -> Option<std::net::SocketAddr> {
-        self.metrics_listen
-    }
-
-    fn telemetry(&self) -> &agentloop_telemetry::TelemetryConfig {
-        &self.telemetry
+    fn server(&self) -> &agentloop_server::ServerSettings {
+        &self.server
     }
 }
 

@@ -44,7 +44,7 @@ async fn main() -> anyhow::Result<()> {
     } = SERVICE
         .start(&flags.common, &flags, DecisionServer::from_config)
         .await;
-    let access = SERVICE.access(&config.auth, config.server_tls.as_ref());
+    let access = SERVICE.access(&config.server.auth, config.server.server_tls.as_ref());
     agentloop_decision::run(
         listener,
         server.with_telemetry(&telemetry),

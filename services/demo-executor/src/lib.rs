@@ -37,7 +37,6 @@ pub mod verifier;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -71,68 +70,41 @@ pub const MAX_REPLY_DELAY_MS: u64 = 600_000;
 
 /// Configuration of the demo executor (file, `AGENTLOOP_DEMO_EXECUTOR_*` env, flags).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct DemoConfig {
-    /// Address to serve on.
-    pub listen: SocketAddr,
-    /// Where `/metrics` is served, as IP:port (Prometheus); unset: nowhere.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_listen: Option<std::net::SocketAddr>,
-    /// The callers it accepts, each by its service token (`[[auth.callers]]`). With
-    /// none, anyone who reaches the port is served, so it must be loopback (or
-    /// `insecure_no_auth`).
-    pub auth: agentloop_auth::CallersConfig,
-    /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
-    pub insecure_no_auth: bool,
-    /// Traces (OTLP), what content they may carry, and the log format (`[telemetry]`).
-    pub telemetry: agentloop_telemetry::TelemetryConfig,
-    /// TLS on the listener; with `client_ca_file`, mutual TLS, and `auth.callers` may name
-    /// callers by the SPIFFE ID of their certificates.
-    pub server_tls: Option<agentloop_server::ServerTls>,
+    /// The settings every service has: `listen`, `metrics_listen`, `[auth]`,
+    /// `insecure_no_auth`, `[telemetry]`, `[server_tls]`.
+    #[serde(flatten)]
+    pub server: agentloop_server::ServerSettings,
     /// Directory of the transfer record (`transfers.jsonl`); created if missing.
     pub data_dir: PathBuf,
     /// Optional JSON file `{"key": "value", ...}` of extra lookup entries.
     pub data_file: Option<PathBuf>,
     /// Faults to inject into `transfer` (all off by default).
     pub faults: FaultConfig,
+    /// Keys no setting took: refused as the configuration loads.
+    #[serde(flatten)]
+    pub unknown: agentloop_server::UnknownKeys,
 }
 
 impl Default for DemoConfig {
     fn default() -> Self {
         DemoConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 50061)),
-            auth: agentloop_auth::CallersConfig::default(),
-            insecure_no_auth: false,
-            metrics_listen: None,
-            telemetry: agentloop_telemetry::TelemetryConfig::default(),
-            server_tls: None,
+            server: agentloop_server::ServerSettings::on_port(50061),
             data_dir: PathBuf::from("agentloop-demo-data"),
             data_file: None,
             faults: FaultConfig::default(),
+            unknown: agentloop_server::UnknownKeys,
         }
     }
 }
 
 /// The shared start (`agentloop_server::Service::start`) binds `listen`.
 impl agentloop_server::ServiceConfig for DemoConfig {
-    fn listen(&self) -> SocketAddr {
-        self.listen
-    }
+    type Auth = agentloop_auth::CallersConfig;
 
-    fn authenticates_callers(&self) -> bool {
-        self.auth.is_on()
-    }
-
-    fn insecure_no_auth(&self) -> bool {
-        self.insecure_no_auth
-    }
-
-    fn metrics_listen(&self) -> Option<std::net::SocketAddr> {
-        self.metrics_listen
-    }
-
-    fn telemetry(&self) -> &agentloop_telemetry::TelemetryConfig {
-        &self.telemetry
+    fn server(&self) -> &agentloop_server::ServerSettings {
+        &self.server
     }
 }
 

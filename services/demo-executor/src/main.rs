@@ -97,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
         Err(error) => return Err(error.into()),
     };
     tracing::info!(data_dir = %config.data_dir.display(), "serving");
-    let access = SERVICE.access(&config.auth, config.server_tls.as_ref());
+    let access = SERVICE.access(&config.server.auth, config.server.server_tls.as_ref());
     run(
         listener,
         executor,

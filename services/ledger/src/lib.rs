@@ -33,7 +33,6 @@ pub use agentloop_effects::entry as state;
 pub mod store;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
@@ -74,24 +73,12 @@ pub fn effect_key(invocation_id: &str, call_id: &str) -> String {
 
 /// The ledger's configuration (layered by `agentloop_server::config`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct LedgerConfig {
-    /// Address to listen on.
-    pub listen: SocketAddr,
-    /// Where `/metrics` is served, as IP:port (Prometheus); unset: nowhere.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_listen: Option<std::net::SocketAddr>,
-    /// The callers it accepts, each by its service token (`[[auth.callers]]`). With
-    /// none, anyone who reaches the port is served, so it must be loopback (or
-    /// `insecure_no_auth`).
-    pub auth: agentloop_auth::CallersConfig,
-    /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
-    pub insecure_no_auth: bool,
-    /// Traces (OTLP), what content they may carry, and the log format (`[telemetry]`).
-    pub telemetry: agentloop_telemetry::TelemetryConfig,
-    /// TLS on the listener; with `client_ca_file`, mutual TLS, and `auth.callers` may name
-    /// callers by the SPIFFE ID of their certificates.
-    pub server_tls: Option<agentloop_server::ServerTls>,
+    /// The settings every service has: `listen`, `metrics_listen`, `[auth]`,
+    /// `insecure_no_auth`, `[telemetry]`, `[server_tls]`.
+    #[serde(flatten)]
+    pub server: agentloop_server::ServerSettings,
     /// A PostgreSQL database, `postgres://user[:password]@host[:port]/database`, shared
     /// by every ledger process of a deployment; the database must exist, its schema is
     /// brought up to date on start. When unset, the ledger is the SQLite file in
@@ -105,45 +92,30 @@ pub struct LedgerConfig {
     pub busy_timeout_ms: u64,
     /// Connection pool size.
     pub max_connections: u32,
+    /// Keys no setting took: refused as the configuration loads.
+    #[serde(flatten)]
+    pub unknown: agentloop_server::UnknownKeys,
 }
 
 impl Default for LedgerConfig {
     fn default() -> Self {
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 50055)),
-            auth: agentloop_auth::CallersConfig::default(),
-            insecure_no_auth: false,
-            metrics_listen: None,
-            telemetry: agentloop_telemetry::TelemetryConfig::default(),
-            server_tls: None,
+            server: agentloop_server::ServerSettings::on_port(50055),
             database_url: None,
             data_dir: PathBuf::from("data/ledger"),
             busy_timeout_ms: 5_000,
             max_connections: 4,
+            unknown: agentloop_server::UnknownKeys,
         }
     }
 }
 
 /// The shared start (`agentloop_server::Service::start`) binds `listen`.
 impl agentloop_server::ServiceConfig for LedgerConfig {
-    fn listen(&self) -> SocketAddr {
-        self.listen
-    }
+    type Auth = agentloop_auth::CallersConfig;
 
-    fn authenticates_callers(&self) -> bool {
-        self.auth.is_on()
-    }
-
-    fn insecure_no_auth(&self) -> bool {
-        self.insecure_no_auth
-    }
-
-    fn metrics_listen(&self) -> Option<std::net::SocketAddr> {
-        self.metrics_listen
-    }
-
-    fn telemetry(&self) -> &agentloop_telemetry::TelemetryConfig {
-        &self.telemetry
+    fn server(&self) -> &agentloop_server::ServerSettings {
+        &self.server
     }
 }
 

@@ -47,7 +47,7 @@ async fn main() -> anyhow::Result<()> {
         .start(&flags.common, &flags, LedgerConfig::validate)
         .await;
     tracing::info!(backend = %config.describe_backend(), "effect ledger starting");
-    let access = SERVICE.access(&config.auth, config.server_tls.as_ref());
+    let access = SERVICE.access(&config.server.auth, config.server.server_tls.as_ref());
     agentloop_ledger::run(
         listener,
         &config,

@@ -2,7 +2,6 @@
 //! an operator meets them: exit codes, stderr, and `--dump-config` on stdout.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::net::SocketAddr;
 use std::process::{Command, Output};
 
 use agentloop_ledger::{ENV_PREFIX, LedgerConfig};
@@ -85,7 +84,7 @@ fn dump_config_prints_the_layered_config_without_the_password() {
     assert_eq!(
         reloaded,
         LedgerConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 1)),
+            server: agentloop_server::ServerSettings::on_port(1),
             database_url: Some("postgres://ledger:REDACTED@db.internal:6543/effects".into()),
             max_connections: 16,
             busy_timeout_ms: 250,

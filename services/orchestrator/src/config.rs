@@ -1,22 +1,23 @@
 //! Orchestrator configuration: defaults, then a TOML file, then `AGENTLOOP_*`
 //! environment variables, then command-line flags (see `agentloop_server::config`).
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use agentloop_auth::AuthConfig;
 use agentloop_runtime::{LimitsConfig, RequestBounds, RuntimeConfig, TenantLimits, WorkersConfig};
+use agentloop_server::{ClientSettings, ServerSettings, UnknownKeys};
 use serde::{Deserialize, Serialize};
 
 /// Everything the orchestrator can be told.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct OrchestratorConfig {
-    /// Address to serve gRPC on.
-    pub listen: SocketAddr,
-    /// Where `/metrics` is served, as IP:port (Prometheus); unset: nowhere.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The settings every service has: `listen`, `metrics_listen`, `[auth]` (who may
+    /// call the public API: `mode = "jwt"` verifies a bearer token on every call and
+    /// takes the caller's actor, tenant and roles from it), `insecure_no_auth` (anyone
+    /// who reaches the port then acts as any tenant), `[telemetry]`, `[server_tls]`.
+    #[serde(flatten)]
+    pub server: ServerSettings<AuthConfig>,
     /// Where the embedded event store keeps its files (unused with `database_url`).
     pub data_dir: PathBuf,
     /// A PostgreSQL event store (`postgres://…`) shared by several orchestrator
@@ -30,76 +31,49 @@ pub struct OrchestratorConfig {
     pub tools_endpoint: String,
     /// The effect ledger.
     pub ledger_endpoint: String,
-    /// This orchestrator's token for the services above, when they check their callers.
-    pub service_token_file: Option<PathBuf>,
-    /// TLS of its calls to the services above (`https://` endpoints): the CA and, for
-    /// mutual TLS, its certificate.
-    pub client_tls: Option<agentloop_server::ClientTlsFiles>,
-    /// TLS on the public listener.
-    pub server_tls: Option<agentloop_server::ServerTls>,
+    /// How it calls the services above, when they check their callers:
+    /// `service_token_file`, `[client_tls]`.
+    #[serde(flatten)]
+    pub client: ClientSettings,
     /// The default profile's budgets.
     pub limits: LimitsConfig,
     /// Bounds on requests.
     pub bounds: RequestBounds,
     /// How this process shares invocations with other orchestrator processes.
     pub workers: WorkersConfig,
-    /// Who may call the public API: `mode = "jwt"` verifies a bearer token on every
-    /// call and takes the caller's actor, tenant and roles from it.
-    pub auth: AuthConfig,
     /// Fair use per tenant, beside `bounds.max_running`.
     pub tenants: TenantLimits,
-    /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`):
-    /// anyone who reaches the port acts as any tenant. Logged as a warning at start.
-    pub insecure_no_auth: bool,
-    /// Traces (OTLP), what content they may carry, and the log format (`[telemetry]`).
-    pub telemetry: agentloop_telemetry::TelemetryConfig,
+    /// Keys no setting took: refused as the configuration loads.
+    #[serde(flatten)]
+    pub unknown: UnknownKeys,
 }
 
 impl Default for OrchestratorConfig {
     fn default() -> Self {
         OrchestratorConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            server: ServerSettings::on_port(50051),
             data_dir: PathBuf::from(".agentloop"),
             decision_endpoint: "http://127.0.0.1:50052".into(),
             policy_endpoint: "http://127.0.0.1:50053".into(),
             tools_endpoint: "http://127.0.0.1:50054".into(),
             ledger_endpoint: "http://127.0.0.1:50055".into(),
             database_url: None,
-            service_token_file: None,
-            client_tls: None,
-            server_tls: None,
+            client: ClientSettings::default(),
             limits: LimitsConfig::default(),
             bounds: RequestBounds::default(),
             workers: WorkersConfig::default(),
-            auth: AuthConfig::default(),
             tenants: TenantLimits::default(),
-            insecure_no_auth: false,
-            metrics_listen: None,
-            telemetry: agentloop_telemetry::TelemetryConfig::default(),
+            unknown: UnknownKeys,
         }
     }
 }
 
 /// The shared start (`agentloop_server::Service::start`) binds `listen`.
 impl agentloop_server::ServiceConfig for OrchestratorConfig {
-    fn listen(&self) -> SocketAddr {
-        self.listen
-    }
+    type Auth = AuthConfig;
 
-    fn authenticates_callers(&self) -> bool {
-        self.auth.is_on()
-    }
-
-    fn insecure_no_auth(&self) -> bool {
-        self.insecure_no_auth
-    }
-
-    fn metrics_listen(&self) -> Option<std::net::SocketAddr> {
-        self.metrics_listen
-    }
-
-    fn telemetry(&self) -> &agentloop_telemetry::TelemetryConfig {
-        &self.telemetry
+    fn server(&self) -> &ServerSettings<AuthConfig> {
+        &self.server
     }
 }
 
@@ -153,7 +127,7 @@ impl OrchestratorConfig {
         if self.tenants.start_burst > 0 && self.tenants.starts_per_s == 0 {
             return Err("tenants.start_burst needs tenants.starts_per_s".into());
         }
-        self.auth.validate()?;
+        self.server.auth.validate()?;
         for (name, endpoint) in [
             ("decision_endpoint", &self.decision_endpoint),
             ("policy_endpoint", &self.policy_endpoint),

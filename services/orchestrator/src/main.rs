@@ -74,10 +74,7 @@ async fn main() -> anyhow::Result<()> {
 
     // Lazy channels: the other services may start after this one.
     let lazy = SERVICE
-        .client(
-            config.service_token_file.as_deref(),
-            config.client_tls.as_ref(),
-        )
+        .client(&config.client)
         .with_lazy(true)
         .with_request_timeout(None);
     let channel = |endpoint: &str| {
@@ -102,10 +99,10 @@ async fn main() -> anyhow::Result<()> {
     let workers =
         Workers::from_config(&config.workers).unwrap_or_else(|e| SERVICE.exit_bad_config(&e));
 
-    let auth = Authenticator::from_config(&config.auth)
+    let auth = Authenticator::from_config(&config.server.auth)
         .await
         .unwrap_or_else(|error| SERVICE.exit_bad_config(&error));
-    let tls = config.server_tls.as_ref().map(|tls| {
+    let tls = config.server.server_tls.as_ref().map(|tls| {
         tls.load()
             .unwrap_or_else(|error| SERVICE.exit_bad_config(&error))
     });

@@ -26,7 +26,6 @@ mod tools;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -54,31 +53,14 @@ pub use tools::{
 /// Configuration of the policy service (layered by `agentloop_server::config`;
 /// environment prefix `AGENTLOOP_POLICY_`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct PolicyConfig {
-    /// Address to listen on.
-    pub listen: SocketAddr,
-    /// Where `/metrics` is served, as IP:port (Prometheus); unset: nowhere.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_listen: Option<std::net::SocketAddr>,
-    /// The callers it accepts, each by its service token (`[[auth.callers]]`). With
-    /// none, anyone who reaches the port is served, so it must be loopback (or
-    /// `insecure_no_auth`).
-    pub auth: agentloop_auth::CallersConfig,
-    /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
-    pub insecure_no_auth: bool,
-    /// Traces (OTLP), what content they may carry, and the log format (`[telemetry]`).
-    pub telemetry: agentloop_telemetry::TelemetryConfig,
-    /// TLS on the listener; with `client_ca_file`, mutual TLS, and `auth.callers` may name
-    /// callers by the SPIFFE ID of their certificates.
-    pub server_tls: Option<agentloop_server::ServerTls>,
+    /// The settings every service has: `listen`, `metrics_listen`, `[auth]`,
+    /// `insecure_no_auth`, `[telemetry]`, `[server_tls]`.
+    #[serde(flatten)]
+    pub server: agentloop_server::ServerSettings,
     /// The tool gateway (`http://host:port`) whose `ListTools` gives the descriptors.
     pub tools_endpoint: Option<String>,
-    /// This service's token for the tool gateway, when the gateway checks its callers.
-    pub service_token_file: Option<PathBuf>,
-    /// TLS of its calls (`https://` endpoints): the CA and, for mutual TLS, its
-    /// certificate.
-    pub client_tls: Option<agentloop_server::ClientTlsFiles>,
     /// The tool gateway's registry file (`agentloop_registry::ToolsConfig` TOML), read
     /// instead of asking the gateway; exactly one of this and `tools_endpoint`.
     pub tools_file: Option<PathBuf>,
@@ -102,20 +84,19 @@ pub struct PolicyConfig {
     /// How often the policy files are read for changes, in milliseconds (0: on SIGHUP
     /// only).
     pub policy_watch_ms: u64,
+    /// How it calls the services it needs: `service_token_file`, `[client_tls]`.
+    #[serde(flatten)]
+    pub client: agentloop_server::ClientSettings,
+    /// Keys no setting took: refused as the configuration loads.
+    #[serde(flatten)]
+    pub unknown: agentloop_server::UnknownKeys,
 }
 
 impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 50053)),
-            auth: agentloop_auth::CallersConfig::default(),
-            insecure_no_auth: false,
-            metrics_listen: None,
-            telemetry: agentloop_telemetry::TelemetryConfig::default(),
-            server_tls: None,
+            server: agentloop_server::ServerSettings::on_port(50053),
             tools_endpoint: None,
-            service_token_file: None,
-            client_tls: None,
             tools_file: None,
             tools_attempts: 40,
             tools_backoff_ms: 250,
@@ -124,6 +105,8 @@ impl Default for PolicyConfig {
             acceptance: BTreeMap::new(),
             policies: BTreeMap::new(),
             policy_watch_ms: 2000,
+            client: agentloop_server::ClientSettings::default(),
+            unknown: agentloop_server::UnknownKeys,
         }
     }
 }
@@ -147,24 +130,10 @@ impl PolicyConfig {
 }
 
 impl agentloop_server::ServiceConfig for PolicyConfig {
-    fn listen(&self) -> SocketAddr {
-        self.listen
-    }
+    type Auth = agentloop_auth::CallersConfig;
 
-    fn authenticates_callers(&self) -> bool {
-        self.auth.is_on()
-    }
-
-    fn insecure_no_auth(&self) -> bool {
-        self.insecure_no_auth
-    }
-
-    fn metrics_listen(&self) -> Option<std::net::SocketAddr> {
-        self.metrics_listen
-    }
-
-    fn telemetry(&self) -> &agentloop_telemetry::TelemetryConfig {
-        &self.telemetry
+    fn server(&self) -> &agentloop_server::ServerSettings {
+        &self.server
     }
 }
 
@@ -213,11 +182,7 @@ pub async fn fetch_tools(
 
 /// The client settings of calls to the gateway: this service's token and TLS.
 fn gateway_client(config: &PolicyConfig) -> Result<ClientConfig, PolicyError> {
-    agentloop_server::client_config(
-        config.service_token_file.as_deref(),
-        config.client_tls.as_ref(),
-    )
-    .map_err(PolicyError::ServiceToken)
+    agentloop_server::client_config(&config.client).map_err(PolicyError::ServiceToken)
 }
 
 /// `error` and its chain of causes, so a log line says *why* a connection failed.

@@ -61,7 +61,7 @@ async fn main() -> anyhow::Result<()> {
         Err(error @ PolicyError::ToolsUnavailable { .. }) => return Err(error.into()),
         Err(error) => SERVICE.exit_bad_config(&error),
     };
-    let access = SERVICE.access(&config.auth, config.server_tls.as_ref());
+    let access = SERVICE.access(&config.server.auth, config.server.server_tls.as_ref());
     agentloop_policy::run(
         listener,
         server,

@@ -54,24 +54,12 @@ pub use gateway::{Gateway, GatewayLimits, InProcessExecutors, MAX_ID_BYTES, MAX_
 
 /// Configuration of the tools service (file, `AGENTLOOP_TOOLS_*` env, flags).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct ToolsServiceConfig {
-    /// Address to serve on.
-    pub listen: std::net::SocketAddr,
-    /// Where `/metrics` is served, as IP:port (Prometheus); unset: nowhere.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_listen: Option<std::net::SocketAddr>,
-    /// The callers it accepts, each by its service token (`[[auth.callers]]`). With
-    /// none, anyone who reaches the port is served, so it must be loopback (or
-    /// `insecure_no_auth`).
-    pub auth: agentloop_auth::CallersConfig,
-    /// Serve a non-loopback address without `auth` all the same (`--insecure-no-auth`).
-    pub insecure_no_auth: bool,
-    /// Traces (OTLP), what content they may carry, and the log format (`[telemetry]`).
-    pub telemetry: agentloop_telemetry::TelemetryConfig,
-    /// TLS on the listener; with `client_ca_file`, mutual TLS, and `auth.callers` may name
-    /// callers by the SPIFFE ID of their certificates.
-    pub server_tls: Option<agentloop_server::ServerTls>,
+    /// The settings every service has: `listen`, `metrics_listen`, `[auth]`,
+    /// `insecure_no_auth`, `[telemetry]`, `[server_tls]`.
+    #[serde(flatten)]
+    pub server: agentloop_server::ServerSettings,
     /// The tool registry file (TOML, `[[tools]]` and `[[verifiers]]`); required to start.
     pub tools: Option<PathBuf>,
     /// The callers (names of `auth.callers` entries) that may register and deregister
@@ -80,51 +68,33 @@ pub struct ToolsServiceConfig {
     pub registrars: Vec<String>,
     /// Gateway limits.
     pub limits: GatewayLimits,
-    /// This gateway's token for its executors, when they check who calls them.
-    pub service_token_file: Option<std::path::PathBuf>,
-    /// TLS of its calls to executors (`https://` endpoints): the CA and, for mutual TLS,
-    /// its certificate.
-    pub client_tls: Option<agentloop_server::ClientTlsFiles>,
+    /// How it calls the services it needs: `service_token_file`, `[client_tls]`.
+    #[serde(flatten)]
+    pub client: agentloop_server::ClientSettings,
+    /// Keys no setting took: refused as the configuration loads.
+    #[serde(flatten)]
+    pub unknown: agentloop_server::UnknownKeys,
 }
 
 impl Default for ToolsServiceConfig {
     fn default() -> Self {
         ToolsServiceConfig {
-            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 50054)),
-            auth: agentloop_auth::CallersConfig::default(),
-            insecure_no_auth: false,
-            metrics_listen: None,
-            telemetry: agentloop_telemetry::TelemetryConfig::default(),
-            server_tls: None,
+            server: agentloop_server::ServerSettings::on_port(50054),
             tools: None,
             registrars: Vec::new(),
             limits: GatewayLimits::default(),
-            service_token_file: None,
-            client_tls: None,
+            client: agentloop_server::ClientSettings::default(),
+            unknown: agentloop_server::UnknownKeys,
         }
     }
 }
 
 /// The shared start (`agentloop_server::Service::start`) binds `listen`.
 impl agentloop_server::ServiceConfig for ToolsServiceConfig {
-    fn listen(&self) -> std::net::SocketAddr {
-        self.listen
-    }
+    type Auth = agentloop_auth::CallersConfig;
 
-    fn authenticates_callers(&self) -> bool {
-        self.auth.is_on()
-    }
-
-    fn insecure_no_auth(&self) -> bool {
-        self.insecure_no_auth
-    }
-
-    fn metrics_listen(&self) -> Option<std::net::SocketAddr> {
-        self.metrics_listen
-    }
-
-    fn telemetry(&self) -> &agentloop_telemetry::TelemetryConfig {
-        &self.telemetry
+    fn server(&self) -> &agentloop_server::ServerSettings {
+        &self.server
     }
 }
 

@@ -36,6 +36,7 @@ struct Flags {
 fn registry(config: &ToolsServiceConfig) -> anyhow::Result<ToolsConfig> {
     for registrar in &config.registrars {
         if !config
+            .server
             .auth
             .callers
             .iter()
@@ -61,22 +62,19 @@ async fn main() -> anyhow::Result<()> {
         ..
     } = SERVICE.start(&flags.common, &flags, registry).await;
     let executors = registry.executors.len();
-    let client = SERVICE.client(
-        config.service_token_file.as_deref(),
-        config.client_tls.as_ref(),
-    );
+    let client = SERVICE.client(&config.client);
     let gateway = Gateway::with_in_process(registry, config.limits.clone(), Vec::new(), client)
         .await
         .unwrap_or_else(|error| SERVICE.exit_bad_config(&error));
     // With callers authenticated, only the named registrars may register executors.
-    let gateway = if config.auth.is_on() {
+    let gateway = if config.server.auth.is_on() {
         gateway.with_registrars(config.registrars.clone())
     } else {
         gateway
     };
     let tools = gateway.descriptors().len();
     tracing::info!(tools, executors, "serving");
-    let access = SERVICE.access(&config.auth, config.server_tls.as_ref());
+    let access = SERVICE.access(&config.server.auth, config.server.server_tls.as_ref());
     run(
         listener,
         gateway,
