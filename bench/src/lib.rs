@@ -665,6 +665,11 @@ fn answer_from(history: &[pb::Event]) -> String {
 
 #[async_trait::async_trait]
 impl Model for BenchModel {
+    /// The last turn, whose results the answer names.
+    fn reads_history(&self) -> usize {
+        1
+    }
+
     fn provider(&self) -> &'static str {
         "bench"
     }

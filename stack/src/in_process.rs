@@ -51,7 +51,13 @@ impl DecisionPort for InProcessDecision {
                 self.0.decide_scripted(script, &id, ask.turn).await
             }
             None => {
-                let request = calls::decide_request(&ask);
+                // Only the window the model reads becomes a message.
+                let reads = self.0.reads_history(ask.profile);
+                let window = &ask.history[ask.history.len().saturating_sub(reads)..];
+                let request = calls::decide_request(&Ask {
+                    history: window,
+                    ..ask
+                });
                 self.0.decide(&request).await
             }
         };

@@ -57,11 +57,13 @@ pub struct ToolSpec {
 pub struct ToolDigest(pub [u8; 16]);
 
 impl std::fmt::Display for ToolDigest {
+    /// Lowercase hex, in one write, as [`crate::Fingerprint`]'s: every committed turn
+    /// names its tools' digests, and 16 `{:02x}` fragments were most of a turn's wire
+    /// conversion.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for byte in self.0 {
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
+        let mut text = [0u8; 32];
+        hex::encode_to_slice(self.0, &mut text).map_err(|_| std::fmt::Error)?;
+        f.write_str(std::str::from_utf8(&text).map_err(|_| std::fmt::Error)?)
     }
 }
 

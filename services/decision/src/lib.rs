@@ -305,14 +305,22 @@ impl DecisionServer {
             let script = self.scripts.get_or_parse(&request.scripted_model_json)?;
             return self.recorded.chat(&*script, request, tools).await;
         }
-        match self
-            .profiles
-            .get(&request.profile)
-            .or(self.default_model.as_ref())
-        {
+        match self.model_of(&request.profile) {
             Some(model) => self.recorded.chat(&**model, request, tools).await,
             None => Err(ModelError::NoModel),
         }
+    }
+
+    /// The model of `profile`'s requests that carry no script, if there is one.
+    fn model_of(&self, profile: &str) -> Option<&Arc<dyn Model>> {
+        self.profiles.get(profile).or(self.default_model.as_ref())
+    }
+
+    /// How many of the last history events the model of `profile` reads
+    /// ([`Model::reads_history`]); none when it has no model.
+    pub fn reads_history(&self, profile: &str) -> usize {
+        self.model_of(profile)
+            .map_or(0, |model| model.reads_history())
     }
 }
 

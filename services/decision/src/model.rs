@@ -115,6 +115,13 @@ pub trait Model: Send + Sync + fmt::Debug {
         self.decide_with(request, &request.tools).await
     }
 
+    /// How many of the request's last history events it reads (all of them, up to
+    /// [`crate::MAX_HISTORY_EVENTS`], unless it says fewer). A caller in the same
+    /// process that keeps the history in another form converts only these.
+    fn reads_history(&self) -> usize {
+        crate::MAX_HISTORY_EVENTS
+    }
+
     /// Who serves it, as `gen_ai.provider.name` and the metrics' `provider` label name
     /// it (`openai`, `anthropic`, `scripted`).
     fn provider(&self) -> &'static str;
@@ -137,6 +144,11 @@ fn decision(kind: Kind) -> Outcome {
 
 #[async_trait::async_trait]
 impl Model for ScriptedModel {
+    /// None: a script decides by the turn's number alone.
+    fn reads_history(&self) -> usize {
+        0
+    }
+
     fn provider(&self) -> &'static str {
         SCRIPTED_MODEL_NAME
     }

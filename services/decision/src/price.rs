@@ -75,6 +75,10 @@ impl PricedModel {
 
 #[async_trait::async_trait]
 impl Model for PricedModel {
+    fn reads_history(&self) -> usize {
+        self.model.reads_history()
+    }
+
     fn provider(&self) -> &'static str {
         self.model.provider()
     }
