@@ -1,10 +1,11 @@
 //! The runtime's ports over services of the same process: the adapters of the embedded
 //! wiring, kept here with the wiring so that no service depends on another.
 //!
-//! The policy service, the tool gateway and the ledger are called through their gRPC
-//! traits, with the messages the gRPC adapters send (`agentloop_orchestrator::calls`),
-//! and no network between. The decision service is called through its core, so an
-//! offline run's turn reads nothing but its script and its number.
+//! The decision service and the ledger are called through their own operations: an
+//! offline run's turn reads nothing but its script and its number, and a write's entry
+//! is the ledger's. The policy service and the tool gateway are called through their
+//! gRPC traits, with the messages the gRPC adapters send (`agentloop_orchestrator::calls`),
+//! and no network between.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,9 +14,9 @@ use agentloop_decision::{DecisionServer, ModelError};
 use agentloop_effects::EffectState;
 use agentloop_effects::settle::{Answer, Recorded};
 use agentloop_engine::{Authorization, Check};
+use agentloop_ledger::{Entry, LedgerError, LedgerService, Page};
 use agentloop_orchestrator::calls;
 use agentloop_proto::v1 as pb;
-use agentloop_proto::v1::effect_ledger_service_server::EffectLedgerService;
 use agentloop_proto::v1::policy_service_server::PolicyService;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use agentloop_runtime::ports::{
@@ -126,11 +127,49 @@ impl<S: ToolGatewayService> ToolsPort for InProcess<S> {
     }
 }
 
+/// The effect ledger in this process, called through its own operations.
+#[derive(Debug, Clone)]
+pub struct InProcessLedger(pub LedgerService);
+
+/// A ledger refusal as the runtime reads it: the status the ledger's gRPC face answers.
+fn refused(error: LedgerError) -> Failure {
+    calls::failure(&Status::from(error))
+}
+
+/// An entry of the ledger's store as the runtime's.
+fn effect(entry: Entry) -> Effect {
+    Effect {
+        invocation_id: entry.invocation_id,
+        call_id: entry.call_id,
+        effect_key: entry.effect_key,
+        attempt: entry.attempt,
+        tool: entry.tool,
+        state: Some(entry.state),
+        receipt: entry.receipt,
+        detail: entry.detail,
+        created_at: entry.created_at,
+        updated_at: entry.updated_at,
+    }
+}
+
+fn page(page: Page) -> EffectPage {
+    EffectPage {
+        entries: page.entries.into_iter().map(effect).collect(),
+        next_page_token: page.next_page_token.unwrap_or_default(),
+    }
+}
+
 #[async_trait]
-impl<S: EffectLedgerService> LedgerPort for InProcess<S> {
-    async fn prepare(&self, effect: NewEffect<'_>) -> Result<Effect, Failure> {
-        let request = Request::new(calls::prepare_request(&effect));
-        calls::answered_entry(answer(self.0.prepare(request).await)?.entry)
+impl LedgerPort for InProcessLedger {
+    async fn prepare(&self, new: NewEffect<'_>) -> Result<Effect, Failure> {
+        let new = agentloop_ledger::NewEffect {
+            invocation_id: new.invocation.to_string(),
+            call_id: new.call_id.to_owned(),
+            effect_key: new.effect_key.to_owned(),
+            tool: new.tool.to_owned(),
+        };
+        let (entry, _created) = self.0.prepare_effect(&new).await.map_err(refused)?;
+        Ok(effect(entry))
     }
 
     async fn mark_dispatched(
@@ -138,8 +177,8 @@ impl<S: EffectLedgerService> LedgerPort for InProcess<S> {
         effect_key: &str,
         expected: EffectState,
     ) -> Result<Effect, Failure> {
-        let request = Request::new(calls::mark_dispatched_request(effect_key, expected));
-        calls::answered_entry(answer(self.0.mark_dispatched(request).await)?.entry)
+        let entry = self.0.dispatch_effect(effect_key, expected).await;
+        entry.map(effect).map_err(refused)
     }
 
     async fn record(
@@ -148,15 +187,22 @@ impl<S: EffectLedgerService> LedgerPort for InProcess<S> {
         expected: EffectState,
         recorded: &Recorded,
     ) -> Result<Effect, Failure> {
-        let request = Request::new(calls::record_request(effect_key, expected, recorded));
-        calls::answered_entry(answer(self.0.record(request).await)?.entry)
+        let entry = self
+            .0
+            .record_effect(
+                effect_key,
+                expected,
+                recorded.outcome,
+                &recorded.receipt,
+                &recorded.detail,
+            )
+            .await;
+        entry.map(effect).map_err(refused)
     }
 
     async fn get(&self, effect_key: &str) -> Result<Effect, Failure> {
-        let request = Request::new(pb::GetRequest {
-            effect_key: effect_key.to_owned(),
-        });
-        calls::answered_entry(answer(self.0.get(request).await)?.entry)
+        let entry = self.0.store().get(effect_key).await;
+        entry.map(effect).map_err(refused)
     }
 
     async fn list_unresolved(
@@ -165,13 +211,10 @@ impl<S: EffectLedgerService> LedgerPort for InProcess<S> {
         page_size: u32,
         page_token: &str,
     ) -> Result<EffectPage, Failure> {
-        let request = Request::new(pb::ListUnresolvedRequest {
-            invocation_id: invocation.to_owned(),
-            page_size,
-            page_token: page_token.to_owned(),
-        });
-        let page = answer(self.0.list_unresolved(request).await)?;
-        Ok(calls::effect_page(page.entries, page.next_page_token))
+        let invocation = Some(invocation).filter(|id| !id.is_empty());
+        let token = Some(page_token).filter(|token| !token.is_empty());
+        let listed = self.0.store().list_unresolved(invocation, page_size, token);
+        listed.await.map(page).map_err(refused)
     }
 
     async fn list_by_invocation(
@@ -180,12 +223,12 @@ impl<S: EffectLedgerService> LedgerPort for InProcess<S> {
         page_size: u32,
         page_token: &str,
     ) -> Result<EffectPage, Failure> {
-        let request = Request::new(pb::ListByInvocationRequest {
-            invocation_id: invocation.to_string(),
-            page_size,
-            page_token: page_token.to_owned(),
-        });
-        let page = answer(self.0.list_by_invocation(request).await)?;
-        Ok(calls::effect_page(page.entries, page.next_page_token))
+        let token = Some(page_token).filter(|token| !token.is_empty());
+        let invocation = invocation.to_string();
+        let listed = self
+            .0
+            .store()
+            .list_by_invocation(&invocation, page_size, token);
+        listed.await.map(page).map_err(refused)
     }
 }

@@ -46,7 +46,7 @@ use tokio_util::task::AbortOnDropHandle;
 use uuid::Uuid;
 
 mod in_process;
-pub use in_process::{InProcess, InProcessDecision};
+pub use in_process::{InProcess, InProcessDecision, InProcessLedger};
 
 /// The caller name under which the distributed gateway admits a registrar (its token is
 /// [`ServiceTokens::registrar`]).
@@ -334,7 +334,7 @@ impl Services {
                     decision: Arc::new(InProcessDecision(decision)),
                     policy: Arc::new(InProcess(Arc::new(policy))),
                     tools: Arc::new(InProcess(Arc::new(gateway))),
-                    ledger: Arc::new(InProcess(Arc::new(ledger))),
+                    ledger: Arc::new(InProcessLedger(ledger)),
                 };
                 Ok(Services {
                     demo,

@@ -1332,8 +1332,13 @@ async fn nested_model_profiles_and_prices_load_from_environment_variables() {
     let env = vars.iter().map(|(k, v)| ((*k).to_owned(), v.clone()));
     let from_env: DecisionConfig =
         agentloop_server::config::load_from(None, env, "AGENTLOOP_DECISION_", NoFlags {}).unwrap();
-    let from_file: DecisionConfig = toml::from_str(&format!(
-        r#"
+    // The file through the same layers (defaults under it), as a service reads it.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("decision.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
         [model]
         provider = "openai"
         model = "gpt-4o"
@@ -1350,7 +1355,15 @@ async fn nested_model_profiles_and_prices_load_from_environment_variables() {
         input_usd_per_mtok = 2.5
         output_usd_per_mtok = 10
         "#
-    ))
+        ),
+    )
+    .unwrap();
+    let from_file: DecisionConfig = agentloop_server::config::load_from(
+        Some(&file),
+        Vec::<(String, String)>::new(),
+        "AGENTLOOP_DECISION_",
+        NoFlags {},
+    )
     .unwrap();
     assert_eq!(from_env, from_file);
 

@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 use crate::error::LedgerError;
 use crate::observe::Observed;
 use crate::state::{EffectState, Outcome};
-use crate::store::{LedgerStore, NewEffect};
+use crate::store::{Entry, LedgerStore, NewEffect};
 
 /// `agentloop.v1.EffectLedgerService` over a [`LedgerStore`]. Serve it with
 /// `agentloop_proto::server::effect_ledger(LedgerService::new(store))`.
@@ -59,6 +59,66 @@ impl LedgerService {
     }
 }
 
+/// The ledger's operations in its own types: what the gRPC methods below do once they
+/// have checked the request, and what a caller in the same process calls directly.
+/// Every move is counted in the metrics.
+impl LedgerService {
+    /// The store, for reads (`get`, `list_unresolved`, `list_by_invocation`).
+    pub fn store(&self) -> &LedgerStore {
+        &self.store
+    }
+
+    /// Records `new` before it is dispatched, or finds it by its effect key: the entry,
+    /// and whether this call created it.
+    ///
+    /// # Errors
+    ///
+    /// What the store refuses, or its failure.
+    pub async fn prepare_effect(&self, new: &NewEffect) -> Result<(Entry, bool), LedgerError> {
+        let (entry, created) = self.store.prepare(new).await?;
+        if created {
+            self.observed.moved(entry.state);
+        }
+        Ok((entry, created))
+    }
+
+    /// Records that the effect is about to be sent, if it is in `expected`.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError`] when it is not, or the store fails.
+    pub async fn dispatch_effect(
+        &self,
+        effect_key: &str,
+        expected: EffectState,
+    ) -> Result<Entry, LedgerError> {
+        let entry = self.store.mark_dispatched(effect_key, expected).await?;
+        self.observed.moved(entry.state);
+        Ok(entry)
+    }
+
+    /// Records `outcome`, if the entry is in `expected`.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError`] when it is not, or the store fails.
+    pub async fn record_effect(
+        &self,
+        effect_key: &str,
+        expected: EffectState,
+        outcome: Outcome,
+        receipt: &str,
+        detail: &str,
+    ) -> Result<Entry, LedgerError> {
+        let entry = self
+            .store
+            .record(effect_key, expected, outcome, receipt, detail)
+            .await?;
+        self.observed.moved(entry.state);
+        Ok(entry)
+    }
+}
+
 /// A required state field: a known, specified enum value. The guard is required even
 /// though the proto calls UNSPECIFIED "no expectation": the guard is what stops two
 /// workers from both moving an effect, so the ledger does not offer an unguarded move.
@@ -82,10 +142,7 @@ impl EffectLedgerService for LedgerService {
             effect_key: request.effect_key,
             tool: request.tool,
         };
-        let (entry, created) = self.store.prepare(&new).await?;
-        if created {
-            self.observed.moved(entry.state);
-        }
+        let (entry, created) = self.prepare_effect(&new).await?;
         Ok(Response::new(pb::PrepareResponse {
             entry: Some(entry.to_proto()),
             created,
@@ -98,11 +155,7 @@ impl EffectLedgerService for LedgerService {
     ) -> Result<Response<pb::MarkDispatchedResponse>, Status> {
         let request = request.into_inner();
         let expected = state_field("expected_state", request.expected_state)?;
-        let entry = self
-            .store
-            .mark_dispatched(&request.effect_key, expected)
-            .await?;
-        self.observed.moved(entry.state);
+        let entry = self.dispatch_effect(&request.effect_key, expected).await?;
         Ok(Response::new(pb::MarkDispatchedResponse {
             entry: Some(entry.to_proto()),
         }))
@@ -125,8 +178,7 @@ impl EffectLedgerService for LedgerService {
             )
         })?;
         let entry = self
-            .store
-            .record(
+            .record_effect(
                 &request.effect_key,
                 expected,
                 outcome,
@@ -134,7 +186,6 @@ impl EffectLedgerService for LedgerService {
                 &request.detail,
             )
             .await?;
-        self.observed.moved(entry.state);
         Ok(Response::new(pb::RecordResponse {
             entry: Some(entry.to_proto()),
         }))

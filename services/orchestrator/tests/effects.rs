@@ -26,7 +26,7 @@ use agentloop_runtime::ports::{
     Claim, Dispatch, Failure, FailureKind, Ports, Sent, Tool, ToolsPort,
 };
 use agentloop_runtime::{Runtime, Workers};
-use agentloop_stack::{InProcess, InProcessDecision};
+use agentloop_stack::{InProcess, InProcessDecision, InProcessLedger};
 use agentloop_store::SqliteStore;
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -217,7 +217,7 @@ async fn setup_with(script: Script, sends_stages: bool) -> Setup {
         decision: Arc::new(InProcessDecision(DecisionServer::new(None))),
         policy: Arc::new(InProcess(Arc::new(policy))),
         tools: tools.clone(),
-        ledger: Arc::new(InProcess(Arc::new(ledger.clone()))),
+        ledger: Arc::new(InProcessLedger(ledger.clone())),
     };
     let store = SqliteStore::open_in(&dir.path().join("events"))
         .await
