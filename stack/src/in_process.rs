@@ -49,7 +49,7 @@ impl DecisionPort for InProcessDecision {
         let replied = match ask.script {
             Some(script) => {
                 let id = ask.invocation.to_string();
-                self.0.decide_scripted(script, &id, ask.turn).await
+                self.0.decide_scripted(script.model(), &id, ask.turn).await
             }
             None => {
                 // Only the window the model reads becomes a message.

@@ -3,8 +3,10 @@
 use std::sync::Arc;
 
 use agentloop_engine::{EventBody, ProposedDecision};
+use agentloop_script::Script;
 use agentloop_store::StoredEvent;
 
+use crate::intern::Interner;
 use crate::ports::Cited;
 use crate::spec::InvocationSpec;
 
@@ -22,18 +24,30 @@ pub(crate) struct ModelContext(Arc<Window>);
 #[derive(Debug, Clone)]
 struct Window {
     goal: String,
-    script: Option<String>,
+    /// The script of an offline run, parsed, or why it does not parse (a script stored
+    /// by a build whose parser was less strict): its decisions then fail.
+    script: Option<Result<Arc<Script>, String>>,
     history: Vec<StoredEvent>,
 }
 
 impl ModelContext {
     /// The context of an invocation whose last committed events are `history` (at most
     /// [`HISTORY`]). The goal and the script, which may be long, move out of `spec`:
-    /// the context keeps the one copy.
-    pub(crate) fn new(spec: &mut InvocationSpec, history: Vec<StoredEvent>) -> Self {
+    /// the context keeps the goal, and the script parsed, shared through `scripts` with
+    /// the invocations of the same script.
+    pub(crate) fn new(
+        spec: &mut InvocationSpec,
+        history: Vec<StoredEvent>,
+        scripts: &Interner<Script>,
+    ) -> Self {
+        let script = spec.script.take().map(|text| {
+            Script::parse(text)
+                .map(|script| scripts.intern(script))
+                .map_err(|error| error.to_string())
+        });
         ModelContext(Arc::new(Window {
             goal: std::mem::take(&mut spec.goal),
-            script: spec.script.take(),
+            script,
             history,
         }))
     }
@@ -43,9 +57,14 @@ impl ModelContext {
         &self.0.goal
     }
 
-    /// The scripted model of an offline run, as its JSON text.
-    pub(crate) fn script(&self) -> Option<&str> {
-        self.0.script.as_deref()
+    /// The scripted model of an offline run, if it has one; `Err` with why when its
+    /// script does not parse.
+    pub(crate) fn script(&self) -> Result<Option<&Script>, &str> {
+        match &self.0.script {
+            None => Ok(None),
+            Some(Ok(script)) => Ok(Some(script)),
+            Some(Err(why)) => Err(why),
+        }
     }
 
     /// The window, oldest first.
@@ -107,5 +126,49 @@ pub(crate) fn cite(events: &[StoredEvent], evidence: &[String], cited: &mut Vec<
                 outcome: result.outcome.clone(),
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use agentloop_engine::{Limits, ToolCatalog};
+
+    use super::*;
+
+    fn spec(script: Option<&str>) -> InvocationSpec {
+        InvocationSpec {
+            goal: "g".into(),
+            profile: "default".into(),
+            actor: String::new(),
+            tenant: String::new(),
+            roles: None,
+            limits: Limits::default(),
+            tools: Arc::new(ToolCatalog::default()),
+            script: script.map(str::to_owned),
+            trace: None,
+        }
+    }
+
+    /// A script is parsed as the runner starts, once, and the invocations that run the
+    /// same one share it; one that does not parse fails its decisions, saying why.
+    #[test]
+    fn a_script_is_parsed_once_and_shared_and_a_bad_one_says_why() {
+        let scripts = Interner::new(8);
+        let text = r#"{"turns": [{"final": "done"}]}"#;
+        let first = ModelContext::new(&mut spec(Some(text)), Vec::new(), &scripts);
+        let second = ModelContext::new(&mut spec(Some(text)), Vec::new(), &scripts);
+        let (Ok(Some(a)), Ok(Some(b))) = (first.script(), second.script()) else {
+            panic!("both parse");
+        };
+        assert!(std::ptr::eq(a, b), "one parsed script for both");
+        assert_eq!(a.text(), text);
+        assert_eq!(a.model().turns().len(), 1);
+
+        let none = ModelContext::new(&mut spec(None), Vec::new(), &scripts);
+        assert!(matches!(none.script(), Ok(None)));
+        let bad = ModelContext::new(&mut spec(Some(r#"{"turns": []}"#)), Vec::new(), &scripts);
+        assert!(bad.script().is_err_and(|why| !why.is_empty()));
     }
 }

@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use agentloop_engine::{Clock, Invocation, SystemClock, ToolCatalog};
 use agentloop_lease::Lease;
+use agentloop_script::Script;
 use agentloop_store::{EventStore, InvocationRecord, InvocationState, StoreError, StoredEvent};
 use agentloop_telemetry::{ActiveSpan, Telemetry};
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
@@ -99,6 +100,8 @@ pub(crate) struct Shared {
     catalogs: Interner<ToolCatalog>,
     /// The tools' descriptors shown to the model, one list per distinct set of tools.
     tool_lists: Interner<Descriptors>,
+    /// The scripts of offline runs, parsed, one per distinct script.
+    scripts: Interner<Script>,
     /// The orchestrator's telemetry and metrics.
     instruments: Instruments,
 }
@@ -350,6 +353,7 @@ impl Runtime {
                 tools_generation: AtomicU64::new(0),
                 catalogs: Interner::new(MAX_SHARED_CATALOGS),
                 tool_lists: Interner::new(MAX_SHARED_CATALOGS),
+                scripts: Interner::new(MAX_SHARED_CATALOGS),
                 workers,
                 freed: Notify::new(),
                 started: AtomicBool::new(false),
@@ -699,7 +703,7 @@ impl Runtime {
         let keeper = keepers.keep(lease, lost.clone());
         self.shared.instruments.leases_held.inc();
         self.shared.hub.open(id, engine.protocol().version);
-        let context = ModelContext::new(&mut spec, history);
+        let context = ModelContext::new(&mut spec, history, &self.shared.scripts);
         let tools_generation = self.shared.tools_generation();
         let tools = self.shared.descriptors_for(&spec);
         let runner = Runner {

@@ -16,6 +16,7 @@ use agentloop_engine::{
     Authorization, CallOutcome, Check, Fingerprint, ProposedDecision, SideEffect, ToolCall,
     ToolDigest, Usage,
 };
+use agentloop_script::Script;
 use agentloop_store::StoredEvent;
 use async_trait::async_trait;
 use uuid::Uuid;
@@ -108,8 +109,9 @@ pub struct Ask<'a> {
     pub goal: &'a str,
     /// The last committed events, oldest first; older ones are in the log only.
     pub history: &'a [StoredEvent],
-    /// The scripted model of an offline run, as its JSON text.
-    pub script: Option<&'a str>,
+    /// The scripted model of an offline run, parsed once as the invocation's runner
+    /// started.
+    pub script: Option<&'a Script>,
     /// The tools the model may call.
     pub tools: &'a [Tool],
 }

@@ -415,13 +415,20 @@ impl Runner {
         let (context, tools) = (self.context.clone(), Arc::clone(&self.tools));
         let (shared, spec, id) = (self.shared.clone(), self.spec.clone(), self.id);
         self.span.boxed(async move {
+            let script = match context.script() {
+                Ok(script) => script,
+                Err(why) => {
+                    let message = format!("the invocation's script does not parse: {why}");
+                    return Done::One(Input::DecisionFailed { message });
+                }
+            };
             let ask = Ask {
                 invocation: id,
                 turn,
                 profile: &spec.profile,
                 goal: context.goal(),
                 history: context.history(),
-                script: context.script(),
+                script,
                 tools: &tools.0,
             };
             Done::One(match shared.ports.decision.decide(ask).await {

@@ -371,6 +371,51 @@ fn parse_turn(index: usize, text: &RawValue) -> Result<ScriptedTurn, ScriptError
     })
 }
 
+/// A script as an invocation keeps it: its text, which goes to a decision service in
+/// another process, and the model parsed from it once, which one in the same process
+/// replays. Equal by text, so that invocations of the same script can share one.
+#[derive(Debug)]
+pub struct Script {
+    text: String,
+    model: ScriptedModel,
+}
+
+impl Script {
+    /// Parses `text`, keeping it.
+    ///
+    /// # Errors
+    ///
+    /// As [`ScriptedModel::parse`].
+    pub fn parse(text: String) -> Result<Script, ScriptError> {
+        let model = ScriptedModel::parse(&text)?;
+        Ok(Script { text, model })
+    }
+
+    /// The JSON text, as given.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The model it describes.
+    pub fn model(&self) -> &ScriptedModel {
+        &self.model
+    }
+}
+
+impl PartialEq for Script {
+    fn eq(&self, other: &Script) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for Script {}
+
+impl std::hash::Hash for Script {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.text.hash(state);
+    }
+}
+
 impl ScriptedModel {
     /// Parses and validates a script.
     ///

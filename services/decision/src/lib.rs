@@ -325,26 +325,24 @@ impl DecisionServer {
 }
 
 impl DecisionServer {
-    /// Decides turn `turn` of an offline run of `invocation_id` from its script's text,
-    /// for a caller in the same process: the script is parsed once and cached, and
-    /// nothing else of the turn is read.
+    /// Decides turn `turn` of an offline run of `invocation_id` from its script, which a
+    /// caller in the same process parsed once: nothing else of the turn is read.
     ///
     /// # Errors
     ///
     /// As [`DecisionServer::decide`].
     pub async fn decide_scripted(
         &self,
-        script: &str,
+        model: &ScriptedModel,
         invocation_id: &str,
         turn: u32,
     ) -> Result<ModelReply, ModelError> {
-        let model = self.scripts.get_or_parse(script)?;
         let request = DecideRequest {
             invocation_id: invocation_id.to_owned(),
             turn,
             ..DecideRequest::default()
         };
-        self.recorded.chat(&*model, &request, &[]).await
+        self.recorded.chat(model, &request, &[]).await
     }
 }
 

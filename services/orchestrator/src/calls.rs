@@ -16,6 +16,7 @@ use agentloop_runtime::ports::{
     Acceptance, Ask, Batch, Cited, Claim, Decided, Dispatch, Effect, EffectPage, Failure,
     FailureKind, NewEffect, Sent, Tool,
 };
+use agentloop_script::Script;
 use tonic::{Code, Status};
 
 use crate::wire;
@@ -125,7 +126,7 @@ pub fn decide_request(ask: &Ask<'_>) -> pb::DecideRequest {
             .collect(),
         context_from_seq: ask.history.first().map_or(0, |stored| stored.event.seq),
         summary: String::new(),
-        scripted_model_json: ask.script.unwrap_or_default().to_owned(),
+        scripted_model_json: ask.script.map(Script::text).unwrap_or_default().to_owned(),
         invocation_id,
     }
 }
@@ -398,24 +399,8 @@ mod tests {
 
     #[test]
     fn every_failure_kind_is_a_code_and_back() {
-        let codes = [
-            Code::Cancelled,
-            Code::Unknown,
-            Code::InvalidArgument,
-            Code::DeadlineExceeded,
-            Code::NotFound,
-            Code::AlreadyExists,
-            Code::PermissionDenied,
-            Code::ResourceExhausted,
-            Code::FailedPrecondition,
-            Code::Aborted,
-            Code::OutOfRange,
-            Code::Unimplemented,
-            Code::Internal,
-            Code::Unavailable,
-            Code::DataLoss,
-            Code::Unauthenticated,
-        ];
+        // Every code but OK, by its number.
+        let codes = (1..=16).map(Code::from);
         for code in codes {
             assert_eq!(self::code(failure_kind(code)), code);
         }
@@ -425,27 +410,23 @@ mod tests {
 
     #[test]
     fn an_entry_survives_the_wire_and_an_unknown_state_is_none() {
-        let wire_entry = pb::EffectEntry {
+        // Sub-millisecond times too: an entry's times go back to the caller as they came.
+        let at = |seconds, nanos| SystemTime::UNIX_EPOCH + Duration::new(seconds, nanos);
+        let runtime = Effect {
             invocation_id: "i".into(),
             call_id: "c".into(),
             effect_key: "k".into(),
             attempt: 2,
             tool: "transfer".into(),
-            state: pb::EffectState::OutcomeUnknown.into(),
+            state: Some(EffectState::OutcomeUnknown),
             receipt: "r".into(),
-            created_at: Some(prost_types::Timestamp {
-                seconds: 1_700_000_000,
-                nanos: 123_456_789,
-            }),
-            updated_at: Some(prost_types::Timestamp {
-                seconds: 1_700_000_001,
-                nanos: 1,
-            }),
             detail: "d".into(),
+            created_at: at(1_700_000_000, 123_456_789),
+            updated_at: at(1_700_000_001, 1),
         };
-        let effect = effect(wire_entry.clone());
-        assert_eq!(effect.state, Some(EffectState::OutcomeUnknown));
-        assert_eq!(entry(&effect), wire_entry);
+        let wire_entry = entry(&runtime);
+        assert_eq!(wire_entry.state(), pb::EffectState::OutcomeUnknown);
+        assert_eq!(effect(wire_entry.clone()), runtime);
         for state in EffectState::ALL {
             let mut with = wire_entry.clone();
             with.state = state.to_proto().into();

@@ -1,12 +1,12 @@
 //! Anthropic Messages: `tool_use` blocks out, `tool_result` blocks back by `tool_use_id`.
 
-use agentloop_proto::v1::{DecideRequest, ToolDescriptor, Usage};
+use agentloop_proto::v1::{DecideRequest, ToolDescriptor};
 use serde_json::{Value, json};
 
 use super::config::{AdapterDeps, EnvSource, ModelConfig, ModelConfigError, Provider, Settings};
 use super::context::{self, Item, Prompt};
 use super::{
-    RawCall, cannot_continue, description, final_answer, invalid, schema, tokens, tool_calls,
+    RawCall, cannot_continue, description, final_answer, invalid, reply, schema, tokens, tool_calls,
 };
 use crate::model::{Model, ModelError, ModelReply};
 
@@ -186,27 +186,13 @@ pub(crate) fn parse(
         })
     };
     let usage = body.get("usage").unwrap_or(&Value::Null);
-    Ok(ModelReply {
-        outcome,
-        usage: Usage {
-            input_tokens: tokens(usage, "input_tokens")
-                + tokens(usage, "cache_creation_input_tokens")
-                + tokens(usage, "cache_read_input_tokens"),
-            output_tokens: tokens(usage, "output_tokens"),
-            // Set by the price table (`PricedModel`), which knows what the tokens cost.
-            cost_micro_usd: None,
-        },
-        model: body
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or(configured_model)
-            .to_owned(),
-        response_id: body
-            .get("id")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned(),
-    })
+    let tokens = (
+        tokens(usage, "input_tokens")
+            + tokens(usage, "cache_creation_input_tokens")
+            + tokens(usage, "cache_read_input_tokens"),
+        tokens(usage, "output_tokens"),
+    );
+    Ok(reply(outcome, tokens, body, configured_model))
 }
 
 #[async_trait::async_trait]

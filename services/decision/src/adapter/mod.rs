@@ -180,6 +180,28 @@ pub(crate) fn description(tool: &agentloop_proto::v1::ToolDescriptor) -> std::bo
     }
 }
 
+/// The reply a provider's response `body` carries: `outcome`, the tokens it reports,
+/// the model it names (else the one configured) and its response ID. Its cost is set by
+/// the price table (`PricedModel`), which knows what the tokens cost.
+pub(crate) fn reply(
+    outcome: Outcome,
+    (input_tokens, output_tokens): (u64, u64),
+    body: &serde_json::Value,
+    configured_model: &str,
+) -> crate::ModelReply {
+    let text = |field: &str| body.get(field).and_then(serde_json::Value::as_str);
+    crate::ModelReply {
+        outcome,
+        usage: agentloop_proto::v1::Usage {
+            input_tokens,
+            output_tokens,
+            cost_micro_usd: None,
+        },
+        model: text("model").unwrap_or(configured_model).to_owned(),
+        response_id: text("id").unwrap_or("").to_owned(),
+    }
+}
+
 /// A u64 field of a JSON object, 0 when absent.
 pub(crate) fn tokens(value: &serde_json::Value, field: &str) -> u64 {
     value

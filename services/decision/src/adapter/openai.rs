@@ -1,13 +1,13 @@
 //! OpenAI Chat Completions (and every server that speaks it): function tools,
 //! parallel `tool_calls`, results as `tool` messages by `tool_call_id`.
 
-use agentloop_proto::v1::{DecideRequest, ToolDescriptor, Usage};
+use agentloop_proto::v1::{DecideRequest, ToolDescriptor};
 use serde_json::{Value, json};
 
 use super::config::{AdapterDeps, EnvSource, ModelConfig, ModelConfigError, Provider, Settings};
 use super::context::{self, Item, Prompt};
 use super::{
-    RawCall, cannot_continue, description, final_answer, invalid, schema, tokens, tool_calls,
+    RawCall, cannot_continue, description, final_answer, invalid, reply, schema, tokens, tool_calls,
 };
 use crate::model::{Model, ModelError, ModelReply};
 
@@ -172,25 +172,11 @@ pub(crate) fn parse(
         })
     };
     let usage = body.get("usage").unwrap_or(&Value::Null);
-    Ok(ModelReply {
-        outcome,
-        usage: Usage {
-            input_tokens: tokens(usage, "prompt_tokens"),
-            output_tokens: tokens(usage, "completion_tokens"),
-            // Set by the price table (`PricedModel`), which knows what the tokens cost.
-            cost_micro_usd: None,
-        },
-        model: body
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or(configured_model)
-            .to_owned(),
-        response_id: body
-            .get("id")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned(),
-    })
+    let tokens = (
+        tokens(usage, "prompt_tokens"),
+        tokens(usage, "completion_tokens"),
+    );
+    Ok(reply(outcome, tokens, body, configured_model))
 }
 
 #[async_trait::async_trait]

@@ -1,0 +1,157 @@
+//! The turn in flight: its phase and the decision not yet committed.
+
+use std::collections::BTreeMap;
+
+use crate::decision::{CallId, ProposedDecision, Usage, ValidBatch};
+use crate::event::{EndRecord, EventBody, Refusal, Rejection, RejectionKind, TurnRecord};
+use crate::outcome::{CallOutcome, Outcome};
+
+use super::{Protocol, StepError};
+
+/// A decision taken but not yet committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Draft {
+    pub(super) turn: u32,
+    pub(super) decision: ProposedDecision,
+    pub(super) usage: Usage,
+    /// A human approved this decision's calls (the turn is reopened).
+    pub(super) approved: bool,
+    /// Its batch started before (`BatchStarted` is committed): restored to run again.
+    pub(super) started: bool,
+    /// What policy said, once it judged the calls. Boxed: only invocations under
+    /// policies have it, and every running one keeps a draft.
+    pub(super) checked: Option<Box<Checked>>,
+}
+
+/// What policy said about a draft's calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Checked {
+    /// The version of the policy set that judged them.
+    pub(super) policy: Option<String>,
+    /// Calls refused at dispatch.
+    pub(super) refused: Vec<Refusal>,
+}
+
+impl Draft {
+    pub(super) fn new(turn: u32, decision: ProposedDecision, usage: Usage) -> Draft {
+        Draft {
+            turn,
+            decision,
+            usage,
+            approved: false,
+            started: false,
+            checked: None,
+        }
+    }
+
+    /// Whether its calls are about to be sent without the model deciding again (a
+    /// human approved them, or their batch is resumed): policy checks them again, and a
+    /// call it refuses is not sent.
+    pub(super) fn at_dispatch(&self) -> bool {
+        self.approved || self.started
+    }
+
+    pub(super) fn record(self, rejection: Option<Rejection>) -> TurnRecord {
+        TurnRecord {
+            turn: self.turn,
+            decision: self.decision,
+            usage: self.usage,
+            plan: None,
+            results: Vec::new(),
+            rejection,
+            policy: self.checked.and_then(|checked| checked.policy),
+            checks: Vec::new(),
+            tools: BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn stopped(self, why: &str) -> EventBody {
+        EventBody::Turn(self.record(Some(Rejection {
+            kind: RejectionKind::Stopped,
+            message: why.to_owned(),
+            refusals: Vec::new(),
+        })))
+    }
+}
+
+/// Where in the turn the invocation is. Business payloads in flight (the decision, the
+/// results so far) live here until they are committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Phase {
+    Idle,
+    Deciding {
+        turn: u32,
+    },
+    Authorizing {
+        draft: Draft,
+        batch: ValidBatch,
+    },
+    /// A batch with writes, authorized; its `BatchStarted` commit is in flight.
+    Starting {
+        draft: Draft,
+        batch: ValidBatch,
+        /// Protocol state once the commit is durable.
+        after: Protocol,
+    },
+    /// Restored with a batch started and not committed: `Start` runs it again (each
+    /// write settled from its ledger entry), without asking the model.
+    Resuming {
+        draft: Draft,
+        batch: ValidBatch,
+    },
+    /// Restored after a human approved the last turn's calls: `Start` has policy check
+    /// them again, then runs them, without asking the model.
+    Approved {
+        draft: Draft,
+        batch: ValidBatch,
+    },
+    Executing {
+        draft: Draft,
+        batch: ValidBatch,
+        results: Vec<Option<CallOutcome>>,
+    },
+    Reconciling(Reconciling),
+    Verifying {
+        draft: Draft,
+        answer: String,
+    },
+    Committing {
+        /// Protocol state once the commit is durable.
+        after: Protocol,
+        /// The end the commit carries, if it ends the invocation.
+        end: Option<EndRecord>,
+    },
+    Ended(Outcome),
+}
+
+/// A batch whose writes left outcomes unknown, waiting for the executors' records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Reconciling {
+    pub(super) draft: Draft,
+    pub(super) batch: ValidBatch,
+    pub(super) results: Vec<CallOutcome>,
+    /// Positions of the calls still waiting for an answer.
+    pub(super) pending: Vec<usize>,
+    /// The first call the executor could not reconcile, with what is known.
+    pub(super) unresolved: Option<(CallId, String)>,
+}
+
+impl Phase {
+    pub(super) fn name(&self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::Deciding { .. } => "deciding",
+            Phase::Authorizing { .. } => "authorizing",
+            Phase::Starting { .. } => "starting",
+            Phase::Resuming { .. } => "resuming",
+            Phase::Approved { .. } => "approved",
+            Phase::Executing { .. } => "executing",
+            Phase::Reconciling(_) => "reconciling",
+            Phase::Verifying { .. } => "verifying",
+            Phase::Committing { .. } => "committing",
+            Phase::Ended(_) => "ended",
+        }
+    }
+}
+
+pub(super) type Refused = Box<(Phase, StepError)>;
