@@ -3,45 +3,26 @@
 //!
 //! The decision service and the ledger are called through their own operations: an
 //! offline run's turn reads nothing but its script and its number, and a write's entry
-//! is the ledger's. The policy service and the tool gateway are called through their
-//! gRPC traits, with the messages the gRPC adapters send (`agentloop_orchestrator::calls`),
-//! and no network between.
-
-use std::sync::Arc;
-use std::time::Duration;
+//! is the ledger's. Policy and the tool gateway are called through their gRPC traits by
+//! the orchestrator's own adapters (`agentloop_orchestrator::grpc::{Policy, Tools}`),
+//! with no network between.
 
 use agentloop_decision::{DecisionServer, ModelError};
 use agentloop_effects::EffectState;
-use agentloop_effects::settle::{Answer, Recorded};
-use agentloop_engine::{Authorization, Check};
+use agentloop_effects::settle::Recorded;
 use agentloop_ledger::{Entry, LedgerError, LedgerService, Page};
 use agentloop_orchestrator::calls;
 use agentloop_proto::v1 as pb;
-use agentloop_proto::v1::policy_service_server::PolicyService;
-use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use agentloop_runtime::ports::{
-    Acceptance, Ask, Batch, Claim, Decided, DecisionPort, Dispatch, Effect, EffectPage, Failure,
-    LedgerPort, NewEffect, PolicyPort, Sent, Tool, ToolsPort,
+    Ask, Decided, DecisionPort, Effect, EffectPage, Failure, LedgerPort, NewEffect,
 };
 use async_trait::async_trait;
-use tonic::{Request, Status};
+use tonic::Status;
 use uuid::Uuid;
-
-/// A service implementation used as a port, in the same process: its generated gRPC trait
-/// called directly, with no network between.
-#[derive(Debug)]
-pub struct InProcess<S>(pub Arc<S>);
 
 /// The decision service in this process, called through its core.
 #[derive(Debug, Clone)]
 pub struct InProcessDecision(pub DecisionServer);
-
-/// A response's message, or the runtime's reading of its failure.
-fn answer<T>(answered: Result<tonic::Response<T>, Status>) -> Result<T, Failure> {
-    answered
-        .map(tonic::Response::into_inner)
-        .map_err(|status| calls::failure(&status))
-}
 
 #[async_trait]
 impl DecisionPort for InProcessDecision {
@@ -65,65 +46,6 @@ impl DecisionPort for InProcessDecision {
         replied
             .map(|reply| calls::decided(pb::DecideResponse::from(reply)))
             .map_err(|error: ModelError| calls::failure(&Status::from(error)))
-    }
-}
-
-#[async_trait]
-impl<S: PolicyService> PolicyPort for InProcess<S> {
-    async fn authorize(&self, batch: Batch<'_>) -> Result<Authorization, Failure> {
-        let request = Request::new(calls::evaluate_request(&batch));
-        answer(self.0.evaluate(request).await).map(calls::authorization)
-    }
-
-    async fn accept(&self, profile: &str, claim: &Claim) -> Result<Acceptance, Failure> {
-        let request = Request::new(calls::validate_final_request(profile, claim));
-        answer(self.0.validate_final(request).await).map(calls::acceptance)
-    }
-}
-
-#[async_trait]
-impl<S: ToolGatewayService> ToolsPort for InProcess<S> {
-    async fn list(&self) -> Result<Vec<Tool>, Failure> {
-        let request = Request::new(pb::ListToolsRequest::default());
-        let listed = answer(self.0.list_tools(request).await)?;
-        Ok(listed.tools.into_iter().map(calls::tool).collect())
-    }
-
-    async fn execute(&self, dispatch: Dispatch<'_>) -> Result<Sent, Failure> {
-        let request = Request::new(calls::execute_request(&dispatch));
-        calls::sent(answer(self.0.execute(request).await)?)
-    }
-
-    async fn execute_stage(
-        &self,
-        dispatches: &[Dispatch<'_>],
-    ) -> Result<Vec<Result<Sent, Failure>>, Failure> {
-        let request = Request::new(calls::stage_request(dispatches));
-        let response = answer(self.0.execute_stage(request).await)?;
-        Ok(calls::stage_answers(dispatches, response))
-    }
-
-    async fn reconcile(&self, tool: &str, effect_key: &str) -> Result<Answer, Failure> {
-        let request = Request::new(pb::ToolGatewayServiceReconcileRequest {
-            tool: tool.to_owned(),
-            effect_key: effect_key.to_owned(),
-        });
-        answer(self.0.reconcile(request).await).map(calls::answer)
-    }
-
-    async fn verify(
-        &self,
-        name: &str,
-        claim: &Claim,
-        within: Option<Duration>,
-    ) -> Result<Option<Check>, Failure> {
-        let request = Request::new(calls::verify_request(name, claim, within));
-        answer(self.0.verify(request).await).map(calls::verdict)
-    }
-
-    fn max_stage(&self) -> usize {
-        // No round trip to save: a future per call costs less than gathering a stage.
-        1
     }
 }
 

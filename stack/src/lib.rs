@@ -27,6 +27,7 @@ use agentloop_auth::{Authenticator, Callers};
 use agentloop_decision::{DecisionServer, Model};
 use agentloop_demo_executor::{DemoConfig, DemoExecutor};
 use agentloop_ledger::{LedgerConfig, LedgerService};
+use agentloop_orchestrator::grpc::{Policy, Tools};
 use agentloop_orchestrator::{Api, OrchestratorConfig, wire};
 use agentloop_policy::{PolicyConfig, PolicyServer, Profiles};
 use agentloop_proto::client::{ClientConfig, Transport, connect};
@@ -46,7 +47,7 @@ use tokio_util::task::AbortOnDropHandle;
 use uuid::Uuid;
 
 mod in_process;
-pub use in_process::{InProcess, InProcessDecision, InProcessLedger};
+pub use in_process::{InProcessDecision, InProcessLedger};
 
 /// The caller name under which the distributed gateway admits a registrar (its token is
 /// [`ServiceTokens::registrar`]).
@@ -332,8 +333,8 @@ impl Services {
                 let policies = Arc::clone(policy.profiles());
                 let ports = Ports {
                     decision: Arc::new(InProcessDecision(decision)),
-                    policy: Arc::new(InProcess(Arc::new(policy))),
-                    tools: Arc::new(InProcess(Arc::new(gateway))),
+                    policy: Arc::new(Policy::new(policy)),
+                    tools: Arc::new(Tools::in_process(gateway)),
                     ledger: Arc::new(InProcessLedger(ledger)),
                 };
                 Ok(Services {

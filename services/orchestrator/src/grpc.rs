@@ -1,5 +1,8 @@
-//! The runtime's ports over gRPC: each a generated client, its calls converted to and
-//! from the wire by [`crate::calls`].
+//! The runtime's ports over gRPC, their calls converted to and from the wire by
+//! [`crate::calls`]. The decision service and the ledger are reached by their generated
+//! clients. Policy and the tool gateway are reached through their gRPC traits, by one
+//! adapter each: over the network the trait is the client's ([`Remote`]), in the same
+//! process the service's own implementation, with no network between.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -15,13 +18,15 @@ use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::decision_service_client::DecisionServiceClient;
 use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
 use agentloop_proto::v1::policy_service_client::PolicyServiceClient;
+use agentloop_proto::v1::policy_service_server::PolicyService;
 use agentloop_proto::v1::tool_gateway_service_client::ToolGatewayServiceClient;
+use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use agentloop_runtime::ports::{
     Acceptance, Ask, Batch, Claim, Decided, DecisionPort, Dispatch, Effect, EffectPage, Failure,
     LedgerPort, NewEffect, PolicyPort, Ports, Sent, Tool, ToolsPort,
 };
 use async_trait::async_trait;
-use tonic::{Code, Status};
+use tonic::{Code, Request, Response, Status};
 use uuid::Uuid;
 
 use crate::calls;
@@ -30,8 +35,10 @@ use crate::calls;
 pub fn ports(decision: Transport, policy: Transport, tools: Transport, ledger: Transport) -> Ports {
     Ports {
         decision: Arc::new(Decision(agentloop_proto::client::decision(decision))),
-        policy: Arc::new(Policy(agentloop_proto::client::policy(policy))),
-        tools: Arc::new(GrpcTools::new(agentloop_proto::client::tool_gateway(tools))),
+        policy: Arc::new(Policy::new(Remote(agentloop_proto::client::policy(policy)))),
+        tools: Arc::new(Tools::remote(Remote(
+            agentloop_proto::client::tool_gateway(tools),
+        ))),
         ledger: Arc::new(Ledger(agentloop_proto::client::effect_ledger(ledger))),
     }
 }
@@ -55,83 +62,94 @@ impl DecisionPort for Decision {
     }
 }
 
-/// The policy service over gRPC.
-#[derive(Debug, Clone)]
-pub struct Policy(pub PolicyServiceClient<Transport>);
+/// Policy, through its gRPC trait.
+#[derive(Debug)]
+pub struct Policy<S>(Arc<S>);
+
+impl<S> Policy<S> {
+    /// The port over `service`.
+    pub fn new(service: S) -> Policy<S> {
+        Policy(Arc::new(service))
+    }
+}
 
 #[async_trait]
-impl PolicyPort for Policy {
+impl<S: PolicyService> PolicyPort for Policy<S> {
     async fn authorize(&self, batch: Batch<'_>) -> Result<Authorization, Failure> {
-        let request = calls::evaluate_request(&batch);
-        answer(self.0.clone().evaluate(request).await).map(calls::authorization)
+        let request = Request::new(calls::evaluate_request(&batch));
+        answer(self.0.evaluate(request).await).map(calls::authorization)
     }
 
     async fn accept(&self, profile: &str, claim: &Claim) -> Result<Acceptance, Failure> {
-        let request = calls::validate_final_request(profile, claim);
-        answer(self.0.clone().validate_final(request).await).map(calls::acceptance)
+        let request = Request::new(calls::validate_final_request(profile, claim));
+        answer(self.0.validate_final(request).await).map(calls::acceptance)
     }
 }
 
-/// The tool gateway over gRPC.
+/// The tool gateway, through its gRPC trait.
 ///
-/// Stages go as one `ExecuteStage` until the gateway answers it UNIMPLEMENTED: a gateway
-/// from before that RPC, met during a rolling upgrade that updated the orchestrators
-/// first. From then on this port sends every call on its own. The stage that met the
-/// answer loses nothing: its calls, unanswered, are sent again one by one.
+/// Stages of reads go as one `ExecuteStage` to a remote gateway, until it answers that
+/// UNIMPLEMENTED: a gateway from before that RPC, met during a rolling upgrade that
+/// updated the orchestrators first. From then on every call goes on its own. The stage
+/// that met the answer loses nothing: its calls, unanswered, are sent again one by one.
 #[derive(Debug)]
-pub struct GrpcTools {
-    client: ToolGatewayServiceClient<Transport>,
+pub struct Tools<S> {
+    service: Arc<S>,
     stages: AtomicBool,
 }
 
-impl GrpcTools {
-    /// The port over `client`; it tries stages first.
-    pub fn new(client: ToolGatewayServiceClient<Transport>) -> GrpcTools {
-        GrpcTools {
-            client,
+impl<S> Tools<S> {
+    /// The port over a gateway across the network: it tries stages first.
+    pub fn remote(service: S) -> Tools<S> {
+        Tools {
+            service: Arc::new(service),
             stages: AtomicBool::new(true),
+        }
+    }
+
+    /// The port over a gateway in the same process, where a future per call costs less
+    /// than gathering a stage's answers into one: it sends no stages.
+    pub fn in_process(service: S) -> Tools<S> {
+        Tools {
+            service: Arc::new(service),
+            stages: AtomicBool::new(false),
         }
     }
 }
 
 #[async_trait]
-impl ToolsPort for GrpcTools {
+impl<S: ToolGatewayService> ToolsPort for Tools<S> {
     async fn list(&self) -> Result<Vec<Tool>, Failure> {
-        let listed = answer(
-            self.client
-                .clone()
-                .list_tools(pb::ListToolsRequest::default())
-                .await,
-        )?;
+        let request = Request::new(pb::ListToolsRequest::default());
+        let listed = answer(self.service.list_tools(request).await)?;
         Ok(listed.tools.into_iter().map(calls::tool).collect())
     }
 
     async fn execute(&self, dispatch: Dispatch<'_>) -> Result<Sent, Failure> {
-        let request = calls::execute_request(&dispatch);
-        calls::sent(answer(self.client.clone().execute(request).await)?)
+        let request = Request::new(calls::execute_request(&dispatch));
+        calls::sent(answer(self.service.execute(request).await)?)
     }
 
     async fn execute_stage(
         &self,
         dispatches: &[Dispatch<'_>],
     ) -> Result<Vec<Result<Sent, Failure>>, Failure> {
-        let request = calls::stage_request(dispatches);
-        let answered = self.client.clone().execute_stage(request).await;
+        let request = Request::new(calls::stage_request(dispatches));
+        let answered = self.service.execute_stage(request).await;
         if let Err(status) = &answered
             && status.code() == Code::Unimplemented
         {
             self.stages.store(false, Relaxed);
         }
-        let response = answer(answered)?;
-        Ok(calls::stage_answers(dispatches, response))
+        Ok(calls::stage_answers(dispatches, answer(answered)?))
     }
 
     async fn reconcile(&self, tool: &str, effect_key: &str) -> Result<Answer, Failure> {
-        let request = pb::ToolGatewayServiceReconcileRequest {
+        let request = Request::new(pb::ToolGatewayServiceReconcileRequest {
             tool: tool.to_owned(),
             effect_key: effect_key.to_owned(),
-        };
-        answer(self.client.clone().reconcile(request).await).map(calls::answer)
+        });
+        answer(self.service.reconcile(request).await).map(calls::answer)
     }
 
     async fn verify(
@@ -140,8 +158,8 @@ impl ToolsPort for GrpcTools {
         claim: &Claim,
         within: Option<Duration>,
     ) -> Result<Option<Check>, Failure> {
-        let request = calls::verify_request(name, claim, within);
-        answer(self.client.clone().verify(request).await).map(calls::verdict)
+        let request = Request::new(calls::verify_request(name, claim, within));
+        answer(self.service.verify(request).await).map(calls::verdict)
     }
 
     fn max_stage(&self) -> usize {
@@ -150,6 +168,81 @@ impl ToolsPort for GrpcTools {
         } else {
             1
         }
+    }
+}
+
+/// A service's generated client as an implementation of the service's gRPC trait, each
+/// method sent across the network, so that one adapter serves a remote service and one
+/// in the same process.
+#[derive(Debug, Clone)]
+pub struct Remote<C>(pub C);
+
+#[tonic::async_trait]
+impl PolicyService for Remote<PolicyServiceClient<Transport>> {
+    async fn evaluate(
+        &self,
+        request: Request<pb::EvaluateRequest>,
+    ) -> Result<Response<pb::EvaluateResponse>, Status> {
+        self.0.clone().evaluate(request).await
+    }
+
+    async fn validate_final(
+        &self,
+        request: Request<pb::ValidateFinalRequest>,
+    ) -> Result<Response<pb::ValidateFinalResponse>, Status> {
+        self.0.clone().validate_final(request).await
+    }
+}
+
+#[tonic::async_trait]
+impl ToolGatewayService for Remote<ToolGatewayServiceClient<Transport>> {
+    async fn list_tools(
+        &self,
+        request: Request<pb::ListToolsRequest>,
+    ) -> Result<Response<pb::ListToolsResponse>, Status> {
+        self.0.clone().list_tools(request).await
+    }
+
+    async fn register_executor(
+        &self,
+        request: Request<pb::RegisterExecutorRequest>,
+    ) -> Result<Response<pb::RegisterExecutorResponse>, Status> {
+        self.0.clone().register_executor(request).await
+    }
+
+    async fn deregister_executor(
+        &self,
+        request: Request<pb::DeregisterExecutorRequest>,
+    ) -> Result<Response<pb::DeregisterExecutorResponse>, Status> {
+        self.0.clone().deregister_executor(request).await
+    }
+
+    async fn execute(
+        &self,
+        request: Request<pb::ToolGatewayServiceExecuteRequest>,
+    ) -> Result<Response<pb::ToolGatewayServiceExecuteResponse>, Status> {
+        self.0.clone().execute(request).await
+    }
+
+    async fn execute_stage(
+        &self,
+        request: Request<pb::ExecuteStageRequest>,
+    ) -> Result<Response<pb::ExecuteStageResponse>, Status> {
+        self.0.clone().execute_stage(request).await
+    }
+
+    async fn reconcile(
+        &self,
+        request: Request<pb::ToolGatewayServiceReconcileRequest>,
+    ) -> Result<Response<pb::ToolGatewayServiceReconcileResponse>, Status> {
+        self.0.clone().reconcile(request).await
+    }
+
+    async fn verify(
+        &self,
+        request: Request<pb::ToolGatewayServiceVerifyRequest>,
+    ) -> Result<Response<pb::ToolGatewayServiceVerifyResponse>, Status> {
+        self.0.clone().verify(request).await
     }
 }
 

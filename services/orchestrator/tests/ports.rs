@@ -7,9 +7,10 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use agentloop_engine::{CallId, ToolCall};
-use agentloop_orchestrator::grpc::GrpcTools;
-use agentloop_proto::client;
+use agentloop_orchestrator::grpc::{Remote, Tools};
+use agentloop_proto::client::{self, Transport};
 use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::tool_gateway_service_client::ToolGatewayServiceClient;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use agentloop_runtime::ports::{Dispatch, FailureKind, ToolsPort};
 use tonic::{Code, Request, Response, Status};
@@ -75,7 +76,12 @@ impl ToolGatewayService for Failing {
 
 /// The port, over gRPC, to a gateway that fails stages with `code`.
 /// Returns the port and the count of stages the gateway was asked.
-async fn port_to(code: Code) -> (GrpcTools, Arc<Mutex<u32>>) {
+async fn port_to(
+    code: Code,
+) -> (
+    Tools<Remote<ToolGatewayServiceClient<Transport>>>,
+    Arc<Mutex<u32>>,
+) {
     let asked = Arc::new(Mutex::new(0));
     let gateway = Failing {
         code,
@@ -90,7 +96,10 @@ async fn port_to(code: Code) -> (GrpcTools, Arc<Mutex<u32>>) {
         std::future::pending(),
     ));
     let transport = common::channel(&endpoint).await;
-    (GrpcTools::new(client::tool_gateway(transport)), asked)
+    (
+        Tools::remote(Remote(client::tool_gateway(transport))),
+        asked,
+    )
 }
 
 fn call(id: &str) -> ToolCall {
