@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use agentloop_engine::{Limits, ToolCatalog, ToolSpec, WaitEnd};
+use agentloop_engine::{Limits, ToolCatalog, ToolSpec, UnixMillis, WaitEnd};
 use agentloop_store::{Created, EventStore, InvocationRecord, InvocationState, NewInvocation};
 use agentloop_telemetry::KeyValue;
 use agentloop_telemetry::semconv::REPLAYED;
@@ -38,6 +38,8 @@ pub struct Start {
     pub idempotency_key: Option<String>,
     /// A digest of the whole request: the same key with another request is refused.
     pub request_digest: String,
+    /// When it was asked for: the time its deadline was placed from.
+    pub created_at: UnixMillis,
 }
 
 /// What a start did.
@@ -123,7 +125,7 @@ impl Runtime {
             idempotency_key: start.idempotency_key,
             request_digest: start.request_digest,
             spec: spec_json,
-            created_at: shared.clock.now(),
+            created_at: start.created_at,
         };
         match shared.store.create(new).await? {
             Created::New(record) => {

@@ -301,7 +301,8 @@ impl Api {
                 .map_err(|e| invalid(format!("scripted_model_json: {e}")))?;
             Some(request.scripted_model_json.clone())
         };
-        let limits = limits(&request, config, self.runtime.now())?;
+        let now = self.runtime.now();
+        let limits = limits(&request, config, now)?;
         let digest = hex::encode(Sha256::digest(request.encode_to_vec()));
         let started = self
             .runtime
@@ -316,6 +317,7 @@ impl Api {
                 script,
                 idempotency_key: Some(request.idempotency_key).filter(|key| !key.is_empty()),
                 request_digest: digest,
+                created_at: now,
             })
             .await?;
         Ok(pb::StartInvocationResponse {
