@@ -9,7 +9,6 @@
 //! [`UnknownKeys`] field, which refuses whatever key no other field took.
 
 use std::fmt;
-use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -99,7 +98,7 @@ pub struct UnknownKeys;
 
 impl<'de> Deserialize<'de> for UnknownKeys {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Refuse(PhantomData<UnknownKeys>);
+        struct Refuse;
 
         impl<'de> Visitor<'de> for Refuse {
             type Value = UnknownKeys;
@@ -116,7 +115,7 @@ impl<'de> Deserialize<'de> for UnknownKeys {
             }
         }
 
-        deserializer.deserialize_map(Refuse(PhantomData))
+        deserializer.deserialize_map(Refuse)
     }
 }
 
