@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::{KEYS, LOOKUP};
-use agentloop_decision::{Model, ModelError, ModelReply};
+use agentloop_decision::{Model, ModelError, ModelReply, Reads};
 use agentloop_proto::v1 as pb;
 use tokio::sync::watch;
 
@@ -127,9 +127,12 @@ pub(crate) fn answer_from(history: &[pb::Event]) -> String {
 
 #[async_trait::async_trait]
 impl Model for BenchModel {
-    /// The last turn, whose results the answer names.
-    fn reads_history(&self) -> usize {
-        1
+    /// The last turn, whose results the answer names; not the tools.
+    fn reads(&self) -> Reads {
+        Reads {
+            history: 1,
+            tools: false,
+        }
     }
 
     fn provider(&self) -> &'static str {

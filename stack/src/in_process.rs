@@ -33,11 +33,13 @@ impl DecisionPort for InProcessDecision {
                 self.0.decide_scripted(script.model(), &id, ask.turn).await
             }
             None => {
-                // Only the window the model reads becomes a message.
-                let reads = self.0.reads_history(ask.profile);
-                let window = &ask.history[ask.history.len().saturating_sub(reads)..];
+                // Only what the model reads becomes a message.
+                let reads = self.0.reads(ask.profile);
+                let window = &ask.history[ask.history.len().saturating_sub(reads.history)..];
+                let tools = if reads.tools { ask.tools } else { &[] };
                 let request = calls::decide_request(&Ask {
                     history: window,
+                    tools,
                     ..ask
                 });
                 self.0.decide(&request).await

@@ -65,7 +65,7 @@ pub use agentloop_script::{
     ScriptedModel, ScriptedTurn, ScriptedUsage,
 };
 pub use cache::{MAX_CACHED_BYTES, MAX_ENTRIES, ScriptCache};
-pub use model::{Model, ModelError, ModelReply, SCRIPTED_MODEL_NAME};
+pub use model::{Model, ModelError, ModelReply, Reads, SCRIPTED_MODEL_NAME};
 pub use price::{Price, PricedModel};
 
 /// Longest `invocation_id` accepted, in bytes; IDs end up in logs and response IDs.
@@ -316,11 +316,11 @@ impl DecisionServer {
         self.profiles.get(profile).or(self.default_model.as_ref())
     }
 
-    /// How many of the last history events the model of `profile` reads
-    /// ([`Model::reads_history`]); none when it has no model.
-    pub fn reads_history(&self, profile: &str) -> usize {
+    /// What the model of `profile` reads of a request ([`Model::reads`]); nothing when
+    /// it has no model.
+    pub fn reads(&self, profile: &str) -> Reads {
         self.model_of(profile)
-            .map_or(0, |model| model.reads_history())
+            .map_or(Reads::NOTHING, |model| model.reads())
     }
 }
 

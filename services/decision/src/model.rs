@@ -87,6 +87,29 @@ impl From<ModelError> for tonic::Status {
     }
 }
 
+/// What of a request a model reads, beside the turn's number and the invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reads {
+    /// How many of the last history events.
+    pub history: usize,
+    /// Whether the tools offered.
+    pub tools: bool,
+}
+
+impl Reads {
+    /// Everything: the whole window (up to [`crate::MAX_HISTORY_EVENTS`]) and the tools.
+    pub const ALL: Reads = Reads {
+        history: crate::MAX_HISTORY_EVENTS,
+        tools: true,
+    };
+
+    /// Nothing but the turn's number.
+    pub const NOTHING: Reads = Reads {
+        history: 0,
+        tools: false,
+    };
+}
+
 /// A model adapter. Implementations are object-safe (`Arc<dyn Model>`) and must be
 /// cancel-safe: the server drops the future when the client goes away.
 #[async_trait::async_trait]
@@ -115,11 +138,11 @@ pub trait Model: Send + Sync + fmt::Debug {
         self.decide_with(request, &request.tools).await
     }
 
-    /// How many of the request's last history events it reads (all of them, up to
-    /// [`crate::MAX_HISTORY_EVENTS`], unless it says fewer). A caller in the same
-    /// process that keeps the history in another form converts only these.
-    fn reads_history(&self) -> usize {
-        crate::MAX_HISTORY_EVENTS
+    /// What of a request it reads ([`Reads::ALL`] unless it says less). A caller in the
+    /// same process that keeps the history and the tools in other forms converts only
+    /// these.
+    fn reads(&self) -> Reads {
+        Reads::ALL
     }
 
     /// Who serves it, as `gen_ai.provider.name` and the metrics' `provider` label name
@@ -144,9 +167,9 @@ fn decision(kind: Kind) -> Outcome {
 
 #[async_trait::async_trait]
 impl Model for ScriptedModel {
-    /// None: a script decides by the turn's number alone.
-    fn reads_history(&self) -> usize {
-        0
+    /// Nothing: a script decides by the turn's number alone.
+    fn reads(&self) -> Reads {
+        Reads::NOTHING
     }
 
     fn provider(&self) -> &'static str {

@@ -75,8 +75,8 @@ impl PricedModel {
 
 #[async_trait::async_trait]
 impl Model for PricedModel {
-    fn reads_history(&self) -> usize {
-        self.model.reads_history()
+    fn reads(&self) -> crate::model::Reads {
+        self.model.reads()
     }
 
     fn provider(&self) -> &'static str {
