@@ -290,31 +290,27 @@ pub(crate) async fn run_stage(
         () = token.cancelled() => return calls.iter().map(|_| CallOutcome::Cancelled).collect(),
         answered = ports.tools.execute_stage(&dispatches) => answered,
     };
-    let first: Vec<Sent> = match answered {
-        Ok(answers) if answers.len() == calls.len() => answers
+    // The stage's answers, or why none of them can be taken.
+    let answers = match answered {
+        Ok(answers) if answers.len() == calls.len() => Ok(answers),
+        Ok(answers) => Err(format!(
+            "the tool gateway answered {} calls of a stage of {}",
+            answers.len(),
+            calls.len()
+        )),
+        Err(failure) => Err(gateway_failed(&failure)),
+    };
+    let first: Vec<Sent> = match answers {
+        Ok(answers) => answers
             .into_iter()
             .map(|answer| {
                 answer.unwrap_or_else(|failure| unanswered(false, gateway_failed(&failure)))
             })
             .collect(),
-        Ok(answers) => {
-            let detail = format!(
-                "the tool gateway answered {} calls of a stage of {}",
-                answers.len(),
-                calls.len()
-            );
-            calls
-                .iter()
-                .map(|_| unanswered(false, detail.clone()))
-                .collect()
-        }
-        Err(failure) => {
-            let detail = gateway_failed(&failure);
-            calls
-                .iter()
-                .map(|_| unanswered(false, detail.clone()))
-                .collect()
-        }
+        Err(detail) => calls
+            .iter()
+            .map(|_| unanswered(false, detail.clone()))
+            .collect(),
     };
     join_all(
         calls.iter().zip(first).map(|(call, sent)| async move {

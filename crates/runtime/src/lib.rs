@@ -607,9 +607,7 @@ impl Runtime {
         why: Resumed,
     ) -> Result<(), RuntimeError> {
         let id = record.invocation_id;
-        let mut spec = serde_json::from_str::<InvocationSpec>(&record.spec)
-            .map_err(|e| StoreError::Corrupt(format!("invocation {id}: spec: {e}")))?
-            .share_tools(&self.shared.catalogs);
+        let mut spec = InvocationSpec::of(record)?.share_tools(&self.shared.catalogs);
         let mut events = Vec::new();
         let mut from = 1;
         loop {

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use agentloop_effects::EffectState;
 use agentloop_effects::settle::{Answer, Recorded};
-use agentloop_engine::{Authorization, Check};
+use agentloop_engine::Check;
 use agentloop_proto::v1 as pb;
 use agentloop_runtime::ports::{
     Acceptance, Ask, Batch, Cited, Claim, Decided, Dispatch, Effect, EffectPage, Failure,
@@ -150,11 +150,6 @@ pub fn evaluate_request(batch: &Batch<'_>) -> pb::EvaluateRequest {
         roles: batch.roles.to_vec(),
         approved_proposal_digest: batch.approved.map(|p| p.to_string()).unwrap_or_default(),
     }
-}
-
-/// Policy's verdict on a batch.
-pub fn authorization(response: pb::EvaluateResponse) -> Authorization {
-    wire::authorization(response)
 }
 
 /// A claim on the wire.

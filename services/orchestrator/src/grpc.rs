@@ -29,7 +29,7 @@ use async_trait::async_trait;
 use tonic::{Code, Request, Response, Status};
 use uuid::Uuid;
 
-use crate::calls;
+use crate::{calls, wire};
 
 /// Ports over gRPC connections (the distributed deployment).
 pub fn ports(decision: Transport, policy: Transport, tools: Transport, ledger: Transport) -> Ports {
@@ -77,7 +77,7 @@ impl<S> Policy<S> {
 impl<S: PolicyService> PolicyPort for Policy<S> {
     async fn authorize(&self, batch: Batch<'_>) -> Result<Authorization, Failure> {
         let request = Request::new(calls::evaluate_request(&batch));
-        answer(self.0.evaluate(request).await).map(calls::authorization)
+        answer(self.0.evaluate(request).await).map(wire::authorization)
     }
 
     async fn accept(&self, profile: &str, claim: &Claim) -> Result<Acceptance, Failure> {
