@@ -5,8 +5,8 @@
 use std::fmt::Write as _;
 
 use agentloop_engine::{CheckKind, CheckVerdict, TerminalReason};
-use agentloop_orchestrator::wire;
 use agentloop_proto::v1 as pb;
+use agentloop_wire as wire;
 use serde::Serialize;
 
 /// One committed event, flattened for JSON.

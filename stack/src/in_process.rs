@@ -1,22 +1,31 @@
 //! The runtime's ports over services of the same process: the adapters of the embedded
 //! wiring, kept here with the wiring so that no service depends on another.
 //!
-//! The decision service and the ledger are called through their own operations: an
-//! offline run's turn reads nothing but its script and its number, and a write's entry
-//! is the ledger's. Policy and the tool gateway are called through their gRPC traits by
-//! the orchestrator's own adapters (`agentloop_orchestrator::grpc::{Policy, Tools}`),
+//! The services are called through their own operations: an offline run's turn reads
+//! nothing but its script and its number, policy judges the engine's calls, the tool
+//! gateway sends them, and a write's entry is the ledger's. What happens once per
+//! invocation or less (listing tools, a final answer's acceptance and verification, a
+//! reconcile) goes through the services' gRPC traits by the orchestrator's own adapters,
 //! with no network between.
+
+use std::time::Duration;
 
 use agentloop_decision::{DecisionServer, ModelError};
 use agentloop_effects::EffectState;
-use agentloop_effects::settle::Recorded;
+use agentloop_effects::settle::{Answer, Recorded};
+use agentloop_engine::{Authorization, Check};
 use agentloop_ledger::{Entry, LedgerError, LedgerService, Page};
 use agentloop_orchestrator::calls;
+use agentloop_orchestrator::grpc::Tools;
+use agentloop_policy::{PolicyServer, Proposal};
 use agentloop_proto::v1 as pb;
 use agentloop_runtime::ports::{
-    Ask, Decided, DecisionPort, Effect, EffectPage, Failure, LedgerPort, NewEffect,
+    Acceptance, Ask, Batch, Claim, Decided, DecisionPort, Dispatch, Effect, EffectPage, Failure,
+    LedgerPort, NewEffect, PolicyPort, Sent, Tool, ToolsPort,
 };
+use agentloop_tools::Gateway;
 use async_trait::async_trait;
+use futures::future::join_all;
 use tonic::Status;
 use uuid::Uuid;
 
@@ -48,6 +57,112 @@ impl DecisionPort for InProcessDecision {
         replied
             .map(|reply| calls::decided(pb::DecideResponse::from(reply)))
             .map_err(|error: ModelError| calls::failure(&Status::from(error)))
+    }
+}
+
+/// Policy in this process, judging the engine's calls.
+#[derive(Debug, Clone)]
+pub struct InProcessPolicy(pub PolicyServer);
+
+#[async_trait]
+impl PolicyPort for InProcessPolicy {
+    async fn authorize(&self, batch: Batch<'_>) -> Result<Authorization, Failure> {
+        let mut id = Uuid::encode_buffer();
+        let proposal = Proposal {
+            invocation_id: batch.invocation.hyphenated().encode_lower(&mut id),
+            turn: batch.turn,
+            profile: batch.profile,
+            principal: agentloop_authz::Principal {
+                actor: batch.actor,
+                tenant: batch.tenant,
+                roles: batch.roles,
+            },
+            calls: batch.calls,
+            approved: batch.approved,
+        };
+        let judged = self.0.judge(&proposal).await;
+        judged
+            .map(agentloop_engine::Judgement::authorization)
+            .map_err(|error| calls::failure(&Status::from(error)))
+    }
+
+    /// Once per answer, so it goes through policy's API messages.
+    async fn accept(&self, profile: &str, claim: &Claim) -> Result<Acceptance, Failure> {
+        let request = calls::validate_final_request(profile, claim);
+        let accepted = self.0.validate_final(&request);
+        accepted
+            .map(calls::acceptance)
+            .map_err(|error| calls::failure(&Status::from(error)))
+    }
+}
+
+/// The tool gateway in this process, sending the engine's calls.
+#[derive(Debug)]
+pub struct InProcessTools {
+    gateway: Gateway,
+    /// The rest, through the gateway's gRPC trait.
+    api: Tools<Gateway>,
+}
+
+impl InProcessTools {
+    /// The port over `gateway`.
+    pub fn new(gateway: Gateway) -> InProcessTools {
+        InProcessTools {
+            api: Tools::in_process(gateway.clone()),
+            gateway,
+        }
+    }
+}
+
+#[async_trait]
+impl ToolsPort for InProcessTools {
+    async fn list(&self) -> Result<Vec<Tool>, Failure> {
+        self.api.list().await
+    }
+
+    async fn execute(&self, dispatch: Dispatch<'_>) -> Result<Sent, Failure> {
+        let mut id = Uuid::encode_buffer();
+        let sent = self.gateway.dispatch(agentloop_tools::Dispatch {
+            invocation_id: dispatch.invocation.hyphenated().encode_lower(&mut id),
+            call: dispatch.call,
+            effect_key: dispatch.effect_key,
+            attempt: dispatch.attempt,
+            timeout: Some(Duration::from_millis(dispatch.timeout_ms)),
+            planned: dispatch.digest,
+        });
+        match sent.await {
+            Ok(answered) => Ok(Sent {
+                outcome: answered.outcome,
+                receipt: answered.receipt,
+            }),
+            Err(error) => Err(calls::failure(&Status::from(error))),
+        }
+    }
+
+    /// Never asked for ([`ToolsPort::max_stage`] is 1), and answered all the same: each
+    /// call as `execute` answers it.
+    async fn execute_stage(
+        &self,
+        dispatches: &[Dispatch<'_>],
+    ) -> Result<Vec<Result<Sent, Failure>>, Failure> {
+        Ok(join_all(dispatches.iter().map(|dispatch| self.execute(*dispatch))).await)
+    }
+
+    async fn reconcile(&self, tool: &str, effect_key: &str) -> Result<Answer, Failure> {
+        self.api.reconcile(tool, effect_key).await
+    }
+
+    async fn verify(
+        &self,
+        name: &str,
+        claim: &Claim,
+        within: Option<Duration>,
+    ) -> Result<Option<Check>, Failure> {
+        self.api.verify(name, claim, within).await
+    }
+
+    fn max_stage(&self) -> usize {
+        self.api.max_stage()
     }
 }
 

@@ -27,8 +27,7 @@ use agentloop_auth::{Authenticator, Callers};
 use agentloop_decision::{DecisionServer, Model};
 use agentloop_demo_executor::{DemoConfig, DemoExecutor};
 use agentloop_ledger::{LedgerConfig, LedgerService};
-use agentloop_orchestrator::grpc::{Policy, Tools};
-use agentloop_orchestrator::{Api, OrchestratorConfig, wire};
+use agentloop_orchestrator::{Api, OrchestratorConfig};
 use agentloop_policy::{PolicyConfig, PolicyServer, Profiles};
 use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::server;
@@ -39,6 +38,7 @@ use agentloop_server::{Access, ServeError, ServiceSet};
 use agentloop_store::{EventStore, SqliteStore, StoreError};
 use agentloop_telemetry::Telemetry;
 use agentloop_tools::{Gateway, GatewayLimits, ToolsConfig, VerifierEntry};
+use agentloop_wire as wire;
 use anyhow::{Context, bail};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -47,7 +47,7 @@ use tokio_util::task::AbortOnDropHandle;
 use uuid::Uuid;
 
 mod in_process;
-pub use in_process::{InProcessDecision, InProcessLedger};
+pub use in_process::{InProcessDecision, InProcessLedger, InProcessPolicy, InProcessTools};
 
 /// The caller name under which the distributed gateway admits a registrar (its token is
 /// [`ServiceTokens::registrar`]).
@@ -333,8 +333,8 @@ impl Services {
                 let policies = Arc::clone(policy.profiles());
                 let ports = Ports {
                     decision: Arc::new(InProcessDecision(decision)),
-                    policy: Arc::new(Policy::new(policy)),
-                    tools: Arc::new(Tools::in_process(gateway)),
+                    policy: Arc::new(InProcessPolicy(policy)),
+                    tools: Arc::new(InProcessTools::new(gateway)),
                     ledger: Arc::new(InProcessLedger(ledger)),
                 };
                 Ok(Services {

@@ -57,8 +57,8 @@ pub use event::{
 pub use human::{Reply, ReplyError, WaitEnd, end_wait, reply};
 pub use limits::{DEFAULT_MAX_WAIT_MS, Limits};
 pub use machine::{
-    Action, Authorization, Humans, Input, Invocation, Protocol, RestoreError, StepError, Verdict,
-    Verification,
+    Action, Authorization, Humans, Input, Invocation, Judgement, Protocol, RestoreError, Ruling,
+    StepError, Verdict, Verification,
 };
 pub use money::{BadUsd, MicroUsd};
 pub use outcome::{CallOutcome, CallResult, ErrorType, NextAction, Outcome, ToolError, Totals};

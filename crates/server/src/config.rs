@@ -14,10 +14,9 @@
 //! [`Service::start`](crate::Service::start)), so this layer skips it instead of failing
 //! on an unknown key `config`.
 //!
-//! **Convention for `overrides`:** a serde struct whose fields are all `Option`s marked
-//! `#[serde(skip_serializing_if = "Option::is_none")]`. A flag the user did not give is
-//! then absent from the serialized map and does not clobber a lower layer; a field
-//! without the attribute would serialize as `None` and fail or override.
+//! **`overrides`** is a serde struct whose fields are `Option`s, usually the flags. A
+//! field that is `None` (a flag the user did not give) is left out before the layer is
+//! merged, so it never clobbers a lower layer.
 
 use std::path::{Path, PathBuf};
 
@@ -145,7 +144,20 @@ where
     }
     Ok(figment
         .merge(EnvVars::new(env, env_prefix))
-        .merge(Serialized::defaults(overrides)))
+        .merge(Serialized::defaults(given(Value::serialize(overrides)?))))
+}
+
+/// `value` without its empty (`None`) fields, at any depth: what was not given.
+fn given(value: Value) -> Value {
+    let Value::Dict(tag, dict) = value else {
+        return value;
+    };
+    let dict = dict
+        .into_iter()
+        .map(|(key, value)| (key, given(value)))
+        .filter(|(_, value)| !matches!(value, Value::Empty(..)))
+        .collect();
+    Value::Dict(tag, dict)
 }
 
 /// A figment provider over a given list of environment variables: figment's own `Env`

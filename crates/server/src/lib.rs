@@ -32,8 +32,8 @@ mod tls;
 
 pub use settings::{CallerAuth, ClientSettings, ServerSettings, UnknownKeys};
 pub use start::{
-    CommonFlags, Configured, Prepared, Service, ServiceConfig, StartError, Started, client_config,
-    exposure,
+    CommonFlags, Configured, Flags, Prepared, Service, ServiceConfig, StartError, Started,
+    client_config, exposure,
 };
 pub use tls::{Access, ClientTlsFiles, ServerTls};
 

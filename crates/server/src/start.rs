@@ -7,9 +7,9 @@
 //! the crypto provider and the log were set up in different orders. An operator can
 //! now rely on the same flags, the same exit codes and the same messages everywhere.
 //!
-//! A service `main.rs` is: its own `Flags` with [`CommonFlags`] flattened in,
-//! [`Service::parse`], one [`Service::start`], build the service from the config, and
-//! `run(listener, …, shutdown_signal())`.
+//! A service `main.rs` is: its own flags, [`Service::parse`] into [`Flags`] (the
+//! [`CommonFlags`] and its own), one [`Service::start`], build the service from the
+//! config, and `run(listener, …, shutdown_signal())`.
 
 use std::fmt::Display;
 use std::io::Write;
@@ -24,8 +24,22 @@ use crate::config::{self, ConfigError};
 use crate::dump;
 use crate::settings::{CallerAuth, ClientSettings, ServerSettings};
 
-/// The flags every service binary has. Flatten them into the binary's own flags with
-/// `#[command(flatten)] #[serde(flatten)]`; the service's own flags stay in its main.
+/// A service binary's command line: the flags every service has, then its own (`S`), each
+/// field of which overrides the configuration key of its name when it is given.
+#[derive(Debug, Clone, Default, clap::Parser, Serialize)]
+pub struct Flags<S: clap::Args> {
+    /// The flags every service has.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub common: CommonFlags,
+    /// The service's own.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub own: S,
+}
+
+/// The flags every service binary has ([`Flags::common`]); the service's own flags stay
+/// in its main.
 ///
 /// `listen` follows the override convention of [`config::load`] (absent unless given),
 /// so it layers over the file and the environment like any other flag; `config` and
@@ -40,7 +54,6 @@ pub struct CommonFlags {
     pub config: Option<PathBuf>,
     /// Address to listen on, as IP:port (0.0.0.0:PORT: every IPv4 interface; [::]:PORT: IPv6).
     #[arg(long, value_name = "ADDR")]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
     /// Print the effective configuration (defaults, file, environment, flags) as TOML
     /// on stdout once it has been validated, then exit 0 without listening. The
@@ -204,12 +217,19 @@ pub fn client_config(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Service {
     name: &'static str,
+    about: &'static str,
 }
 
 impl Service {
     /// The service whose binary is called `name` (`agentloop-ledger`).
     pub const fn new(name: &'static str) -> Self {
-        Self { name }
+        Self { name, about: "" }
+    }
+
+    /// The same service, described by `about` in its `--help`.
+    #[must_use]
+    pub const fn about(self, about: &'static str) -> Self {
+        Self { about, ..self }
     }
 
     /// The binary's name, which prefixes its error messages and log lines.
@@ -229,24 +249,25 @@ impl Service {
         format!("{}{}", self.env_prefix(), config::FILE_KEY)
     }
 
-    /// Parses the command line into `F` (which flattens [`CommonFlags`]), exiting as
-    /// clap does on `--help` or a malformed flag (code 2).
+    /// Parses the command line into the common flags and the service's own (`S`),
+    /// exiting as clap does on `--help`, `--version` or a malformed flag (code 2).
     ///
-    /// Unlike `F::parse()`, the help then names this service's [`Service::config_env`]
-    /// and its default listen address (from `C::default()`), which a derive attribute
-    /// shared by six binaries cannot spell.
-    pub fn parse<F, C>(&self) -> F
+    /// The help names this service, its [`Service::config_env`] and its default listen
+    /// address (from `C::default()`), which a derive attribute shared by six binaries
+    /// cannot spell.
+    pub fn parse<S, C>(&self) -> Flags<S>
     where
-        F: clap::Parser,
+        S: clap::Args,
         C: ServiceConfig,
     {
-        let mut command = self.command::<F, C>();
+        let mut command = self.command::<Flags<S>, C>();
         let mut matches = command.get_matches_mut();
-        F::from_arg_matches_mut(&mut matches)
+        <Flags<S> as clap::FromArgMatches>::from_arg_matches_mut(&mut matches)
             .unwrap_or_else(|error| error.format(&mut command).exit())
     }
 
-    /// `F`'s command with the help of the common flags made specific to this service.
+    /// `F`'s command, named and described as this service, with the help of the common
+    /// flags made specific to it.
     fn command<F, C>(&self) -> clap::Command
     where
         F: clap::CommandFactory,
@@ -261,7 +282,12 @@ impl Service {
             };
             arg.help(help)
         };
-        F::command().mut_args(|arg| match arg.get_id().as_str() {
+        let command = F::command()
+            .name(self.name)
+            .bin_name(self.name)
+            .about(self.about)
+            .version(env!("CARGO_PKG_VERSION"));
+        command.mut_args(|arg| match arg.get_id().as_str() {
             "config" => with_help(arg, format!("[env: {config_env}]")),
             "listen" => with_help(arg, format!("[default: {listen}]")),
             _ => arg,
@@ -571,10 +597,8 @@ mod tests {
         assert!(matches!(start(&[], local).await, Ok(Prepared::Serve(_))));
     }
 
-    #[derive(Debug, clap::Parser)]
-    struct Flags {
-        #[command(flatten)]
-        common: CommonFlags,
+    #[derive(Debug, clap::Args, Serialize)]
+    struct Own {
         /// A flag of the service's own.
         #[arg(long)]
         own: Option<String>,
@@ -582,7 +606,8 @@ mod tests {
 
     #[test]
     fn the_help_names_the_service_variable_and_default_address() {
-        let mut command = Service::new("agentloop-test").command::<Flags, Config>();
+        let service = Service::new("agentloop-test").about("The test service");
+        let mut command = service.command::<Flags<Own>, Config>();
         let help = command.render_help().to_string();
         for expected in [
             "TOML configuration file; it must exist [env: AGENTLOOP_TEST_CONFIG]",
@@ -590,18 +615,19 @@ mod tests {
             "--dump-config",
             "REDACTED",
             "A flag of the service's own",
+            "The test service",
         ] {
             assert!(help.contains(expected), "{expected:?} not in:\n{help}");
         }
         let matches = command
             .try_get_matches_from(["agentloop-test", "--listen", "[::1]:7", "--own", "x"])
             .unwrap();
-        let flags = <Flags as clap::FromArgMatches>::from_arg_matches(&matches).unwrap();
+        let flags = <Flags<Own> as clap::FromArgMatches>::from_arg_matches(&matches).unwrap();
         assert_eq!(
             flags.common.listen,
             Some(SocketAddr::from(([0, 0, 0, 0, 0, 0, 0, 1], 7)))
         );
-        assert_eq!(flags.own.as_deref(), Some("x"));
+        assert_eq!(flags.own.own.as_deref(), Some("x"));
         assert!(!flags.common.dump_config);
     }
 }

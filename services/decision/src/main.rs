@@ -9,32 +9,23 @@
 use std::path::PathBuf;
 
 use agentloop_decision::{DecisionConfig, DecisionServer};
-use agentloop_server::{CommonFlags, Service, Started};
-use clap::Parser;
+use agentloop_server::{Service, Started};
 use serde::Serialize;
 
-const SERVICE: Service = Service::new("agentloop-decision");
+const SERVICE: Service = Service::new("agentloop-decision").about("The agentloop decision service");
 
-/// Command-line flags; each one given overrides the configuration file and environment.
-#[derive(Debug, Parser, Serialize)]
-#[command(
-    name = "agentloop-decision",
-    version,
-    about = "The agentloop decision service"
-)]
-struct Flags {
-    #[command(flatten)]
-    #[serde(flatten)]
-    common: CommonFlags,
+/// The flags of this service beside the common ones; each one given overrides the
+/// configuration key of its name.
+#[derive(Debug, clap::Args, Serialize)]
+struct Own {
     /// Scripted-model file used when a request carries no script.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     script_file: Option<PathBuf>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let flags = SERVICE.parse::<Flags, DecisionConfig>();
+    let flags = SERVICE.parse::<Own, DecisionConfig>();
     let Started {
         config,
         listener,

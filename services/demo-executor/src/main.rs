@@ -8,33 +8,23 @@
 use std::path::PathBuf;
 
 use agentloop_demo_executor::{DemoConfig, DemoError, DemoExecutor, run};
-use agentloop_server::{CommonFlags, Service, Started};
-use clap::Parser;
+use agentloop_server::{Service, Started};
 use serde::Serialize;
 
-const SERVICE: Service = Service::new("agentloop-demo-executor");
+const SERVICE: Service =
+    Service::new("agentloop-demo-executor").about("The agentloop demo tool executor");
 
-/// Command-line flags; each one overrides the config file and the environment.
-#[derive(Debug, Parser, Serialize)]
-#[command(
-    name = "agentloop-demo-executor",
-    version,
-    about = "The agentloop demo tool executor"
-)]
-struct Flags {
-    #[command(flatten)]
-    #[serde(flatten)]
-    common: CommonFlags,
+/// The flags of this service beside the common ones; each one given overrides the
+/// configuration key of its name.
+#[derive(Debug, clap::Args, Serialize)]
+struct Own {
     /// Directory of the transfer record.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     data_dir: Option<PathBuf>,
     /// JSON file of extra lookup entries.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     data_file: Option<PathBuf>,
     #[command(flatten)]
-    #[serde(skip_serializing_if = "FaultFlags::is_empty")]
     faults: FaultFlags,
 }
 
@@ -43,39 +33,24 @@ struct Flags {
 struct FaultFlags {
     /// Probability of failing before applying a transfer.
     #[arg(long = "fail-before-apply")]
-    #[serde(skip_serializing_if = "Option::is_none")]
     fail_before_apply: Option<f64>,
     /// Probability of applying a transfer, then answering UNAVAILABLE.
     #[arg(long = "drop-reply-after-apply")]
-    #[serde(skip_serializing_if = "Option::is_none")]
     drop_reply_after_apply: Option<f64>,
     /// Delay (ms) after applying a transfer, before replying.
     #[arg(long = "reply-delay-ms")]
-    #[serde(skip_serializing_if = "Option::is_none")]
     reply_delay_ms: Option<u64>,
     /// Probability that a reply is delayed by --reply-delay-ms (default 1: every one).
     #[arg(long = "slow-reply")]
-    #[serde(skip_serializing_if = "Option::is_none")]
     slow_reply: Option<f64>,
     /// Seed of the fault RNG.
     #[arg(long = "fault-seed")]
-    #[serde(skip_serializing_if = "Option::is_none")]
     seed: Option<u64>,
-}
-
-impl FaultFlags {
-    fn is_empty(&self) -> bool {
-        self.fail_before_apply.is_none()
-            && self.drop_reply_after_apply.is_none()
-            && self.reply_delay_ms.is_none()
-            && self.slow_reply.is_none()
-            && self.seed.is_none()
-    }
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let flags = SERVICE.parse::<Flags, DemoConfig>();
+    let flags = SERVICE.parse::<Own, DemoConfig>();
     // Opening the executor creates the data directory, which `--dump-config` must not:
     // only the faults are checked before the start.
     let Started {

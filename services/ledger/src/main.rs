@@ -7,37 +7,27 @@
 use std::path::PathBuf;
 
 use agentloop_ledger::LedgerConfig;
-use agentloop_server::{CommonFlags, Service, Started};
-use clap::Parser;
+use agentloop_server::{Service, Started};
 use serde::Serialize;
 
-const SERVICE: Service = Service::new("agentloop-ledger");
+const SERVICE: Service = Service::new("agentloop-ledger").about("The agentloop effect ledger");
 
-/// Command-line flags; each one overrides the file and the environment when given.
-#[derive(Debug, Parser, Serialize)]
-#[command(
-    name = "agentloop-ledger",
-    version,
-    about = "The agentloop effect ledger"
-)]
-struct Flags {
-    #[command(flatten)]
-    #[serde(flatten)]
-    common: CommonFlags,
+/// The flags of this service beside the common ones; each one given overrides the
+/// configuration key of its name.
+#[derive(Debug, clap::Args, Serialize)]
+struct Own {
     /// A PostgreSQL database (`postgres://...`) instead of the SQLite file. Prefer
     /// AGENTLOOP_LEDGER_DATABASE_URL when the URL holds a password: flags show in `ps`.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     database_url: Option<String>,
     /// Directory of the SQLite database [default: data/ledger].
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     data_dir: Option<PathBuf>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let flags = SERVICE.parse::<Flags, LedgerConfig>();
+    let flags = SERVICE.parse::<Own, LedgerConfig>();
     let Started {
         config,
         listener,

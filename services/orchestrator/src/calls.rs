@@ -19,7 +19,7 @@ use agentloop_runtime::ports::{
 use agentloop_script::Script;
 use tonic::{Code, Status};
 
-use crate::wire;
+use agentloop_wire as wire;
 
 /// A service's refusal, as the runtime reads it.
 pub fn failure(status: &Status) -> Failure {

@@ -1,8 +1,8 @@
 //! The runtime's ports over gRPC, their calls converted to and from the wire by
-//! [`crate::calls`]. The decision service and the ledger are reached by their generated
-//! clients. Policy and the tool gateway are reached through their gRPC traits, by one
-//! adapter each: over the network the trait is the client's ([`Remote`]), in the same
-//! process the service's own implementation, with no network between.
+//! [`crate::calls`]. The decision service, policy and the ledger are reached by their
+//! generated clients. The tool gateway is reached through its gRPC trait, by one
+//! adapter: over the network the trait is the client's ([`Remote`]), in the same
+//! process the gateway's own implementation, with no network between.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -18,7 +18,6 @@ use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::decision_service_client::DecisionServiceClient;
 use agentloop_proto::v1::effect_ledger_service_client::EffectLedgerServiceClient;
 use agentloop_proto::v1::policy_service_client::PolicyServiceClient;
-use agentloop_proto::v1::policy_service_server::PolicyService;
 use agentloop_proto::v1::tool_gateway_service_client::ToolGatewayServiceClient;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use agentloop_runtime::ports::{
@@ -29,13 +28,15 @@ use async_trait::async_trait;
 use tonic::{Code, Request, Response, Status};
 use uuid::Uuid;
 
-use crate::{calls, wire};
+use agentloop_wire as wire;
+
+use crate::calls;
 
 /// Ports over gRPC connections (the distributed deployment).
 pub fn ports(decision: Transport, policy: Transport, tools: Transport, ledger: Transport) -> Ports {
     Ports {
         decision: Arc::new(Decision(agentloop_proto::client::decision(decision))),
-        policy: Arc::new(Policy::new(Remote(agentloop_proto::client::policy(policy)))),
+        policy: Arc::new(Policy(agentloop_proto::client::policy(policy))),
         tools: Arc::new(Tools::remote(Remote(
             agentloop_proto::client::tool_gateway(tools),
         ))),
@@ -62,27 +63,20 @@ impl DecisionPort for Decision {
     }
 }
 
-/// Policy, through its gRPC trait.
-#[derive(Debug)]
-pub struct Policy<S>(Arc<S>);
-
-impl<S> Policy<S> {
-    /// The port over `service`.
-    pub fn new(service: S) -> Policy<S> {
-        Policy(Arc::new(service))
-    }
-}
+/// Policy over gRPC.
+#[derive(Debug, Clone)]
+pub struct Policy(pub PolicyServiceClient<Transport>);
 
 #[async_trait]
-impl<S: PolicyService> PolicyPort for Policy<S> {
+impl PolicyPort for Policy {
     async fn authorize(&self, batch: Batch<'_>) -> Result<Authorization, Failure> {
-        let request = Request::new(calls::evaluate_request(&batch));
-        answer(self.0.evaluate(request).await).map(wire::authorization)
+        let request = calls::evaluate_request(&batch);
+        answer(self.0.clone().evaluate(request).await).map(wire::authorization)
     }
 
     async fn accept(&self, profile: &str, claim: &Claim) -> Result<Acceptance, Failure> {
-        let request = Request::new(calls::validate_final_request(profile, claim));
-        answer(self.0.validate_final(request).await).map(calls::acceptance)
+        let request = calls::validate_final_request(profile, claim);
+        answer(self.0.clone().validate_final(request).await).map(calls::acceptance)
     }
 }
 
@@ -176,23 +170,6 @@ impl<S: ToolGatewayService> ToolsPort for Tools<S> {
 /// in the same process.
 #[derive(Debug, Clone)]
 pub struct Remote<C>(pub C);
-
-#[tonic::async_trait]
-impl PolicyService for Remote<PolicyServiceClient<Transport>> {
-    async fn evaluate(
-        &self,
-        request: Request<pb::EvaluateRequest>,
-    ) -> Result<Response<pb::EvaluateResponse>, Status> {
-        self.0.clone().evaluate(request).await
-    }
-
-    async fn validate_final(
-        &self,
-        request: Request<pb::ValidateFinalRequest>,
-    ) -> Result<Response<pb::ValidateFinalResponse>, Status> {
-        self.0.clone().validate_final(request).await
-    }
-}
 
 #[tonic::async_trait]
 impl ToolGatewayService for Remote<ToolGatewayServiceClient<Transport>> {

@@ -5,7 +5,7 @@
 //! This crate is the runtime's one seam to the wire: the API converts requests into the
 //! runtime's types and its answers back ([`service`]), the ports' adapters do the same
 //! for the calls the runtime makes ([`grpc`], with the messages in [`calls`]), and
-//! [`wire`] holds the conversions of the engine's values that both use.
+//! [`agentloop_wire`] holds the conversions of the engine's values that both use.
 #![warn(missing_docs)]
 
 pub mod calls;
@@ -13,7 +13,6 @@ mod config;
 mod error;
 pub mod grpc;
 mod service;
-pub mod wire;
 
 use agentloop_auth::Authenticator;
 use agentloop_proto::v1 as pb;

@@ -16,53 +16,39 @@ use agentloop_auth::Authenticator;
 use agentloop_orchestrator::OrchestratorConfig;
 use agentloop_proto::client::connect;
 use agentloop_runtime::{Runtime, Workers};
-use agentloop_server::{CommonFlags, Service, Started};
+use agentloop_server::{Service, Started};
 use agentloop_store::{EventStore, PgOptions, PgStore, SqliteStore};
-use clap::Parser;
 use serde::Serialize;
 
-const SERVICE: Service = Service::new("agentloop-orchestrator");
+const SERVICE: Service = Service::new("agentloop-orchestrator").about("The agentloop orchestrator");
 
-/// Command-line flags; each one given overrides the configuration file and environment.
-#[derive(Debug, Parser, Serialize)]
-#[command(
-    name = "agentloop-orchestrator",
-    version,
-    about = "The agentloop orchestrator"
-)]
-struct Flags {
-    #[command(flatten)]
-    #[serde(flatten)]
-    common: CommonFlags,
+/// The flags of this service beside the common ones; each one given overrides the
+/// configuration key of its name.
+#[derive(Debug, clap::Args, Serialize)]
+struct Own {
     /// Directory of the embedded event store.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     data_dir: Option<PathBuf>,
     /// A PostgreSQL event store shared by several orchestrators (postgres://…).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     database_url: Option<String>,
     /// The decision service, e.g. http://127.0.0.1:50052.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     decision_endpoint: Option<String>,
     /// The policy service, e.g. http://127.0.0.1:50053.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     policy_endpoint: Option<String>,
     /// The tool gateway, e.g. http://127.0.0.1:50054.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     tools_endpoint: Option<String>,
     /// The effect ledger, e.g. http://127.0.0.1:50055.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     ledger_endpoint: Option<String>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let flags = SERVICE.parse::<Flags, OrchestratorConfig>();
+    let flags = SERVICE.parse::<Own, OrchestratorConfig>();
     let Started {
         config,
         listener,

@@ -25,7 +25,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use uuid::Uuid;
 
-use crate::{OrchestratorError, calls, wire};
+use agentloop_wire as wire;
+
+use crate::{OrchestratorError, calls};
 
 /// Default page size of `ListInvocations`.
 const DEFAULT_PAGE: u32 = 50;

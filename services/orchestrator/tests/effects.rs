@@ -17,7 +17,6 @@ use agentloop_decision::DecisionServer;
 use agentloop_effects::settle;
 use agentloop_engine::{CallOutcome, Check, ErrorType, NextAction, ToolCall, ToolError};
 use agentloop_ledger::{LedgerConfig, LedgerService};
-use agentloop_orchestrator::grpc::Policy;
 use agentloop_orchestrator::{Api, OrchestratorConfig, calls};
 use agentloop_policy::{PolicyConfig, PolicyServer};
 use agentloop_proto::v1 as pb;
@@ -27,7 +26,7 @@ use agentloop_runtime::ports::{
     Claim, Dispatch, Failure, FailureKind, Ports, Sent, Tool, ToolsPort,
 };
 use agentloop_runtime::{Runtime, Workers};
-use agentloop_stack::{InProcessDecision, InProcessLedger};
+use agentloop_stack::{InProcessDecision, InProcessLedger, InProcessPolicy};
 use agentloop_store::SqliteStore;
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -216,7 +215,7 @@ async fn setup_with(script: Script, sends_stages: bool) -> Setup {
     );
     let ports = Ports {
         decision: Arc::new(InProcessDecision(DecisionServer::new(None))),
-        policy: Arc::new(Policy::new(policy)),
+        policy: Arc::new(InProcessPolicy(policy)),
         tools: tools.clone(),
         ledger: Arc::new(InProcessLedger(ledger.clone())),
     };

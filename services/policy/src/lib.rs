@@ -30,6 +30,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use agentloop_engine::Judgement;
 use agentloop_proto::client::ClientConfig;
 use agentloop_proto::v1::policy_service_server::PolicyService;
 use agentloop_proto::v1::{
@@ -47,7 +48,7 @@ pub use error::PolicyError;
 pub use profiles::{ProfilePolicies, Profiles, compile_policies, tool_facts};
 pub use tools::{
     MAX_ARGUMENTS_BYTES, MAX_CALLS, MAX_INVOCATION_ID_BYTES, MAX_SCHEMA_VIOLATIONS_PER_CALL,
-    ToolPolicy,
+    Proposal, ToolPolicy,
 };
 
 /// Configuration of the policy service (layered by `agentloop_server::config`;
@@ -523,15 +524,39 @@ impl PolicyServer {
         )))
     }
 
-    /// `Evaluate` without the gRPC wrapping; see [`ToolPolicy::evaluate`].
+    /// The catalog in force, first brought up to date when `tools` names one it does
+    /// not know (see [`PolicyServer::follow`]).
+    async fn knowing<'a>(&self, mut tools: impl Iterator<Item = &'a str>) -> Arc<Catalog> {
+        let catalog = self.catalog();
+        if tools.any(|tool| !catalog.tools.knows(tool)) {
+            self.refresh(true).await;
+            return self.catalog();
+        }
+        catalog
+    }
+
+    /// Judges a batch in the engine's terms; see [`ToolPolicy::evaluate`]. The embedded
+    /// runtime's path: nothing of it is a wire message.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::InvalidRequest`] for a malformed batch.
+    pub async fn judge(&self, proposal: &Proposal<'_>) -> Result<Judgement, PolicyError> {
+        let catalog = self
+            .knowing(proposal.calls.iter().map(|c| c.tool.as_str()))
+            .await;
+        let policies = self.profiles.get(proposal.profile);
+        catalog.tools.evaluate(proposal, &policies)
+    }
+
+    /// `Evaluate` without the gRPC wrapping; see [`ToolPolicy::evaluate_request`].
     ///
     /// # Errors
     ///
     /// [`PolicyError::InvalidRequest`] for a malformed request.
-    pub fn evaluate(&self, request: &EvaluateRequest) -> Result<EvaluateResponse, PolicyError> {
-        self.catalog()
-            .tools
-            .evaluate(request, &self.profiles.get(&request.profile))
+    pub fn evaluate(&self, request: EvaluateRequest) -> Result<EvaluateResponse, PolicyError> {
+        let policies = self.profiles.get(&request.profile);
+        self.catalog().tools.evaluate_request(request, &policies)
     }
 
     /// `ValidateFinal` without the gRPC wrapping; see [`AcceptanceRules::validate`].
@@ -553,12 +578,10 @@ impl PolicyService for PolicyServer {
         &self,
         request: tonic::Request<EvaluateRequest>,
     ) -> Result<tonic::Response<EvaluateResponse>, tonic::Status> {
-        let catalog = self.catalog();
-        let calls = &request.get_ref().calls;
-        if calls.iter().any(|call| !catalog.tools.knows(&call.tool)) {
-            self.refresh(true).await;
-        }
-        PolicyServer::evaluate(self, request.get_ref())
+        let request = request.into_inner();
+        self.knowing(request.calls.iter().map(|c| c.tool.as_str()))
+            .await;
+        PolicyServer::evaluate(self, request)
             .map(tonic::Response::new)
             .map_err(tonic::Status::from)
     }

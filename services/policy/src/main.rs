@@ -10,36 +10,26 @@
 use std::path::PathBuf;
 
 use agentloop_policy::{PolicyConfig, PolicyError, PolicyServer};
-use agentloop_server::{CommonFlags, Service, Started};
-use clap::Parser;
+use agentloop_server::{Service, Started};
 use serde::Serialize;
 
-const SERVICE: Service = Service::new("agentloop-policy");
+const SERVICE: Service = Service::new("agentloop-policy").about("The agentloop policy service");
 
-/// Command-line flags; each one given overrides the configuration file and environment.
-#[derive(Debug, Parser, Serialize)]
-#[command(
-    name = "agentloop-policy",
-    version,
-    about = "The agentloop policy service"
-)]
-struct Flags {
-    #[command(flatten)]
-    #[serde(flatten)]
-    common: CommonFlags,
+/// The flags of this service beside the common ones; each one given overrides the
+/// configuration key of its name.
+#[derive(Debug, clap::Args, Serialize)]
+struct Own {
     /// The tool gateway to list tools from (e.g. http://127.0.0.1:50054).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     tools_endpoint: Option<String>,
     /// The tool registry file to read instead (the tools service's TOML format).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     tools_file: Option<PathBuf>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let flags = SERVICE.parse::<Flags, PolicyConfig>();
+    let flags = SERVICE.parse::<Own, PolicyConfig>();
     // The tool descriptors may come from the network: only their source is checked
     // before the start.
     let Started {

@@ -7,9 +7,11 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 
 use agentloop_authz::{Authorizer, BatchContext, CallRequest, Effect, Principal};
-use agentloop_engine::{Fingerprint, canonical_json};
+use agentloop_engine::{
+    CallId, ErrorType, Fingerprint, Judgement, Refusal, Ruling, ToolCall, canonical_json,
+};
 use agentloop_proto::v1;
-use agentloop_proto::v1::{ErrorType, EvaluateRequest, EvaluateResponse, Verdict, Violation};
+use agentloop_proto::v1::{EvaluateRequest, EvaluateResponse};
 use serde_json::Value;
 
 use crate::error::PolicyError;
@@ -24,6 +26,24 @@ pub const MAX_ARGUMENTS_BYTES: usize = 1024 * 1024;
 pub const MAX_SCHEMA_VIOLATIONS_PER_CALL: usize = 20;
 /// Longest `invocation_id` accepted, in bytes.
 pub const MAX_INVOCATION_ID_BYTES: usize = 256;
+
+/// A batch to judge, and who proposes it.
+#[derive(Debug, Clone, Copy)]
+pub struct Proposal<'a> {
+    /// The invocation (for the log only).
+    pub invocation_id: &'a str,
+    /// The turn that proposed the calls.
+    pub turn: u32,
+    /// The profile whose policies apply.
+    pub profile: &'a str,
+    /// Who the invocation acts for.
+    pub principal: Principal<'a>,
+    /// The calls.
+    pub calls: &'a [ToolCall],
+    /// The digest a human approved, if one did; it approves the batch only if it is
+    /// the digest of exactly these calls.
+    pub approved: Option<Fingerprint>,
+}
 
 struct CompiledTool {
     validator: jsonschema::Validator,
@@ -132,10 +152,10 @@ impl ToolPolicy {
     /// [`MAX_CALLS`] calls, or arguments over [`MAX_ARGUMENTS_BYTES`].
     pub fn evaluate(
         &self,
-        request: &EvaluateRequest,
+        request: &Proposal<'_>,
         policies: &ProfilePolicies,
-    ) -> Result<EvaluateResponse, PolicyError> {
-        check_invocation_id(&request.invocation_id)?;
+    ) -> Result<Judgement, PolicyError> {
+        check_invocation_id(request.invocation_id)?;
         if request.calls.len() > MAX_CALLS {
             return Err(PolicyError::InvalidRequest(format!(
                 "the batch has {} calls; at most {MAX_CALLS} are allowed",
@@ -149,7 +169,7 @@ impl ToolPolicy {
         {
             return Err(PolicyError::InvalidRequest(format!(
                 "the arguments of call {:?} are {} bytes; at most {MAX_ARGUMENTS_BYTES} are allowed",
-                call.call_id,
+                call.call_id.as_str(),
                 call.arguments_json.len()
             )));
         }
@@ -161,7 +181,7 @@ impl ToolPolicy {
         let mut seen = HashSet::new();
         let mut parsed = Vec::with_capacity(request.calls.len());
         for (index, call) in request.calls.iter().enumerate() {
-            if call.call_id.is_empty() {
+            if call.call_id.as_str().is_empty() {
                 violations.push(batch_violation(format!(
                     "call {index} (tool {:?}) has no call ID",
                     call.tool
@@ -169,13 +189,13 @@ impl ToolPolicy {
             } else if !seen.insert(call.call_id.as_str()) {
                 violations.push(batch_violation(format!(
                     "call ID {:?} is used more than once",
-                    call.call_id
+                    call.call_id.as_str()
                 )));
             }
             parsed.push(self.check_call(call, &mut violations));
         }
         if !violations.is_empty() {
-            return Ok(deny(violations, String::new()));
+            return Ok(deny(violations, None));
         }
 
         // Every call parsed, so `parsed` has one entry per call.
@@ -189,13 +209,13 @@ impl ToolPolicy {
                     .zip(&canonical)
                     .map(|(call, args)| (call.tool.as_str(), args.as_str())),
             )
-            .to_string()
         };
         // Approved: a human approved exactly these calls.
-        let approved = !request.approved_proposal_digest.is_empty()
-            && request.approved_proposal_digest == digest();
+        let approved = request
+            .approved
+            .is_some_and(|approved| approved == digest());
         let (decisions, version) = authorize(request, &parsed, approved, policies);
-        let mut gated: Vec<Violation> = Vec::new();
+        let mut gated: Vec<Refusal> = Vec::new();
         for (call, decision) in request.calls.iter().zip(&decisions) {
             match decision {
                 Some(Judged {
@@ -215,10 +235,11 @@ impl ToolPolicy {
             if self.require_approval_for.contains(&call.tool)
                 && !gated.iter().any(|v| v.call_id == call.call_id)
             {
-                gated.push(Violation {
+                gated.push(Refusal {
                     call_id: call.call_id.clone(),
+                    error_type: ErrorType::PermissionDenied,
                     message: format!("calls to {} need a human approval", call.tool),
-                    ..Violation::default()
+                    policies: Vec::new(),
                 });
             }
         }
@@ -227,29 +248,62 @@ impl ToolPolicy {
         }
         if !gated.is_empty() && !approved {
             // Why, per gated call: what the approver and the model are told.
-            return Ok(EvaluateResponse {
-                verdict: Verdict::RequireApproval.into(),
+            return Ok(Judgement {
+                ruling: Ruling::RequireApproval,
                 violations: gated,
-                proposal_digest: digest(),
-                policy_version: version,
+                proposal: Some(digest()),
+                policy: version,
             });
         }
-        Ok(EvaluateResponse {
-            verdict: Verdict::Allow.into(),
+        Ok(Judgement {
+            ruling: Ruling::Allow,
             violations: Vec::new(),
-            proposal_digest: String::new(),
-            policy_version: version,
+            proposal: None,
+            policy: version,
         })
+    }
+
+    /// [`ToolPolicy::evaluate`] of a request as it came over the wire, answered the
+    /// same way: the API's path, and the tests'.
+    ///
+    /// # Errors
+    ///
+    /// As [`ToolPolicy::evaluate`].
+    pub fn evaluate_request(
+        &self,
+        request: EvaluateRequest,
+        policies: &ProfilePolicies,
+    ) -> Result<EvaluateResponse, PolicyError> {
+        let calls: Vec<ToolCall> = request
+            .calls
+            .into_iter()
+            .map(agentloop_wire::tool_call_from)
+            .collect();
+        let proposal = Proposal {
+            invocation_id: &request.invocation_id,
+            turn: request.turn,
+            profile: &request.profile,
+            principal: Principal {
+                actor: &request.actor,
+                tenant: &request.tenant,
+                roles: &request.roles,
+            },
+            calls: &calls,
+            // A digest that does not parse approves nothing, as one that does not match.
+            approved: request.approved_proposal_digest.parse().ok(),
+        };
+        self.evaluate(&proposal, policies)
+            .map(agentloop_wire::evaluate_response)
     }
 
     /// Checks one call's tool and arguments, pushing violations; returns the arguments
     /// when they parse as an object.
-    fn check_call(&self, call: &v1::ToolCall, violations: &mut Vec<Violation>) -> Option<Value> {
-        let violation = |message: String| Violation {
+    fn check_call(&self, call: &ToolCall, violations: &mut Vec<Refusal>) -> Option<Value> {
+        let violation = |message: String| Refusal {
             call_id: call.call_id.clone(),
+            error_type: ErrorType::InvalidArguments,
             message,
-            error_type: ErrorType::InvalidArguments.into(),
-            policy_ids: Vec::new(),
+            policies: Vec::new(),
         };
         let tool = self.tools.get(&call.tool);
         if tool.is_none() {
@@ -293,17 +347,17 @@ impl ToolPolicy {
 /// One call's decision, as the violation it gives when it is not a plain allow.
 struct Judged {
     effect: Effect,
-    violation: Violation,
+    violation: Refusal,
 }
 
 /// The policies' decision on each call (none when authorization is off), and the
 /// version of the set that decided.
 fn authorize(
-    request: &EvaluateRequest,
+    request: &Proposal<'_>,
     arguments: &[Value],
     approved: bool,
     policies: &ProfilePolicies,
-) -> (Vec<Option<Judged>>, String) {
+) -> (Vec<Option<Judged>>, Option<String>) {
     let refuse_all = |message: String| {
         let decisions = request
             .calls
@@ -311,20 +365,20 @@ fn authorize(
             .map(|call| {
                 Some(Judged {
                     effect: Effect::Deny,
-                    violation: Violation {
+                    violation: Refusal {
                         call_id: call.call_id.clone(),
+                        error_type: ErrorType::PermissionDenied,
                         message: message.clone(),
-                        error_type: ErrorType::PermissionDenied.into(),
-                        policy_ids: Vec::new(),
+                        policies: Vec::new(),
                     },
                 })
             })
             .collect();
-        (decisions, String::new())
+        (decisions, None)
     };
     let set = match policies {
         ProfilePolicies::Off => {
-            return (request.calls.iter().map(|_| None).collect(), String::new());
+            return (request.calls.iter().map(|_| None).collect(), None);
         }
         ProfilePolicies::Missing => {
             return refuse_all(format!(
@@ -335,12 +389,8 @@ fn authorize(
         ProfilePolicies::On(set) => set,
     };
     let batch = BatchContext {
-        principal: Principal {
-            actor: &request.actor,
-            tenant: &request.tenant,
-            roles: &request.roles,
-        },
-        profile: &request.profile,
+        principal: request.principal,
+        profile: request.profile,
         approved,
         turn: request.turn,
     };
@@ -356,7 +406,7 @@ fn authorize(
     let decisions = set
         .authorize(&batch, &calls)
         .into_iter()
-        .zip(&request.calls)
+        .zip(request.calls)
         .map(|(decision, call)| {
             if !decision.errors.is_empty() {
                 // The policy IDs, not the errors' text: it may quote argument values.
@@ -383,33 +433,36 @@ fn authorize(
             };
             Some(Judged {
                 effect: decision.effect,
-                violation: Violation {
+                violation: Refusal {
                     call_id: call.call_id.clone(),
+                    error_type: ErrorType::PermissionDenied,
                     message,
-                    error_type: ErrorType::PermissionDenied.into(),
-                    policy_ids: decision.policies,
+                    policies: decision.policies,
                 },
             })
         })
         .collect();
-    (decisions, set.version().to_owned())
+    (
+        decisions,
+        Some(set.version().to_owned()).filter(|v| !v.is_empty()),
+    )
 }
 
-fn deny(violations: Vec<Violation>, policy_version: String) -> EvaluateResponse {
-    EvaluateResponse {
-        verdict: Verdict::Deny.into(),
+fn deny(violations: Vec<Refusal>, policy: Option<String>) -> Judgement {
+    Judgement {
+        ruling: Ruling::Deny,
         violations,
-        proposal_digest: String::new(),
-        policy_version,
+        proposal: None,
+        policy,
     }
 }
 
-fn batch_violation(message: String) -> Violation {
-    Violation {
-        call_id: String::new(),
+fn batch_violation(message: String) -> Refusal {
+    Refusal {
+        call_id: CallId::new(""),
+        error_type: ErrorType::InvalidArguments,
         message,
-        error_type: ErrorType::InvalidArguments.into(),
-        policy_ids: Vec::new(),
+        policies: Vec::new(),
     }
 }
 

@@ -67,7 +67,7 @@ fn request(roles: &[&str], calls: Vec<ToolCall>) -> EvaluateRequest {
 }
 
 fn evaluate(server: &PolicyServer, request: &EvaluateRequest) -> EvaluateResponse {
-    server.evaluate(request).unwrap()
+    server.evaluate(request.clone()).unwrap()
 }
 
 #[test]

@@ -327,13 +327,13 @@ input_schema = '{"type":"object"}'
         ],
         ..EvaluateRequest::default()
     };
-    let denied = server.evaluate(&request).unwrap();
+    let denied = server.evaluate(request.clone()).unwrap();
     assert_eq!(denied.verdict(), Verdict::Deny);
     assert_eq!(denied.violations.len(), 1);
     assert_eq!(denied.violations[0].call_id, "a");
     let mut fixed = request;
     fixed.calls[0].arguments_json = r#"{"key":"j"}"#.into();
-    let allowed = server.evaluate(&fixed).unwrap();
+    let allowed = server.evaluate(fixed).unwrap();
     assert_eq!(allowed.verdict(), Verdict::Allow, "{allowed:?}");
 
     let both = PolicyConfig {
@@ -376,7 +376,7 @@ async fn policy_follows_the_gateway_as_its_tools_change() {
     let follow = tokio::spawn(server.follow_gateway().await.unwrap().unwrap());
     let judge = |server: &PolicyServer, call: ToolCall| {
         server
-            .evaluate(&EvaluateRequest {
+            .evaluate(EvaluateRequest {
                 invocation_id: "inv-1".into(),
                 turn: 1,
                 calls: vec![call],

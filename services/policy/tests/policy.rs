@@ -89,7 +89,7 @@ fn request(calls: Vec<ToolCall>) -> EvaluateRequest {
 }
 
 fn evaluate(calls: Vec<ToolCall>) -> EvaluateResponse {
-    policy().evaluate(&request(calls), &OFF).unwrap()
+    policy().evaluate_request(request(calls), &OFF).unwrap()
 }
 
 fn denied(calls: Vec<ToolCall>) -> Vec<(String, String)> {
@@ -146,7 +146,7 @@ fn schema_violations_are_bounded_per_call() {
     let policy =
         ToolPolicy::new(&[tool("wide", v1::SideEffect::ReadOnly, false, &schema)]).unwrap();
     let response = policy
-        .evaluate(&request(vec![call("w", "wide", "{}")]), &OFF)
+        .evaluate_request(request(vec![call("w", "wide", "{}")]), &OFF)
         .unwrap();
     assert_eq!(response.verdict(), Verdict::Deny);
     assert_eq!(
@@ -254,11 +254,11 @@ fn a_tool_whose_descriptor_requires_approval_is_gated_without_configuration() {
     tools[0].requires_approval = true;
     let name = tools[0].name.clone();
     let gated = ToolPolicy::new(&tools).unwrap();
-    let response = gated.evaluate(&request(vec![call("c", &name, r#"{"key":"k"}"#)]), &OFF);
+    let response = gated.evaluate_request(request(vec![call("c", &name, r#"{"key":"k"}"#)]), &OFF);
     assert_eq!(response.unwrap().verdict(), Verdict::RequireApproval);
     // Without the flag, the same call runs.
     let open = ToolPolicy::new(&descriptors()).unwrap();
-    let response = open.evaluate(&request(vec![call("c", &name, r#"{"key":"k"}"#)]), &OFF);
+    let response = open.evaluate_request(request(vec![call("c", &name, r#"{"key":"k"}"#)]), &OFF);
     assert_eq!(response.unwrap().verdict(), Verdict::Allow);
 }
 
@@ -309,13 +309,13 @@ fn approval_gates_bind_the_engines_digest() {
     // Running under the approval of exactly this proposal: allowed.
     let mut approved = request(reordered);
     approved.approved_proposal_digest = expected.clone();
-    let response = policy().evaluate(&approved, &OFF).unwrap();
+    let response = policy().evaluate_request(approved, &OFF).unwrap();
     assert_eq!(response.verdict(), Verdict::Allow);
     // An approval of a different proposal does nothing.
     let mut wrong = request(other);
     wrong.approved_proposal_digest = expected;
     assert_eq!(
-        policy().evaluate(&wrong, &OFF).unwrap().verdict(),
+        policy().evaluate_request(wrong, &OFF).unwrap().verdict(),
         Verdict::RequireApproval
     );
     // A denied batch is denied even if it calls a gated tool.
@@ -329,7 +329,7 @@ fn approval_gates_bind_the_engines_digest() {
 fn malformed_requests_are_invalid_argument() {
     let mut no_id = request(vec![call("a", "lookup", r#"{"key":"k"}"#)]);
     no_id.invocation_id.clear();
-    let error = policy().evaluate(&no_id, &OFF).unwrap_err();
+    let error = policy().evaluate_request(no_id, &OFF).unwrap_err();
     assert_eq!(
         error,
         PolicyError::InvalidRequest("invocation_id is required".into())
@@ -338,7 +338,7 @@ fn malformed_requests_are_invalid_argument() {
     let many: Vec<ToolCall> = (0..=MAX_CALLS)
         .map(|i| call(&format!("c{i}"), "lookup", "{}"))
         .collect();
-    let error = policy().evaluate(&request(many), &OFF).unwrap_err();
+    let error = policy().evaluate_request(request(many), &OFF).unwrap_err();
     assert!(
         error.to_string().contains("65 calls; at most 64"),
         "{error}"
@@ -346,7 +346,7 @@ fn malformed_requests_are_invalid_argument() {
 
     let big = format!(r#"{{"key":"{}"}}"#, "x".repeat(1024 * 1024));
     let error = policy()
-        .evaluate(&request(vec![call("big", "lookup", &big)]), &OFF)
+        .evaluate_request(request(vec![call("big", "lookup", &big)]), &OFF)
         .unwrap_err();
     assert!(
         matches!(error, PolicyError::InvalidRequest(ref m) if m.contains("\"big\"")),
@@ -404,12 +404,12 @@ fn config_wires_gates() {
     };
     let server = PolicyServer::from_descriptors(&descriptors(), &config).unwrap();
     let response = server
-        .evaluate(&request(vec![call("w", "write", "{}")]))
+        .evaluate(request(vec![call("w", "write", "{}")]))
         .unwrap();
     assert_eq!(response.verdict(), Verdict::RequireApproval);
     // `pay` is not gated by this config.
     let response = server
-        .evaluate(&request(vec![call("p", "pay", r#"{"amount":1}"#)]))
+        .evaluate(request(vec![call("p", "pay", r#"{"amount":1}"#)]))
         .unwrap();
     assert_eq!(response.verdict(), Verdict::Allow);
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop_auth::Caller;
-use agentloop_engine::SideEffect;
+use agentloop_engine::{CallOutcome, SideEffect, ToolCall, ToolDigest};
 use agentloop_proto::MAX_STAGE_CALLS;
 use agentloop_proto::client::ClientConfig;
 use agentloop_proto::v1::stage_answer::{Answer, Refused};
@@ -36,6 +36,33 @@ use crate::observe::Observed;
 use crate::outcome::{CallFailure, classify_status, failure_outcome};
 use crate::registry::{self, Executor, Registrar, Registry, Route, Tool};
 use crate::verdict;
+
+/// One call to send to the executor of its tool, as the runtime planned it.
+#[derive(Debug, Clone, Copy)]
+pub struct Dispatch<'a> {
+    /// The invocation the call belongs to.
+    pub invocation_id: &'a str,
+    /// The call.
+    pub call: &'a ToolCall,
+    /// The write's effect key; empty for a read.
+    pub effect_key: &'a str,
+    /// Which dispatch of the effect this is, from 1.
+    pub attempt: u32,
+    /// The longest the caller waits; the tool's own timeout bounds it too.
+    pub timeout: Option<Duration>,
+    /// The tool's contract version the call was planned under; a call planned under
+    /// another is not sent.
+    pub planned: Option<ToolDigest>,
+}
+
+/// What became of a call the gateway sent, in the engine's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answered {
+    /// The call's result.
+    pub outcome: CallOutcome,
+    /// The executor's identifier of an applied write; empty otherwise.
+    pub receipt: String,
+}
 
 /// Longest invocation ID, call ID or effect key the gateway forwards, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
@@ -276,20 +303,71 @@ impl Gateway {
         }
     }
 
-    /// Executes one call: checks it, forwards it under its deadline and turns any
-    /// failure into the call's one terminal result.
-    async fn execute_call(
+    /// Sends one call in the engine's terms: the embedded runtime's path, where nothing
+    /// but the executor's own request is a wire message.
+    ///
+    /// # Errors
+    ///
+    /// As `Execute` refuses a call: [`GatewayError::InvalidRequest`],
+    /// [`GatewayError::UnknownTool`].
+    pub async fn dispatch(&self, dispatch: Dispatch<'_>) -> Result<Answered, GatewayError> {
+        let outcome = self.execute_call(dispatch).await?;
+        let receipt = match &outcome {
+            Outcome::Output(output) => output.receipt.clone(),
+            Outcome::Error(_)
+            | Outcome::Cancelled(_)
+            | Outcome::NotStarted(_)
+            | Outcome::Unknown(_) => String::new(),
+        };
+        Ok(Answered {
+            outcome: agentloop_wire::outcome_from(outcome),
+            receipt,
+        })
+    }
+
+    /// Executes one call as it came over the wire: the API's path.
+    async fn execute_request(
         &self,
         request: ToolGatewayServiceExecuteRequest,
     ) -> Result<ToolResult, GatewayError> {
         let call = request
             .call
+            .map(agentloop_wire::tool_call_from)
             .ok_or_else(|| GatewayError::InvalidRequest("call is required".to_owned()))?;
+        let planned = match request.descriptor_digest.as_str() {
+            "" => None,
+            digest => Some(digest.parse().map_err(|_| {
+                GatewayError::InvalidRequest(format!(
+                    "descriptor_digest {:?} is not a tool digest",
+                    agentloop_proto::prefix(digest, 64)
+                ))
+            })?),
+        };
+        let timeout = requested_timeout(request.timeout)?;
+        let outcome = self
+            .execute_call(Dispatch {
+                invocation_id: &request.invocation_id,
+                call: &call,
+                effect_key: &request.effect_key,
+                attempt: request.attempt,
+                timeout,
+                planned,
+            })
+            .await?;
+        Ok(ToolResult {
+            call_id: call.call_id.as_str().to_owned(),
+            outcome: Some(outcome),
+        })
+    }
+
+    /// Executes one call: checks it, forwards it under its deadline and turns any
+    /// failure into the call's one terminal result.
+    async fn execute_call(&self, dispatch: Dispatch<'_>) -> Result<Outcome, GatewayError> {
+        let call = dispatch.call;
         for (field, value) in [
-            ("invocation_id", &request.invocation_id),
-            ("call.call_id", &call.call_id),
-            ("effect_key", &request.effect_key),
-            ("descriptor_digest", &request.descriptor_digest),
+            ("invocation_id", dispatch.invocation_id),
+            ("call.call_id", call.call_id.as_str()),
+            ("effect_key", dispatch.effect_key),
         ] {
             if value.len() > MAX_ID_BYTES {
                 return Err(GatewayError::InvalidRequest(format!(
@@ -297,7 +375,7 @@ impl Gateway {
                 )));
             }
         }
-        if call.call_id.is_empty() {
+        if call.call_id.as_str().is_empty() {
             return Err(GatewayError::InvalidRequest(
                 "call.call_id is required".to_owned(),
             ));
@@ -313,36 +391,35 @@ impl Gateway {
         let tool = tool(&registry, &call.tool)?;
         let side_effect = tool.entry.side_effect;
         // Never dispatch a write the executor could not dedupe.
-        if side_effect.writes() && request.effect_key.is_empty() {
+        if side_effect.writes() && dispatch.effect_key.is_empty() {
             return Err(GatewayError::InvalidRequest(format!(
                 "tool {:?} writes, so the call needs an effect key",
                 call.tool
             )));
         }
-        let timeout = effective_timeout(request.timeout, tool.entry.timeout())?;
+        let registered = tool.entry.timeout();
+        let timeout = dispatch
+            .timeout
+            .map_or(registered, |asked| asked.min(registered));
         let began = Instant::now();
         let deadline = began + timeout;
-        let call_id = call.call_id.clone();
-        let outcome = match unsendable(tool, &request.descriptor_digest) {
+        let outcome = match unsendable(tool, dispatch.planned) {
             Some(outcome) => outcome,
             None => {
                 let forwarded = ToolExecutorServiceExecuteRequest {
-                    invocation_id: request.invocation_id,
-                    call: Some(call),
-                    effect_key: request.effect_key,
-                    attempt: request.attempt,
+                    invocation_id: dispatch.invocation_id.to_owned(),
+                    call: Some(agentloop_wire::tool_call(call)),
+                    effect_key: dispatch.effect_key.to_owned(),
+                    attempt: dispatch.attempt,
                 };
-                self.forward_call(tool, &call_id, deadline, timeout, forwarded)
+                self.forward_call(tool, call.call_id.as_str(), deadline, timeout, forwarded)
                     .await
             }
         };
         self.inner
             .observed
             .call_done(&tool.entry.name, &outcome, began.elapsed());
-        Ok(ToolResult {
-            call_id,
-            outcome: Some(outcome),
-        })
+        Ok(outcome)
     }
 
     /// Forwards one checked call (`call_id`) to its tool's executor; what it came to.
@@ -411,7 +488,7 @@ impl Gateway {
             .filter(|tool| tool.entry.side_effect.writes());
         let result = match write {
             Some(tool) => Err(GatewayError::WriteInStage(tool.entry.name.clone())),
-            None => self.execute_call(request).await,
+            None => self.execute_request(request).await,
         };
         let answer = match result {
             Ok(result) => Answer::Result(result),
@@ -589,20 +666,25 @@ impl Gateway {
     }
 }
 
+/// A timeout on the wire, which must not be negative.
+fn requested_timeout(
+    requested: Option<prost_types::Duration>,
+) -> Result<Option<Duration>, GatewayError> {
+    requested
+        .map(|requested| {
+            Duration::try_from(requested).map_err(|_| {
+                GatewayError::InvalidRequest("timeout must not be negative".to_owned())
+            })
+        })
+        .transpose()
+}
+
 /// The smaller of the request's timeout (if any) and the registered one.
 fn effective_timeout(
     requested: Option<prost_types::Duration>,
     registered: Duration,
 ) -> Result<Duration, GatewayError> {
-    match requested {
-        None => Ok(registered),
-        Some(requested) => {
-            let requested = Duration::try_from(requested).map_err(|_| {
-                GatewayError::InvalidRequest("timeout must not be negative".to_owned())
-            })?;
-            Ok(requested.min(registered))
-        }
-    }
+    Ok(requested_timeout(requested)?.map_or(registered, |asked| asked.min(registered)))
 }
 
 /// The registered tool `name`.
@@ -617,16 +699,16 @@ fn tool<'r>(registry: &'r Registry, name: &str) -> Result<&'r Tool, GatewayError
 /// caller planned the call under `planned` (a call approved, authorized and planned for
 /// one contract must not run under another), or its executor is unavailable, so the call
 /// answers at once instead of waiting for a connection.
-fn unsendable(tool: &Tool, planned: &str) -> Option<Outcome> {
-    if !planned.is_empty() && planned != tool.descriptor.digest {
+fn unsendable(tool: &Tool, planned: Option<ToolDigest>) -> Option<Outcome> {
+    if let Some(planned) = planned
+        && planned.to_string() != tool.descriptor.digest
+    {
         return Some(Outcome::Error(ToolError {
             error_type: ErrorType::Conflict as i32,
             message: format!(
                 "tool {:?} changed since this invocation started (its contract {} is now {}); \
                  the call was not sent: a new invocation uses the new one",
-                tool.entry.name,
-                agentloop_proto::prefix(planned, 64),
-                tool.descriptor.digest
+                tool.entry.name, planned, tool.descriptor.digest
             ),
             retryable: false,
             next_allowed_action: NextAction::None as i32,
@@ -704,7 +786,7 @@ impl ToolGatewayService for Gateway {
         request: Request<ToolGatewayServiceExecuteRequest>,
     ) -> Result<Response<ToolGatewayServiceExecuteResponse>, Status> {
         self.admit_caller(&request)?;
-        let result = self.execute_call(request.into_inner()).await?;
+        let result = self.execute_request(request.into_inner()).await?;
         Ok(Response::new(ToolGatewayServiceExecuteResponse {
             result: Some(result),
         }))

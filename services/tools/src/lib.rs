@@ -50,7 +50,9 @@ use serde::{Deserialize, Serialize};
 
 pub use config::{ConfigError, ExecutorEntry, ToolEntry, ToolsConfig, VerifierEntry};
 pub use error::GatewayError;
-pub use gateway::{Gateway, GatewayLimits, InProcessExecutors, MAX_ID_BYTES, MAX_LIST_NAMES};
+pub use gateway::{
+    Answered, Dispatch, Gateway, GatewayLimits, InProcessExecutors, MAX_ID_BYTES, MAX_LIST_NAMES,
+};
 
 /// Configuration of the tools service (file, `AGENTLOOP_TOOLS_*` env, flags).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,27 +7,18 @@
 
 use std::path::PathBuf;
 
-use agentloop_server::{CommonFlags, Service, Started};
+use agentloop_server::{Service, Started};
 use agentloop_tools::{Gateway, ToolsConfig, ToolsServiceConfig, run};
-use clap::Parser;
 use serde::Serialize;
 
-const SERVICE: Service = Service::new("agentloop-tools");
+const SERVICE: Service = Service::new("agentloop-tools").about("The agentloop tool gateway");
 
-/// Command-line flags; each one overrides the config file and the environment.
-#[derive(Debug, Parser, Serialize)]
-#[command(
-    name = "agentloop-tools",
-    version,
-    about = "The agentloop tool gateway"
-)]
-struct Flags {
-    #[command(flatten)]
-    #[serde(flatten)]
-    common: CommonFlags,
+/// The flags of this service beside the common ones; each one given overrides the
+/// configuration key of its name.
+#[derive(Debug, clap::Args, Serialize)]
+struct Own {
     /// The tool registry (TOML with [[tools]], [[verifiers]] and [[executors]] entries).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     tools: Option<PathBuf>,
 }
 
@@ -53,7 +44,7 @@ fn registry(config: &ToolsServiceConfig) -> anyhow::Result<ToolsConfig> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let flags = SERVICE.parse::<Flags, ToolsServiceConfig>();
+    let flags = SERVICE.parse::<Own, ToolsServiceConfig>();
     let Started {
         config,
         validated: registry,

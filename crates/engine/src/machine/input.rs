@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::canonical::Fingerprint;
 use crate::check::Check;
 use crate::decision::{CallId, ProposedDecision, Usage};
 use crate::event::Refusal;
@@ -82,6 +83,69 @@ impl From<Verdict> for Authorization {
         Authorization {
             verdict,
             policy: None,
+        }
+    }
+}
+
+/// Policy's whole judgement of a batch, as policy gives it to whoever asked: every
+/// violation it found and the digest an approval must be bound to. The engine reads
+/// less of it (an [`Authorization`]); the rest is for the callers of policy's API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Judgement {
+    /// Allow, deny or ask a human.
+    pub ruling: Ruling,
+    /// Why it is not a plain allow, call by call; a violation of the batch as a whole
+    /// names no call.
+    pub violations: Vec<Refusal>,
+    /// The digest of the calls an approval is bound to, when one is needed.
+    pub proposal: Option<Fingerprint>,
+    /// The version of the policy set that judged (none: no policies).
+    pub policy: Option<String>,
+}
+
+/// What policy ruled of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ruling {
+    /// Every call may run.
+    Allow,
+    /// The batch is refused.
+    Deny,
+    /// The batch may run only after a human approves it.
+    RequireApproval,
+}
+
+impl Judgement {
+    /// What the engine is told: the violations become one reason for the model, and a
+    /// refused batch keeps the refusals of its calls.
+    pub fn authorization(self) -> Authorization {
+        let reason = || {
+            let listed: Vec<String> = self
+                .violations
+                .iter()
+                .map(|v| format!("call {}: {}", v.call_id.as_str(), v.message))
+                .collect();
+            if listed.is_empty() {
+                "no reason given".to_owned()
+            } else {
+                listed.join("; ")
+            }
+        };
+        let verdict = match self.ruling {
+            Ruling::Allow => Verdict::Allow,
+            Ruling::RequireApproval => Verdict::RequireApproval { reason: reason() },
+            Ruling::Deny => {
+                let reason = reason();
+                let refusals = self
+                    .violations
+                    .into_iter()
+                    .filter(|v| !v.call_id.as_str().is_empty())
+                    .collect();
+                Verdict::Deny { reason, refusals }
+            }
+        };
+        Authorization {
+            verdict,
+            policy: self.policy,
         }
     }
 }

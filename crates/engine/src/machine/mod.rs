@@ -42,7 +42,7 @@ use crate::time::UnixMillis;
 
 pub use action::Action;
 pub use error::{RestoreError, StepError};
-pub use input::{Authorization, Input, Verdict, Verification};
+pub use input::{Authorization, Input, Judgement, Ruling, Verdict, Verification};
 use phase::Phase;
 pub use protocol::{Humans, Protocol};
 pub(crate) use stop::CANCELLED;

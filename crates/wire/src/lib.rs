@@ -1,14 +1,17 @@
 //! Conversions between the engine's types and the wire types of `agentloop.v1`.
 //!
-//! Provider and wire formats stay at the edges: the engine never sees a proto type, and
-//! this module is the one place that knows both vocabularies. Every match is exhaustive,
-//! so a new engine variant fails to compile here until it has a wire form.
+//! Provider and wire formats stay at the edges: the engine and the runtime never see a
+//! proto type, and this crate is the one place that knows both vocabularies. Every gRPC
+//! edge that carries engine values uses it: the orchestrator's API and its port adapters,
+//! and the policy and tool services as they take calls and give verdicts and outcomes.
+//! Every match is exhaustive, so a new engine variant fails to compile here until it has
+//! a wire form.
 
 use agentloop_engine::{
     Authorization, CallId, CallOutcome, Check, CheckKind, CheckVerdict, EndRecord, ErrorType,
-    Event, EventBody, Limits, MicroUsd, NextAction, ProposedCall, ProposedDecision, Refusal,
-    Rejection, RejectionKind, SideEffect, TerminalReason, ToolCall, ToolError, Totals, TurnRecord,
-    UnixMillis, Usage, Verdict,
+    Event, EventBody, Judgement, Limits, MicroUsd, NextAction, ProposedCall, ProposedDecision,
+    Refusal, Rejection, RejectionKind, Ruling, SideEffect, TerminalReason, ToolCall, ToolError,
+    Totals, TurnRecord, UnixMillis, Usage,
 };
 use agentloop_proto::v1 as pb;
 
@@ -64,6 +67,15 @@ pub fn tool_call(call: &ToolCall) -> pb::ToolCall {
         call_id: call.call_id.as_str().to_owned(),
         tool: call.tool.clone(),
         arguments_json: call.arguments_json.clone(),
+    }
+}
+
+/// A wire call -> the engine's, as policy and the tool gateway judge and send it.
+pub fn tool_call_from(call: pb::ToolCall) -> ToolCall {
+    ToolCall {
+        call_id: CallId::new(call.call_id),
+        tool: call.tool,
+        arguments_json: call.arguments_json,
     }
 }
 
@@ -174,58 +186,72 @@ fn usage(usage: Usage) -> pb::Usage {
     }
 }
 
-/// Policy's answer -> the engine's. Anything but an explicit ALLOW denies; each
-/// violation that names a call is that call's refusal.
+/// Policy's answer on the wire -> what the engine is told of it.
 pub fn authorization(response: pb::EvaluateResponse) -> Authorization {
-    let policy = Some(response.policy_version.clone()).filter(|v| !v.is_empty());
-    Authorization {
-        verdict: verdict(response),
-        policy,
+    judgement(response).authorization()
+}
+
+/// Policy's answer on the wire -> its judgement. Anything but an explicit allow or
+/// approval denies.
+pub fn judgement(response: pb::EvaluateResponse) -> Judgement {
+    let ruling = match response.verdict() {
+        pb::Verdict::Allow => Ruling::Allow,
+        pb::Verdict::RequireApproval => Ruling::RequireApproval,
+        pb::Verdict::Deny | pb::Verdict::Unspecified => Ruling::Deny,
+    };
+    let violations = response
+        .violations
+        .into_iter()
+        .map(|v| Refusal {
+            // A violation of an older policy service has no kind.
+            error_type: match v.error_type() {
+                pb::ErrorType::Unspecified => ErrorType::InvalidArguments,
+                kind @ (pb::ErrorType::InvalidArguments
+                | pb::ErrorType::NotFound
+                | pb::ErrorType::PermissionDenied
+                | pb::ErrorType::Timeout
+                | pb::ErrorType::Unavailable
+                | pb::ErrorType::Conflict
+                | pb::ErrorType::Rejected
+                | pb::ErrorType::Internal) => error_type_from(kind),
+            },
+            call_id: CallId::new(v.call_id),
+            message: v.message,
+            policies: v.policy_ids,
+        })
+        .collect();
+    Judgement {
+        ruling,
+        violations,
+        proposal: response.proposal_digest.parse().ok(),
+        policy: Some(response.policy_version).filter(|v| !v.is_empty()),
     }
 }
 
-fn verdict(response: pb::EvaluateResponse) -> Verdict {
-    let reasons = || {
-        let listed: Vec<String> = response
-            .violations
-            .iter()
-            .map(|v| format!("call {}: {}", v.call_id, v.message))
-            .collect();
-        if listed.is_empty() {
-            "no reason given".to_owned()
-        } else {
-            listed.join("; ")
-        }
+/// Policy's judgement -> its answer on the wire.
+pub fn evaluate_response(judgement: Judgement) -> pb::EvaluateResponse {
+    let verdict = match judgement.ruling {
+        Ruling::Allow => pb::Verdict::Allow,
+        Ruling::Deny => pb::Verdict::Deny,
+        Ruling::RequireApproval => pb::Verdict::RequireApproval,
     };
-    match response.verdict() {
-        pb::Verdict::Allow => Verdict::Allow,
-        pb::Verdict::RequireApproval => Verdict::RequireApproval { reason: reasons() },
-        pb::Verdict::Deny | pb::Verdict::Unspecified => {
-            let reason = reasons();
-            let refusals = response
-                .violations
-                .into_iter()
-                .filter(|v| !v.call_id.is_empty())
-                .map(|v| Refusal {
-                    // A violation of an older policy service has no kind.
-                    error_type: match v.error_type() {
-                        pb::ErrorType::Unspecified => ErrorType::InvalidArguments,
-                        kind @ (pb::ErrorType::InvalidArguments
-                        | pb::ErrorType::NotFound
-                        | pb::ErrorType::PermissionDenied
-                        | pb::ErrorType::Timeout
-                        | pb::ErrorType::Unavailable
-                        | pb::ErrorType::Conflict
-                        | pb::ErrorType::Rejected
-                        | pb::ErrorType::Internal) => error_type_from(kind),
-                    },
-                    call_id: CallId::new(v.call_id),
-                    message: v.message,
-                    policies: v.policy_ids,
-                })
-                .collect();
-            Verdict::Deny { reason, refusals }
-        }
+    pb::EvaluateResponse {
+        verdict: verdict.into(),
+        violations: judgement
+            .violations
+            .into_iter()
+            .map(|v| pb::Violation {
+                call_id: v.call_id.as_str().to_owned(),
+                message: v.message,
+                error_type: error_type(v.error_type).into(),
+                policy_ids: v.policies,
+            })
+            .collect(),
+        proposal_digest: judgement
+            .proposal
+            .map(|digest| digest.to_string())
+            .unwrap_or_default(),
+        policy_version: judgement.policy.unwrap_or_default(),
     }
 }
 
@@ -326,24 +352,31 @@ fn next_action_from(action: pb::NextAction) -> NextAction {
 /// A wire tool result -> the engine's outcome. A result with no outcome is a broken
 /// executor, and nobody knows what happened.
 pub fn call_outcome(result: pb::ToolResult) -> CallOutcome {
-    use pb::tool_result::Outcome;
     match result.outcome {
-        Some(Outcome::Output(output)) => CallOutcome::Output {
+        Some(outcome) => outcome_from(outcome),
+        None => CallOutcome::Unknown {
+            detail: "the tool result carried no outcome".into(),
+        },
+    }
+}
+
+/// An executor's outcome on the wire -> the engine's.
+pub fn outcome_from(outcome: pb::tool_result::Outcome) -> CallOutcome {
+    use pb::tool_result::Outcome;
+    match outcome {
+        Outcome::Output(output) => CallOutcome::Output {
             output_json: output.output_json,
         },
-        Some(Outcome::Error(error)) => CallOutcome::Error(ToolError {
+        Outcome::Error(error) => CallOutcome::Error(ToolError {
             error_type: error_type_from(error.error_type()),
             next_allowed_action: next_action_from(error.next_allowed_action()),
             message: error.message,
             retryable: error.retryable,
         }),
-        Some(Outcome::Cancelled(_)) => CallOutcome::Cancelled,
-        Some(Outcome::NotStarted(_)) => CallOutcome::NotStarted,
-        Some(Outcome::Unknown(unknown)) => CallOutcome::Unknown {
+        Outcome::Cancelled(_) => CallOutcome::Cancelled,
+        Outcome::NotStarted(_) => CallOutcome::NotStarted,
+        Outcome::Unknown(unknown) => CallOutcome::Unknown {
             detail: unknown.detail,
-        },
-        None => CallOutcome::Unknown {
-            detail: "the tool result carried no outcome".into(),
         },
     }
 }
@@ -527,6 +560,8 @@ pub fn budget(limits: &Limits, started: UnixMillis) -> pb::Budget {
 
 #[cfg(test)]
 mod tests {
+    use agentloop_engine::{Fingerprint, Verdict};
+
     use super::*;
 
     #[test]
@@ -625,6 +660,35 @@ mod tests {
     }
 
     #[test]
+    fn a_judgement_crosses_the_wire_unchanged() {
+        let violation = |call: &str, error_type| Refusal {
+            call_id: CallId::new(call),
+            error_type,
+            message: format!("no {call}"),
+            policies: vec!["p1".into()],
+        };
+        for ruling in [Ruling::Allow, Ruling::Deny, Ruling::RequireApproval] {
+            let judged = Judgement {
+                ruling,
+                violations: vec![
+                    violation("c1", ErrorType::PermissionDenied),
+                    violation("", ErrorType::InvalidArguments),
+                ],
+                proposal: Some(Fingerprint::of_calls([("lookup", "{}")])),
+                policy: Some("v3".into()),
+            };
+            assert_eq!(judgement(evaluate_response(judged.clone())), judged);
+        }
+        let plain = Judgement {
+            ruling: Ruling::Allow,
+            violations: Vec::new(),
+            proposal: None,
+            policy: None,
+        };
+        assert_eq!(judgement(evaluate_response(plain.clone())), plain);
+    }
+
+    #[test]
     fn only_an_explicit_allow_allows() {
         let response = |verdict: pb::Verdict| pb::EvaluateResponse {
             verdict: verdict.into(),
@@ -644,7 +708,10 @@ mod tests {
             policy_version: "v7".into(),
             ..Default::default()
         };
-        assert_eq!(verdict(response(pb::Verdict::Allow)), Verdict::Allow);
+        assert_eq!(
+            authorization(response(pb::Verdict::Allow)).verdict,
+            Verdict::Allow
+        );
         let denied = authorization(response(pb::Verdict::Unspecified));
         assert_eq!(denied.policy.as_deref(), Some("v7"));
         assert_eq!(
@@ -662,7 +729,7 @@ mod tests {
             }
         );
         assert!(matches!(
-            verdict(response(pb::Verdict::RequireApproval)),
+            authorization(response(pb::Verdict::RequireApproval)).verdict,
             Verdict::RequireApproval { .. }
         ));
     }
