@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::{KEYS, LOOKUP};
-use agentloop_decision::{Model, ModelError, ModelReply, Reads};
+use agentloop_decision::{Model, ModelError, ModelReply, Proposal, Reads};
 use agentloop_proto::v1 as pb;
 use tokio::sync::watch;
 
@@ -148,32 +148,32 @@ impl Model for BenchModel {
         request: &pb::DecideRequest,
         _tools: &[pb::ToolDescriptor],
     ) -> Result<ModelReply, ModelError> {
-        use pb::decision::{Final, Kind, ToolCalls};
+        use agentloop_engine::{ProposedCall, ProposedDecision};
         if request.turn == 1
             && let Some(gate) = &self.gate
         {
             gate.pass().await;
         }
-        let kind = if request.turn < self.turns {
+        let decision = if request.turn < self.turns {
             let calls = calls_of(request.turn)
                 .into_iter()
-                .map(|(call_id, key)| pb::ToolCall {
+                .map(|(call_id, key)| ProposedCall {
                     call_id,
                     tool: LOOKUP.to_owned(),
                     arguments_json: format!(r#"{{"key":"{key}"}}"#),
                 })
                 .collect();
-            Kind::ToolCalls(ToolCalls { calls })
+            ProposedDecision::ToolCalls { calls }
         } else {
             // Citing the last turn's lookups (if any), which the acceptance rules check.
-            Kind::Final(Final {
+            ProposedDecision::Final {
                 answer: answer_from(&request.history),
                 evidence: evidence_of(request.turn),
-            })
+            }
         };
         Ok(ModelReply {
-            outcome: pb::decide_response::Outcome::Decision(pb::Decision { kind: Some(kind) }),
-            usage: pb::Usage::default(),
+            proposal: Proposal::Decision(decision),
+            usage: agentloop_engine::Usage::default(),
             model: "bench".to_owned(),
             response_id: String::new(),
         })

@@ -18,7 +18,6 @@ use agentloop_ledger::{Entry, LedgerError, LedgerService, Page};
 use agentloop_orchestrator::calls;
 use agentloop_orchestrator::grpc::Tools;
 use agentloop_policy::{PolicyServer, Proposal};
-use agentloop_proto::v1 as pb;
 use agentloop_runtime::ports::{
     Acceptance, Ask, Batch, Claim, Decided, DecisionPort, Dispatch, Effect, EffectPage, Failure,
     LedgerPort, NewEffect, PolicyPort, Sent, Tool, ToolsPort,
@@ -55,7 +54,10 @@ impl DecisionPort for InProcessDecision {
             }
         };
         replied
-            .map(|reply| calls::decided(pb::DecideResponse::from(reply)))
+            .map(|reply| Decided {
+                decision: reply.proposal.proposed(),
+                usage: reply.usage,
+            })
             .map_err(|error: ModelError| calls::failure(&Status::from(error)))
     }
 }

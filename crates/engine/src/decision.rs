@@ -65,6 +65,16 @@ pub enum ProposedDecision {
     },
 }
 
+impl ProposedDecision {
+    /// Output that is no decision, kept for the log: the output itself, or why it is
+    /// none when there is no output to show.
+    pub fn unparseable(reason: String, raw: String) -> ProposedDecision {
+        ProposedDecision::Unparseable {
+            text: if raw.is_empty() { reason } else { raw },
+        }
+    }
+}
+
 /// A call ID that passed validation: non-empty and unique within its batch.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]

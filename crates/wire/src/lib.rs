@@ -156,13 +156,9 @@ pub fn decided(response: pb::DecideResponse) -> (ProposedDecision, Usage) {
         Some(Outcome::Decision(pb::Decision { kind: None })) => ProposedDecision::Unparseable {
             text: "a decision with no kind".into(),
         },
-        Some(Outcome::Invalid(invalid)) => ProposedDecision::Unparseable {
-            text: if invalid.raw.is_empty() {
-                invalid.reason
-            } else {
-                invalid.raw
-            },
-        },
+        Some(Outcome::Invalid(invalid)) => {
+            ProposedDecision::unparseable(invalid.reason, invalid.raw)
+        }
         None => ProposedDecision::Unparseable {
             text: "an empty response".into(),
         },
@@ -170,7 +166,8 @@ pub fn decided(response: pb::DecideResponse) -> (ProposedDecision, Usage) {
     (decision, usage)
 }
 
-fn usage_from(usage: pb::Usage) -> Usage {
+/// Usage on the wire -> the engine's.
+pub fn usage_from(usage: pb::Usage) -> Usage {
     Usage {
         input_tokens: usage.input_tokens,
         output_tokens: usage.output_tokens,
@@ -178,7 +175,8 @@ fn usage_from(usage: pb::Usage) -> Usage {
     }
 }
 
-fn usage(usage: Usage) -> pb::Usage {
+/// The engine's usage -> the wire's.
+pub fn usage(usage: Usage) -> pb::Usage {
     pb::Usage {
         input_tokens: usage.input_tokens,
         output_tokens: usage.output_tokens,

@@ -65,7 +65,7 @@ pub use agentloop_script::{
     ScriptedModel, ScriptedTurn, ScriptedUsage,
 };
 pub use cache::{MAX_CACHED_BYTES, MAX_ENTRIES, ScriptCache};
-pub use model::{Model, ModelError, ModelReply, Reads, SCRIPTED_MODEL_NAME};
+pub use model::{Model, ModelError, ModelReply, Proposal, Reads, SCRIPTED_MODEL_NAME};
 pub use price::{Price, PricedModel};
 
 /// Longest `invocation_id` accepted, in bytes; IDs end up in logs and response IDs.

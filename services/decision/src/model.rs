@@ -3,25 +3,45 @@
 
 use std::fmt;
 
+use agentloop_engine::{MicroUsd, ProposedCall, ProposedDecision, Usage};
 use agentloop_proto::v1::decide_response::Outcome;
-use agentloop_proto::v1::decision::{
-    CannotContinue, Clarification, Final, Kind, RequestApproval, ToolCalls,
-};
-use agentloop_proto::v1::{
-    DecideRequest, DecideResponse, Decision, InvalidOutput, ToolCall, ToolDescriptor, Usage,
-};
+use agentloop_proto::v1::{DecideRequest, DecideResponse, InvalidOutput, ToolDescriptor};
 
 use agentloop_script::{ScriptError, ScriptedCall, ScriptedDecision, ScriptedModel};
 
 /// The name the scripted model reports in `DecideResponse.model`.
 pub const SCRIPTED_MODEL_NAME: &str = "scripted";
 
+/// What a model proposed for one turn, in the engine's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Proposal {
+    /// A decision, which the engine judges.
+    Decision(ProposedDecision),
+    /// Output that is no decision.
+    Invalid {
+        /// Why it is none.
+        reason: String,
+        /// The output, bounded.
+        raw: String,
+    },
+}
+
+impl Proposal {
+    /// What the engine is given: output that is no decision is `Unparseable`.
+    pub fn proposed(self) -> ProposedDecision {
+        match self {
+            Proposal::Decision(decision) => decision,
+            Proposal::Invalid { reason, raw } => ProposedDecision::unparseable(reason, raw),
+        }
+    }
+}
+
 /// What a model produced for one turn.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelReply {
-    /// A decision, or output that is not one (`InvalidOutput`).
-    pub outcome: Outcome,
-    /// Tokens the call consumed (also for invalid output).
+    /// A decision, or output that is not one.
+    pub proposal: Proposal,
+    /// Tokens the call consumed (also for invalid output), and their cost.
     pub usage: Usage,
     /// The model that answered, as the provider names it.
     pub model: String,
@@ -29,11 +49,29 @@ pub struct ModelReply {
     pub response_id: String,
 }
 
+/// The reply on the wire: the one place the decision service converts its answer.
 impl From<ModelReply> for DecideResponse {
     fn from(reply: ModelReply) -> Self {
+        let outcome = match reply.proposal {
+            Proposal::Decision(decision) => match agentloop_wire::decision(&decision) {
+                Some(decision) => Outcome::Decision(decision),
+                None => Outcome::Invalid(InvalidOutput {
+                    reason: "the output is not a decision".to_owned(),
+                    raw: match decision {
+                        ProposedDecision::Unparseable { text } => text,
+                        ProposedDecision::Final { .. }
+                        | ProposedDecision::ToolCalls { .. }
+                        | ProposedDecision::RequestApproval { .. }
+                        | ProposedDecision::Clarification { .. }
+                        | ProposedDecision::CannotContinue { .. } => String::new(),
+                    },
+                }),
+            },
+            Proposal::Invalid { reason, raw } => Outcome::Invalid(InvalidOutput { reason, raw }),
+        };
         DecideResponse {
-            outcome: Some(reply.outcome),
-            usage: Some(reply.usage),
+            outcome: Some(outcome),
+            usage: Some(agentloop_wire::usage(reply.usage)),
             model: reply.model,
             response_id: reply.response_id,
         }
@@ -153,16 +191,12 @@ pub trait Model: Send + Sync + fmt::Debug {
     fn request_model(&self) -> &str;
 }
 
-fn call(call: &ScriptedCall) -> ToolCall {
-    ToolCall {
+fn call(call: &ScriptedCall) -> ProposedCall {
+    ProposedCall {
         call_id: call.id.clone(),
         tool: call.name.clone(),
         arguments_json: call.arguments_json.clone(),
     }
-}
-
-fn decision(kind: Kind) -> Outcome {
-    Outcome::Decision(Decision { kind: Some(kind) })
 }
 
 #[async_trait::async_trait]
@@ -196,47 +230,55 @@ impl Model for ScriptedModel {
             // Dropping the request future (client gone, deadline) drops this sleep.
             tokio::time::sleep(turn.delay).await;
         }
-        let outcome = match &turn.decision {
-            ScriptedDecision::ToolCalls(calls) => decision(Kind::ToolCalls(ToolCalls {
+        let proposal = match &turn.decision {
+            ScriptedDecision::ToolCalls(calls) => ProposedDecision::ToolCalls {
                 calls: calls.iter().map(call).collect(),
-            })),
-            ScriptedDecision::Final { answer, evidence } => decision(Kind::Final(Final {
+            },
+            ScriptedDecision::Final { answer, evidence } => ProposedDecision::Final {
                 answer: answer.clone(),
                 evidence: evidence.clone(),
-            })),
+            },
             ScriptedDecision::RequestApproval { summary, calls } => {
-                decision(Kind::RequestApproval(RequestApproval {
+                ProposedDecision::RequestApproval {
                     summary: summary.clone(),
                     calls: calls.iter().map(call).collect(),
-                }))
+                }
             }
-            ScriptedDecision::Clarification(question) => {
-                decision(Kind::Clarification(Clarification {
-                    question: question.clone(),
-                }))
-            }
-            ScriptedDecision::CannotContinue(reason) => {
-                decision(Kind::CannotContinue(CannotContinue {
-                    reason: reason.clone(),
-                }))
-            }
+            ScriptedDecision::Clarification(question) => ProposedDecision::Clarification {
+                question: question.clone(),
+            },
+            ScriptedDecision::CannotContinue(reason) => ProposedDecision::CannotContinue {
+                reason: reason.clone(),
+            },
             ScriptedDecision::ModelError(message) => {
                 return Err(ModelError::Provider(message.clone()));
             }
-            ScriptedDecision::Raw(text) => Outcome::Invalid(InvalidOutput {
-                reason: "the scripted model produced raw output that is not a decision".into(),
-                raw: text.clone(),
-            }),
+            ScriptedDecision::Raw(text) => {
+                let invalid = Proposal::Invalid {
+                    reason: "the scripted model produced raw output that is not a decision".into(),
+                    raw: text.clone(),
+                };
+                return Ok(scripted_reply(invalid, turn, request));
+            }
         };
-        Ok(ModelReply {
-            outcome,
-            usage: Usage {
-                input_tokens: turn.usage.input_tokens,
-                output_tokens: turn.usage.output_tokens,
-                cost_micro_usd: turn.usage.cost_micro_usd,
-            },
-            model: SCRIPTED_MODEL_NAME.into(),
-            response_id: format!("scripted-{}-{}", request.invocation_id, request.turn),
-        })
+        Ok(scripted_reply(Proposal::Decision(proposal), turn, request))
+    }
+}
+
+/// A scripted turn's reply, with the usage the script gives it.
+fn scripted_reply(
+    proposal: Proposal,
+    turn: &agentloop_script::ScriptedTurn,
+    request: &DecideRequest,
+) -> ModelReply {
+    ModelReply {
+        proposal,
+        usage: Usage {
+            input_tokens: turn.usage.input_tokens,
+            output_tokens: turn.usage.output_tokens,
+            cost: turn.usage.cost_micro_usd.map(MicroUsd),
+        },
+        model: SCRIPTED_MODEL_NAME.into(),
+        response_id: format!("scripted-{}-{}", request.invocation_id, request.turn),
     }
 }

@@ -118,7 +118,7 @@ impl Recorded {
                         })
                         .inc_by(count);
                 }
-                if let Some(micro) = usage.cost_micro_usd {
+                if let Some(agentloop_engine::MicroUsd(micro)) = usage.cost {
                     self.cost
                         .get_or_create(&Priced {
                             provider,

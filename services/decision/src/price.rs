@@ -10,8 +10,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use agentloop_engine::MicroUsd;
-use agentloop_proto::v1::{DecideRequest, ToolDescriptor, Usage};
+use agentloop_engine::{MicroUsd, Usage};
+use agentloop_proto::v1::{DecideRequest, ToolDescriptor};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Model, ModelError, ModelReply};
@@ -93,7 +93,7 @@ impl Model for PricedModel {
         tools: &[ToolDescriptor],
     ) -> Result<ModelReply, ModelError> {
         let mut reply = self.model.decide_with(request, tools).await?;
-        reply.usage.cost_micro_usd = Some(self.price.cost(&reply.usage).0);
+        reply.usage.cost = Some(self.price.cost(&reply.usage));
         Ok(reply)
     }
 }
@@ -158,7 +158,7 @@ mod tests {
         Usage {
             input_tokens,
             output_tokens,
-            cost_micro_usd: None,
+            cost: None,
         }
     }
 

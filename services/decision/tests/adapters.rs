@@ -205,8 +205,14 @@ async fn sent_bodies(server: &MockServer) -> Vec<Value> {
         .collect()
 }
 
+/// The reply as the service answers it on the wire.
+fn answered(reply: &ModelReply) -> Outcome {
+    let response = agentloop_proto::v1::DecideResponse::from(reply.clone());
+    response.outcome.expect("a reply always has an outcome")
+}
+
 fn calls_of(reply: &ModelReply) -> Vec<ToolCall> {
-    match &reply.outcome {
+    match &answered(reply) {
         Outcome::Decision(Decision {
             kind: Some(Kind::ToolCalls(ToolCalls { calls })),
         }) => calls.clone(),
@@ -215,14 +221,14 @@ fn calls_of(reply: &ModelReply) -> Vec<ToolCall> {
 }
 
 fn kind_of(reply: &ModelReply) -> Kind {
-    match &reply.outcome {
+    match &answered(reply) {
         Outcome::Decision(Decision { kind: Some(kind) }) => kind.clone(),
         other => panic!("expected a decision, got {other:?}"),
     }
 }
 
 fn invalid_of(reply: &ModelReply) -> (String, String) {
-    match &reply.outcome {
+    match &answered(reply) {
         Outcome::Invalid(invalid) => (invalid.reason.clone(), invalid.raw.clone()),
         other => panic!("expected invalid output, got {other:?}"),
     }
@@ -1235,7 +1241,7 @@ async fn cost_for(decision: &DecisionServer, profile: &str) -> (String, Option<u
     let mut req = request();
     req.profile = profile.into();
     let reply = decision.decide(&req).await.unwrap();
-    (reply.model, reply.usage.cost_micro_usd)
+    (reply.model, reply.usage.cost.map(|cost| cost.0))
 }
 
 #[tokio::test]

@@ -303,10 +303,9 @@ fn errors_map_to_statuses_in_one_place() {
 
 #[tokio::test]
 async fn a_final_answer_carries_its_evidence_into_the_decision() {
-    use agentloop_decision::Model;
-    use agentloop_proto::v1::decide_response::Outcome;
-    use agentloop_proto::v1::decision::{Final, Kind};
-    use agentloop_proto::v1::{DecideRequest, Decision};
+    use agentloop_decision::{Model, Proposal};
+    use agentloop_engine::ProposedDecision;
+    use agentloop_proto::v1::DecideRequest;
 
     let model = parse(
         r#"{"turns": [
@@ -329,13 +328,11 @@ async fn a_final_answer_carries_its_evidence_into_the_decision() {
     };
     let reply = model.decide(&request).await.unwrap();
     assert_eq!(
-        reply.outcome,
-        Outcome::Decision(Decision {
-            kind: Some(Kind::Final(Final {
-                answer: "profile=active".into(),
-                // As written: dropping the repeat is the engine's business.
-                evidence: vec!["l1".into(), "l2".into(), "l1".into()],
-            })),
+        reply.proposal,
+        Proposal::Decision(ProposedDecision::Final {
+            answer: "profile=active".into(),
+            // As written: dropping the repeat is the engine's business.
+            evidence: vec!["l1".into(), "l2".into(), "l1".into()],
         })
     );
 }

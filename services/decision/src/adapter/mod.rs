@@ -8,10 +8,10 @@ pub(crate) mod context;
 pub(crate) mod http;
 pub(crate) mod openai;
 
-use agentloop_engine::DecisionBounds;
-use agentloop_proto::v1::decide_response::Outcome;
-use agentloop_proto::v1::decision::{CannotContinue, Final, Kind, ToolCalls};
-use agentloop_proto::v1::{DecideRequest, Decision, InvalidOutput, ToolCall};
+use agentloop_engine::{DecisionBounds, ProposedCall, ProposedDecision, Usage};
+use agentloop_proto::v1::DecideRequest;
+
+use crate::model::Proposal;
 
 /// Most raw output quoted in an `InvalidOutput`.
 const MAX_RAW_BYTES: usize = 4096;
@@ -27,31 +27,30 @@ pub(crate) struct RawCall<'a> {
     pub(crate) arguments: String,
 }
 
-pub(crate) fn decision(kind: Kind) -> Outcome {
-    Outcome::Decision(Decision { kind: Some(kind) })
-}
-
-pub(crate) fn invalid(reason: impl Into<String>, raw: &str) -> Outcome {
-    Outcome::Invalid(InvalidOutput {
+pub(crate) fn invalid(reason: impl Into<String>, raw: &str) -> Proposal {
+    Proposal::Invalid {
         reason: reason.into(),
         raw: context::truncate(raw, MAX_RAW_BYTES),
-    })
+    }
 }
 
-pub(crate) fn cannot_continue(reason: &str) -> Outcome {
-    decision(Kind::CannotContinue(CannotContinue {
+pub(crate) fn cannot_continue(reason: &str) -> Proposal {
+    Proposal::Decision(ProposedDecision::CannotContinue {
         reason: reason.to_owned(),
-    }))
+    })
 }
 
 /// The decision for a text reply, or `None` when it holds no answer besides its
 /// `Evidence:` line, which each adapter reports as it reports an empty text.
-pub(crate) fn final_answer(text: &str) -> Option<Outcome> {
+pub(crate) fn final_answer(text: &str) -> Option<Proposal> {
     let (answer, evidence) = split_evidence(text);
     if answer.trim().is_empty() {
         return None;
     }
-    Some(decision(Kind::Final(Final { answer, evidence })))
+    Some(Proposal::Decision(ProposedDecision::Final {
+        answer,
+        evidence,
+    }))
 }
 
 /// The label of the line that closes a final answer (`context` asks for it).
@@ -117,7 +116,7 @@ fn evidence_list(line: &str) -> Option<&str> {
 /// Tool calls become a `ToolCalls` decision; malformed arguments or a missing name make
 /// the whole output invalid (the engine turns that into a repair turn or
 /// invalid_decision). Unknown tools and non-object arguments pass: policy judges them.
-pub(crate) fn tool_calls(request: &DecideRequest, raw: &[RawCall<'_>]) -> Outcome {
+pub(crate) fn tool_calls(request: &DecideRequest, raw: &[RawCall<'_>]) -> Proposal {
     if raw.len() > MAX_CALLS_PER_RESPONSE {
         return invalid(
             format!(
@@ -147,13 +146,13 @@ pub(crate) fn tool_calls(request: &DecideRequest, raw: &[RawCall<'_>]) -> Outcom
     let calls = raw
         .iter()
         .zip(ids)
-        .map(|(call, call_id)| ToolCall {
+        .map(|(call, call_id)| ProposedCall {
             call_id,
             tool: call.name.unwrap_or_default().to_owned(),
             arguments_json: call.arguments.clone(),
         })
         .collect();
-    decision(Kind::ToolCalls(ToolCalls { calls }))
+    Proposal::Decision(ProposedDecision::ToolCalls { calls })
 }
 
 /// A tool's input schema as JSON; a descriptor with none (or a broken one) gets the
@@ -184,18 +183,18 @@ pub(crate) fn description(tool: &agentloop_proto::v1::ToolDescriptor) -> std::bo
 /// the model it names (else the one configured) and its response ID. Its cost is set by
 /// the price table (`PricedModel`), which knows what the tokens cost.
 pub(crate) fn reply(
-    outcome: Outcome,
+    proposal: Proposal,
     (input_tokens, output_tokens): (u64, u64),
     body: &serde_json::Value,
     configured_model: &str,
 ) -> crate::ModelReply {
     let text = |field: &str| body.get(field).and_then(serde_json::Value::as_str);
     crate::ModelReply {
-        outcome,
-        usage: agentloop_proto::v1::Usage {
+        proposal,
+        usage: Usage {
             input_tokens,
             output_tokens,
-            cost_micro_usd: None,
+            cost: None,
         },
         model: text("model").unwrap_or(configured_model).to_owned(),
         response_id: text("id").unwrap_or("").to_owned(),
@@ -292,15 +291,13 @@ mod tests {
         assert!(final_answer("\n **Evidence:** call_1 \n").is_none());
         assert!(final_answer("Evidence: none").is_none());
         assert!(final_answer("  \n").is_none());
-        match final_answer("Gold.\nEvidence: call_1") {
-            Some(Outcome::Decision(Decision {
-                kind: Some(Kind::Final(f)),
-            })) => {
-                assert_eq!(f.answer, "Gold.");
-                assert_eq!(f.evidence, ["call_1"]);
-            }
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(
+            final_answer("Gold.\nEvidence: call_1"),
+            Some(Proposal::Decision(ProposedDecision::Final {
+                answer: "Gold.".into(),
+                evidence: vec!["call_1".into()],
+            }))
+        );
     }
 
     #[test]
