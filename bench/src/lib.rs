@@ -616,8 +616,8 @@ mod tests {
                     history: (1..turn).map(looked_up).collect(),
                     ..Default::default()
                 };
-                let scripted = script.decide_with(&request, &[]).await.unwrap().proposal;
-                let modelled = bench.decide_with(&request, &[]).await.unwrap().proposal;
+                let scripted = script.decide(&request).await.unwrap().proposal;
+                let modelled = bench.decide(&request).await.unwrap().proposal;
                 assert_eq!(scripted, modelled, "turn {turn} of {turns}");
             }
         }

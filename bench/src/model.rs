@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::{KEYS, LOOKUP};
-use agentloop_decision::{Model, ModelError, ModelReply, Proposal, Reads};
+use agentloop_decision::{Model, ModelError, ModelReply, Proposal, Question, Reads};
 use agentloop_proto::v1 as pb;
 use tokio::sync::watch;
 
@@ -145,7 +145,7 @@ impl Model for BenchModel {
 
     async fn decide_with(
         &self,
-        request: &pb::DecideRequest,
+        request: &Question<'_>,
         _tools: &[pb::ToolDescriptor],
     ) -> Result<ModelReply, ModelError> {
         use agentloop_engine::{ProposedCall, ProposedDecision};
@@ -167,7 +167,7 @@ impl Model for BenchModel {
         } else {
             // Citing the last turn's lookups (if any), which the acceptance rules check.
             ProposedDecision::Final {
-                answer: answer_from(&request.history),
+                answer: answer_from(request.history),
                 evidence: evidence_of(request.turn),
             }
         };

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use agentloop_decision::{DecisionServer, ModelError};
+use agentloop_decision::{DecisionServer, ModelError, Question};
 use agentloop_effects::EffectState;
 use agentloop_effects::settle::{Answer, Recorded};
 use agentloop_engine::{Authorization, Check};
@@ -35,22 +35,31 @@ pub struct InProcessDecision(pub DecisionServer);
 #[async_trait]
 impl DecisionPort for InProcessDecision {
     async fn decide(&self, ask: Ask<'_>) -> Result<Decided, Failure> {
+        let mut id = Uuid::encode_buffer();
+        let invocation_id = &*ask.invocation.hyphenated().encode_lower(&mut id);
         let replied = match ask.script {
             Some(script) => {
-                let id = ask.invocation.to_string();
-                self.0.decide_scripted(script.model(), &id, ask.turn).await
+                let model = script.model();
+                self.0.decide_scripted(model, invocation_id, ask.turn).await
             }
             None => {
                 // Only what the model reads becomes a message.
                 let reads = self.0.reads(ask.profile);
                 let window = &ask.history[ask.history.len().saturating_sub(reads.history)..];
-                let tools = if reads.tools { ask.tools } else { &[] };
-                let request = calls::decide_request(&Ask {
-                    history: window,
-                    tools,
-                    ..ask
-                });
-                self.0.decide(&request).await
+                let history = calls::history(invocation_id, window);
+                let tools: Vec<_> = match reads.tools {
+                    true => ask.tools.iter().map(calls::descriptor).collect(),
+                    false => Vec::new(),
+                };
+                let question = Question {
+                    invocation_id,
+                    turn: ask.turn,
+                    goal: ask.goal,
+                    summary: "",
+                    context_from_seq: window.first().map_or(0, |stored| stored.event.seq),
+                    history: &history,
+                };
+                self.0.decide_for(ask.profile, &question, &tools).await
             }
         };
         replied

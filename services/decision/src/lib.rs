@@ -65,7 +65,7 @@ pub use agentloop_script::{
     ScriptedModel, ScriptedTurn, ScriptedUsage,
 };
 pub use cache::{MAX_CACHED_BYTES, MAX_ENTRIES, ScriptCache};
-pub use model::{Model, ModelError, ModelReply, Proposal, Reads, SCRIPTED_MODEL_NAME};
+pub use model::{Model, ModelError, ModelReply, Proposal, Question, Reads, SCRIPTED_MODEL_NAME};
 pub use price::{Price, PricedModel};
 
 /// Longest `invocation_id` accepted, in bytes; IDs end up in logs and response IDs.
@@ -285,28 +285,31 @@ impl DecisionServer {
         request: &DecideRequest,
         tools: &[ToolDescriptor],
     ) -> Result<ModelReply, ModelError> {
-        if request.invocation_id.is_empty() {
-            return Err(ModelError::InvalidRequest(
-                "invocation_id is required".into(),
-            ));
+        let question = Question::from(request);
+        if request.scripted_model_json.is_empty() {
+            return self.decide_for(&request.profile, &question, tools).await;
         }
-        if request.invocation_id.len() > MAX_INVOCATION_ID_BYTES {
-            return Err(ModelError::InvalidRequest(format!(
-                "invocation_id is {} bytes; at most {MAX_INVOCATION_ID_BYTES} are allowed",
-                request.invocation_id.len()
-            )));
-        }
-        if request.turn == 0 {
-            return Err(ModelError::InvalidRequest(
-                "turn is 1-based and must be 1 or more".into(),
-            ));
-        }
-        if !request.scripted_model_json.is_empty() {
-            let script = self.scripts.get_or_parse(&request.scripted_model_json)?;
-            return self.recorded.chat(&*script, request, tools).await;
-        }
-        match self.model_of(&request.profile) {
-            Some(model) => self.recorded.chat(&**model, request, tools).await,
+        check(&question)?;
+        let script = self.scripts.get_or_parse(&request.scripted_model_json)?;
+        self.recorded.chat(&*script, &question, tools).await
+    }
+
+    /// Decides one turn with the model of `profile`, for a caller in the same process
+    /// that asks with its own values: nothing of it is a wire message but the events of
+    /// the window and the tools, which the model reads.
+    ///
+    /// # Errors
+    ///
+    /// As [`DecisionServer::decide`].
+    pub async fn decide_for(
+        &self,
+        profile: &str,
+        question: &Question<'_>,
+        tools: &[ToolDescriptor],
+    ) -> Result<ModelReply, ModelError> {
+        check(question)?;
+        match self.model_of(profile) {
+            Some(model) => self.recorded.chat(&**model, question, tools).await,
             None => Err(ModelError::NoModel),
         }
     }
@@ -337,13 +340,35 @@ impl DecisionServer {
         invocation_id: &str,
         turn: u32,
     ) -> Result<ModelReply, ModelError> {
-        let request = DecideRequest {
-            invocation_id: invocation_id.to_owned(),
+        let question = Question {
+            invocation_id,
             turn,
-            ..DecideRequest::default()
+            ..Question::default()
         };
-        self.recorded.chat(model, &request, &[]).await
+        check(&question)?;
+        self.recorded.chat(model, &question, &[]).await
     }
+}
+
+/// What every question must hold, whichever model answers it.
+fn check(question: &Question<'_>) -> Result<(), ModelError> {
+    if question.invocation_id.is_empty() {
+        return Err(ModelError::InvalidRequest(
+            "invocation_id is required".into(),
+        ));
+    }
+    if question.invocation_id.len() > MAX_INVOCATION_ID_BYTES {
+        return Err(ModelError::InvalidRequest(format!(
+            "invocation_id is {} bytes; at most {MAX_INVOCATION_ID_BYTES} are allowed",
+            question.invocation_id.len()
+        )));
+    }
+    if question.turn == 0 {
+        return Err(ModelError::InvalidRequest(
+            "turn is 1-based and must be 1 or more".into(),
+        ));
+    }
+    Ok(())
 }
 
 #[tonic::async_trait]

@@ -5,12 +5,43 @@ use std::fmt;
 
 use agentloop_engine::{MicroUsd, ProposedCall, ProposedDecision, Usage};
 use agentloop_proto::v1::decide_response::Outcome;
-use agentloop_proto::v1::{DecideRequest, DecideResponse, InvalidOutput, ToolDescriptor};
+use agentloop_proto::v1::{DecideRequest, DecideResponse, Event, InvalidOutput, ToolDescriptor};
 
 use agentloop_script::{ScriptError, ScriptedCall, ScriptedDecision, ScriptedModel};
 
 /// The name the scripted model reports in `DecideResponse.model`.
 pub const SCRIPTED_MODEL_NAME: &str = "scripted";
+
+/// One turn's question to a model, borrowed from whoever asks: a `DecideRequest` at the
+/// gRPC edge, the runtime's own values in the same process, where no request is built.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Question<'a> {
+    /// The invocation.
+    pub invocation_id: &'a str,
+    /// The turn to decide, from 1.
+    pub turn: u32,
+    /// The task, in the caller's words.
+    pub goal: &'a str,
+    /// What came before the window, if the caller summarised it.
+    pub summary: &'a str,
+    /// The sequence number the window starts from.
+    pub context_from_seq: u64,
+    /// The window of committed events, oldest first.
+    pub history: &'a [Event],
+}
+
+impl<'a> From<&'a DecideRequest> for Question<'a> {
+    fn from(request: &'a DecideRequest) -> Question<'a> {
+        Question {
+            invocation_id: &request.invocation_id,
+            turn: request.turn,
+            goal: &request.goal,
+            summary: &request.summary,
+            context_from_seq: request.context_from_seq,
+            history: &request.history,
+        }
+    }
+}
 
 /// What a model proposed for one turn, in the engine's terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,17 +194,18 @@ pub trait Model: Send + Sync + fmt::Debug {
     /// that is not a decision is an `Ok` reply with an `InvalidOutput` outcome.
     async fn decide_with(
         &self,
-        request: &DecideRequest,
+        question: &Question<'_>,
         tools: &[ToolDescriptor],
     ) -> Result<ModelReply, ModelError>;
 
-    /// [`Model::decide_with`] the request's own tools.
+    /// [`Model::decide_with`] a request and its own tools.
     ///
     /// # Errors
     ///
     /// As [`Model::decide_with`].
     async fn decide(&self, request: &DecideRequest) -> Result<ModelReply, ModelError> {
-        self.decide_with(request, &request.tools).await
+        self.decide_with(&Question::from(request), &request.tools)
+            .await
     }
 
     /// What of a request it reads ([`Reads::ALL`] unless it says less). A caller in the
@@ -216,7 +248,7 @@ impl Model for ScriptedModel {
 
     async fn decide_with(
         &self,
-        request: &DecideRequest,
+        request: &Question<'_>,
         _tools: &[ToolDescriptor],
     ) -> Result<ModelReply, ModelError> {
         if request.turn == 0 {
@@ -269,7 +301,7 @@ impl Model for ScriptedModel {
 fn scripted_reply(
     proposal: Proposal,
     turn: &agentloop_script::ScriptedTurn,
-    request: &DecideRequest,
+    request: &Question<'_>,
 ) -> ModelReply {
     ModelReply {
         proposal,

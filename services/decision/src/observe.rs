@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use agentloop_proto::v1::{DecideRequest, ToolDescriptor};
+use agentloop_proto::v1::ToolDescriptor;
 use agentloop_telemetry::metrics::{HistogramFamily, seconds};
 use agentloop_telemetry::prometheus_client::encoding::EncodeLabelSet;
 use agentloop_telemetry::prometheus_client::metrics::counter::Counter;
@@ -16,7 +16,7 @@ use agentloop_telemetry::semconv::{
 };
 use agentloop_telemetry::{KeyValue, SpanKind, SpanStart, Telemetry};
 
-use crate::model::{Model, ModelError, ModelReply};
+use crate::model::{Model, ModelError, ModelReply, Question};
 
 /// A model call's labels.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -75,7 +75,7 @@ impl Recorded {
     pub(crate) async fn chat(
         &self,
         model: &dyn Model,
-        request: &DecideRequest,
+        request: &Question<'_>,
         tools: &[ToolDescriptor],
     ) -> Result<ModelReply, ModelError> {
         let (provider, name) = (model.provider(), model.request_model());
@@ -86,7 +86,7 @@ impl Recorded {
                     KeyValue::new(GEN_AI_OPERATION_NAME, OP_CHAT),
                     KeyValue::new(GEN_AI_PROVIDER_NAME, provider),
                     KeyValue::new(GEN_AI_REQUEST_MODEL, name.to_owned()),
-                    KeyValue::new(INVOCATION_ID, request.invocation_id.clone()),
+                    KeyValue::new(INVOCATION_ID, request.invocation_id.to_owned()),
                     KeyValue::new(TURN, i64::from(request.turn)),
                 ],
             )

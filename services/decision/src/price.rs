@@ -11,10 +11,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use agentloop_engine::{MicroUsd, Usage};
-use agentloop_proto::v1::{DecideRequest, ToolDescriptor};
+use agentloop_proto::v1::ToolDescriptor;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Model, ModelError, ModelReply};
+use crate::model::{Model, ModelError, ModelReply, Question};
 
 /// Tokens in the unit prices are quoted for.
 const TOKENS_PER_PRICE_UNIT: u128 = 1_000_000;
@@ -89,10 +89,10 @@ impl Model for PricedModel {
 
     async fn decide_with(
         &self,
-        request: &DecideRequest,
+        question: &Question<'_>,
         tools: &[ToolDescriptor],
     ) -> Result<ModelReply, ModelError> {
-        let mut reply = self.model.decide_with(request, tools).await?;
+        let mut reply = self.model.decide_with(question, tools).await?;
         reply.usage.cost = Some(self.price.cost(&reply.usage));
         Ok(reply)
     }

@@ -17,6 +17,7 @@ use agentloop_runtime::ports::{
     FailureKind, NewEffect, Sent, Tool,
 };
 use agentloop_script::Script;
+use agentloop_store::StoredEvent;
 use tonic::{Code, Status};
 
 use agentloop_wire as wire;
@@ -119,16 +120,20 @@ pub fn decide_request(ask: &Ask<'_>) -> pb::DecideRequest {
         goal: ask.goal.to_owned(),
         profile: ask.profile.to_owned(),
         tools: ask.tools.iter().map(descriptor).collect(),
-        history: ask
-            .history
-            .iter()
-            .map(|stored| wire::event(&invocation_id, stored.committed_at, &stored.event))
-            .collect(),
+        history: history(&invocation_id, ask.history),
         context_from_seq: ask.history.first().map_or(0, |stored| stored.event.seq),
         summary: String::new(),
         scripted_model_json: ask.script.map(Script::text).unwrap_or_default().to_owned(),
         invocation_id,
     }
+}
+
+/// A window of committed events as the decision service reads them.
+pub fn history(invocation_id: &str, window: &[StoredEvent]) -> Vec<pb::Event> {
+    window
+        .iter()
+        .map(|stored| wire::event(invocation_id, stored.committed_at, &stored.event))
+        .collect()
 }
 
 /// A decision service's answer. A response with no decision kind is the model breaking

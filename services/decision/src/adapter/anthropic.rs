@@ -1,6 +1,6 @@
 //! Anthropic Messages: `tool_use` blocks out, `tool_result` blocks back by `tool_use_id`.
 
-use agentloop_proto::v1::{DecideRequest, ToolDescriptor};
+use agentloop_proto::v1::ToolDescriptor;
 use serde_json::{Value, json};
 
 use super::config::{AdapterDeps, EnvSource, ModelConfig, ModelConfigError, Provider, Settings};
@@ -8,7 +8,7 @@ use super::context::{self, Item, Prompt};
 use super::{
     RawCall, cannot_continue, description, final_answer, invalid, reply, schema, tokens, tool_calls,
 };
-use crate::model::{Model, ModelError, ModelReply};
+use crate::model::{Model, ModelError, ModelReply, Question};
 
 /// The API version sent in `anthropic-version`.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -48,8 +48,12 @@ impl AnthropicModel {
 
     /// The Messages request body for `request` offering `tools`: what is sent, minus
     /// headers.
-    pub fn request_body(&self, request: &DecideRequest, tools: &[ToolDescriptor]) -> Value {
-        let prompt = context::build(request, &self.settings.context);
+    pub fn request_body<'a>(
+        &self,
+        question: impl Into<Question<'a>>,
+        tools: &[ToolDescriptor],
+    ) -> Value {
+        let prompt = context::build(&question.into(), &self.settings.context);
         let mut body = json!({
             "model": self.settings.model,
             "max_tokens": self.settings.max_tokens.unwrap_or(DEFAULT_ANTHROPIC_MAX_TOKENS),
@@ -132,7 +136,7 @@ fn messages(prompt: &Prompt) -> Vec<Value> {
 }
 
 pub(crate) fn parse(
-    request: &DecideRequest,
+    request: &Question<'_>,
     configured_model: &str,
     body: &Value,
 ) -> Result<ModelReply, ModelError> {
@@ -207,10 +211,10 @@ impl Model for AnthropicModel {
 
     async fn decide_with(
         &self,
-        request: &DecideRequest,
+        request: &Question<'_>,
         tools: &[ToolDescriptor],
     ) -> Result<ModelReply, ModelError> {
-        let body = self.request_body(request, tools);
+        let body = self.request_body(*request, tools);
         let mut headers = vec![("anthropic-version", ANTHROPIC_VERSION)];
         if let Some(key) = &self.settings.api_key {
             headers.push(("x-api-key", key.0.as_str()));

@@ -1,4 +1,4 @@
-//! The provider-neutral prompt built from one `DecideRequest`: the goal, the summary of
+//! The provider-neutral prompt built from one turn's `Question`: the goal, the summary of
 //! what came before the window, and the window's committed events, where the last few
 //! turns are shown in full and older ones as one-line notes. It only ever reads what
 //! the request carries (itself bounded by the orchestrator, and again here), so the
@@ -12,9 +12,10 @@ use agentloop_proto::v1::decision::{Final, Kind};
 use agentloop_proto::v1::event::Body;
 use agentloop_proto::v1::tool_result::Outcome as ResultOutcome;
 use agentloop_proto::v1::{
-    ApprovalVerdict, DecideRequest, Refusal, Rejection, RejectionKind, ToolCall, ToolResult,
-    TurnCommitted,
+    ApprovalVerdict, Refusal, Rejection, RejectionKind, ToolCall, ToolResult, TurnCommitted,
 };
+
+use crate::model::Question;
 
 /// Most history events read from one request, whatever the caller sends.
 pub const MAX_HISTORY_EVENTS: usize = 64;
@@ -85,10 +86,10 @@ fn non_empty(text: &str, fallback: &str) -> String {
     }
 }
 
-pub(crate) fn build(request: &DecideRequest, config: &ContextConfig) -> Prompt {
+pub(crate) fn build(request: &Question<'_>, config: &ContextConfig) -> Prompt {
     let limit = config.max_observation_bytes;
     let mut items = vec![Item::User(non_empty(
-        &truncate(&request.goal, limit.saturating_mul(4)),
+        &truncate(request.goal, limit.saturating_mul(4)),
         "(no goal given)",
     ))];
     let start = request.history.len().saturating_sub(MAX_HISTORY_EVENTS);
@@ -97,7 +98,7 @@ pub(crate) fn build(request: &DecideRequest, config: &ContextConfig) -> Prompt {
         let summary = if request.summary.is_empty() {
             "no summary".to_owned()
         } else {
-            truncate(&request.summary, limit)
+            truncate(request.summary, limit)
         };
         items.push(Item::User(format!(
             "[Earlier events before seq {} are not shown; summary: {summary}]",
@@ -350,7 +351,7 @@ fn answer_with_evidence(answer: &Final, limit: usize) -> String {
 }
 
 /// The call IDs already used in the request's window; a provider may not reuse them.
-pub(crate) fn history_call_ids(request: &DecideRequest) -> HashSet<&str> {
+pub(crate) fn history_call_ids<'a>(request: &Question<'a>) -> HashSet<&'a str> {
     let start = request.history.len().saturating_sub(MAX_HISTORY_EVENTS);
     request.history[start..]
         .iter()
@@ -420,6 +421,8 @@ pub(crate) fn assign_ids(
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use agentloop_proto::v1::DecideRequest;
+
     use super::*;
 
     /// A window wide enough for these histories.
@@ -515,7 +518,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let prompt = build(&request, &test_config());
+        let prompt = build(&Question::from(&request), &test_config());
         let text = format!("{:?}", prompt.items);
         assert!(
             text.contains("I asked for approval to call transfer"),
@@ -570,7 +573,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let prompt = build(&request, &test_config());
+        let prompt = build(&Question::from(&request), &test_config());
         let Some(Item::Calls { observations, .. }) = prompt
             .items
             .iter()
@@ -608,7 +611,7 @@ mod tests {
             ..Default::default()
         };
         let assistant = |request: &DecideRequest| {
-            build(request, &test_config())
+            build(&Question::from(request), &test_config())
                 .items
                 .into_iter()
                 .find_map(|item| match item {

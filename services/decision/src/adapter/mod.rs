@@ -8,10 +8,8 @@ pub(crate) mod context;
 pub(crate) mod http;
 pub(crate) mod openai;
 
+use crate::model::{Proposal, Question};
 use agentloop_engine::{DecisionBounds, ProposedCall, ProposedDecision, Usage};
-use agentloop_proto::v1::DecideRequest;
-
-use crate::model::Proposal;
 
 /// Most raw output quoted in an `InvalidOutput`.
 const MAX_RAW_BYTES: usize = 4096;
@@ -116,7 +114,7 @@ fn evidence_list(line: &str) -> Option<&str> {
 /// Tool calls become a `ToolCalls` decision; malformed arguments or a missing name make
 /// the whole output invalid (the engine turns that into a repair turn or
 /// invalid_decision). Unknown tools and non-object arguments pass: policy judges them.
-pub(crate) fn tool_calls(request: &DecideRequest, raw: &[RawCall<'_>]) -> Proposal {
+pub(crate) fn tool_calls(request: &Question<'_>, raw: &[RawCall<'_>]) -> Proposal {
     if raw.len() > MAX_CALLS_PER_RESPONSE {
         return invalid(
             format!(

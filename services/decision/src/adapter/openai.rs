@@ -1,7 +1,7 @@
 //! OpenAI Chat Completions (and every server that speaks it): function tools,
 //! parallel `tool_calls`, results as `tool` messages by `tool_call_id`.
 
-use agentloop_proto::v1::{DecideRequest, ToolDescriptor};
+use agentloop_proto::v1::ToolDescriptor;
 use serde_json::{Value, json};
 
 use super::config::{AdapterDeps, EnvSource, ModelConfig, ModelConfigError, Provider, Settings};
@@ -9,7 +9,7 @@ use super::context::{self, Item, Prompt};
 use super::{
     RawCall, cannot_continue, description, final_answer, invalid, reply, schema, tokens, tool_calls,
 };
-use crate::model::{Model, ModelError, ModelReply};
+use crate::model::{Model, ModelError, ModelReply, Question};
 
 /// The OpenAI-compatible adapter. Build it with [`crate::ModelConfig::build`].
 #[derive(Debug)]
@@ -44,8 +44,12 @@ impl OpenAiModel {
     /// The Chat Completions request body for `request` offering `tools`: what is sent,
     /// minus headers.
     /// Public for benchmarks and diagnosis.
-    pub fn request_body(&self, request: &DecideRequest, tools: &[ToolDescriptor]) -> Value {
-        let prompt = context::build(request, &self.settings.context);
+    pub fn request_body<'a>(
+        &self,
+        question: impl Into<Question<'a>>,
+        tools: &[ToolDescriptor],
+    ) -> Value {
+        let prompt = context::build(&question.into(), &self.settings.context);
         let mut body = json!({
             "model": self.settings.model,
             "messages": messages(&prompt),
@@ -112,7 +116,7 @@ fn text_of(content: &Value) -> String {
 }
 
 pub(crate) fn parse(
-    request: &DecideRequest,
+    request: &Question<'_>,
     configured_model: &str,
     body: &Value,
 ) -> Result<ModelReply, ModelError> {
@@ -191,10 +195,10 @@ impl Model for OpenAiModel {
 
     async fn decide_with(
         &self,
-        request: &DecideRequest,
+        request: &Question<'_>,
         tools: &[ToolDescriptor],
     ) -> Result<ModelReply, ModelError> {
-        let body = self.request_body(request, tools);
+        let body = self.request_body(*request, tools);
         let auth = self
             .settings
             .api_key
