@@ -6,7 +6,7 @@
 
 use std::hint::black_box;
 
-use agentloop_decision::{AdapterDeps, AnthropicModel, MapEnv, ModelConfig, OpenAiModel};
+use agentloop_decision::{AdapterDeps, AnthropicModel, MapEnv, ModelConfig, OpenAiModel, Question};
 use agentloop_proto::v1::decision::{Kind, ToolCalls};
 use agentloop_proto::v1::event::Body;
 use agentloop_proto::v1::tool_result::Outcome;
@@ -93,10 +93,10 @@ fn bench(c: &mut Criterion) {
     .unwrap();
     let adapters: [(&str, &BodyOf); 2] = [
         ("openai", &|r| {
-            serde_json::to_vec(&openai.request_body(r, &r.tools)).unwrap()
+            serde_json::to_vec(&openai.request_body(&Question::from(r), &r.tools)).unwrap()
         }),
         ("anthropic", &|r| {
-            serde_json::to_vec(&anthropic.request_body(r, &r.tools)).unwrap()
+            serde_json::to_vec(&anthropic.request_body(&Question::from(r), &r.tools)).unwrap()
         }),
     ];
     let mut group = c.benchmark_group("context");

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use agentloop_decision::{
     AdapterDeps, AnthropicModel, DecisionConfig, DecisionServer, MAX_HISTORY_EVENTS, MapEnv, Model,
-    ModelConfig, ModelError, ModelReply, OpenAiModel, Provider, Sleeper,
+    ModelConfig, ModelError, ModelReply, OpenAiModel, Provider, Question, Sleeper,
 };
 use agentloop_proto::v1::decide_response::Outcome;
 use agentloop_proto::v1::decision::{Kind, ToolCalls};
@@ -1010,10 +1010,10 @@ fn a_configured_system_prompt_still_asks_for_the_evidence_line() {
     let deps = AdapterDeps::default();
     let openai = OpenAiModel::from_config(&config("openai:m"), &env, &deps)
         .unwrap()
-        .request_body(&request, &request.tools);
+        .request_body(&Question::from(&request), &request.tools);
     let anthropic = AnthropicModel::from_config(&config("anthropic:m"), &env, &deps)
         .unwrap()
-        .request_body(&request, &request.tools);
+        .request_body(&Question::from(&request), &request.tools);
     for system in [&openai["messages"][0]["content"], &anthropic["system"]] {
         let system = system.as_str().unwrap();
         assert!(system.starts_with("You answer tersely."), "{system}");
@@ -1034,10 +1034,10 @@ fn the_model_is_told_which_tools_are_unavailable() {
     let spec = |spec: &str| ModelConfig::from_spec(spec).unwrap();
     let openai = OpenAiModel::from_config(&spec("openai:m"), &env, &deps)
         .unwrap()
-        .request_body(&request, &request.tools);
+        .request_body(&Question::from(&request), &request.tools);
     let anthropic = AnthropicModel::from_config(&spec("anthropic:m"), &env, &deps)
         .unwrap()
-        .request_body(&request, &request.tools);
+        .request_body(&Question::from(&request), &request.tools);
     let descriptions = [
         (
             &openai["tools"][0]["function"]["description"],
@@ -1199,15 +1199,17 @@ async fn a_prompt_reads_only_a_bounded_suffix_of_the_history() {
         AnthropicModel::from_config(&ModelConfig::from_spec("anthropic:m").unwrap(), &env, &deps)
             .unwrap();
     assert_eq!(
-        openai.request_body(&whole, &whole.tools),
-        openai.request_body(&suffix, &suffix.tools)
+        openai.request_body(&Question::from(&whole), &whole.tools),
+        openai.request_body(&Question::from(&suffix), &suffix.tools)
     );
     assert_eq!(
-        anthropic.request_body(&whole, &whole.tools),
-        anthropic.request_body(&suffix, &suffix.tools)
+        anthropic.request_body(&Question::from(&whole), &whole.tools),
+        anthropic.request_body(&Question::from(&suffix), &suffix.tools)
     );
     // And the window is what the config keeps: the last turns in full, the rest noted.
-    let body = anthropic.request_body(&whole, &whole.tools).to_string();
+    let body = anthropic
+        .request_body(&Question::from(&whole), &whole.tools)
+        .to_string();
     assert!(body.contains("call-999") && !body.contains(r#""call-900""#));
 }
 

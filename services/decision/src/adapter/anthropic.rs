@@ -48,12 +48,8 @@ impl AnthropicModel {
 
     /// The Messages request body for `request` offering `tools`: what is sent, minus
     /// headers.
-    pub fn request_body<'a>(
-        &self,
-        question: impl Into<Question<'a>>,
-        tools: &[ToolDescriptor],
-    ) -> Value {
-        let prompt = context::build(&question.into(), &self.settings.context);
+    pub fn request_body(&self, question: &Question<'_>, tools: &[ToolDescriptor]) -> Value {
+        let prompt = context::build(question, &self.settings.context);
         let mut body = json!({
             "model": self.settings.model,
             "max_tokens": self.settings.max_tokens.unwrap_or(DEFAULT_ANTHROPIC_MAX_TOKENS),
@@ -214,7 +210,7 @@ impl Model for AnthropicModel {
         request: &Question<'_>,
         tools: &[ToolDescriptor],
     ) -> Result<ModelReply, ModelError> {
-        let body = self.request_body(*request, tools);
+        let body = self.request_body(request, tools);
         let mut headers = vec![("anthropic-version", ANTHROPIC_VERSION)];
         if let Some(key) = &self.settings.api_key {
             headers.push(("x-api-key", key.0.as_str()));

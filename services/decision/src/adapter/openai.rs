@@ -44,12 +44,8 @@ impl OpenAiModel {
     /// The Chat Completions request body for `request` offering `tools`: what is sent,
     /// minus headers.
     /// Public for benchmarks and diagnosis.
-    pub fn request_body<'a>(
-        &self,
-        question: impl Into<Question<'a>>,
-        tools: &[ToolDescriptor],
-    ) -> Value {
-        let prompt = context::build(&question.into(), &self.settings.context);
+    pub fn request_body(&self, question: &Question<'_>, tools: &[ToolDescriptor]) -> Value {
+        let prompt = context::build(question, &self.settings.context);
         let mut body = json!({
             "model": self.settings.model,
             "messages": messages(&prompt),
@@ -198,7 +194,7 @@ impl Model for OpenAiModel {
         request: &Question<'_>,
         tools: &[ToolDescriptor],
     ) -> Result<ModelReply, ModelError> {
-        let body = self.request_body(*request, tools);
+        let body = self.request_body(request, tools);
         let auth = self
             .settings
             .api_key
