@@ -1194,7 +1194,8 @@ async fn the_demo_verifier_confirms_a_transfer_made_through_the_gateway() {
 }
 
 /// A call planned under a tool's contract version runs only while the tool still has
-/// it: one planned under another is answered CONFLICT and never reaches the executor.
+/// it: one planned under another is answered CONFLICT and never reaches the executor,
+/// and a digest that is none is refused as the bad input it is.
 #[tokio::test]
 async fn a_call_planned_under_another_contract_is_not_sent() {
     let mut s = setup().await;
@@ -1229,6 +1230,18 @@ async fn a_call_planned_under_another_contract_is_not_sent() {
         0,
         "the stale call reached the executor"
     );
+
+    let malformed = ToolGatewayServiceExecuteRequest {
+        descriptor_digest: "not a digest".into(),
+        ..request("transfer", args, "key-malformed")
+    };
+    let refused = execute(&mut s.client, malformed).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("descriptor_digest"),
+        "{refused:?}"
+    );
+    assert_eq!(s.executor.stats().applied, 0);
 
     let current = ToolGatewayServiceExecuteRequest {
         descriptor_digest: transfer.digest.clone(),
