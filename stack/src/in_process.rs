@@ -2,11 +2,11 @@
 //! wiring, kept here with the wiring so that no service depends on another.
 //!
 //! The services are called through their own operations: an offline run's turn reads
-//! nothing but its script and its number, policy judges the engine's calls, the tool
-//! gateway sends them, and a write's entry is the ledger's. What happens once per
-//! invocation or less (listing tools, a final answer's acceptance and verification, a
-//! reconcile) goes through the services' gRPC traits by the orchestrator's own adapters,
-//! with no network between.
+//! nothing but its script and its number, policy judges the engine's calls and a final
+//! answer's claim, the tool gateway sends the calls, and a write's entry is the
+//! ledger's. What happens once per invocation or less (listing tools, a verifier's
+//! verdict, a reconcile) goes through the gateway's gRPC trait by the orchestrator's own
+//! adapter, with no network between.
 
 use std::time::Duration;
 
@@ -97,13 +97,9 @@ impl PolicyPort for InProcessPolicy {
             .map_err(|error| calls::failure(&Status::from(error)))
     }
 
-    /// Once per answer, so it goes through policy's API messages.
     async fn accept(&self, profile: &str, claim: &Claim) -> Result<Acceptance, Failure> {
-        let request = calls::validate_final_request(profile, claim);
-        let accepted = self.0.validate_final(&request);
-        accepted
-            .map(calls::acceptance)
-            .map_err(|error| calls::failure(&Status::from(error)))
+        let accepted = self.0.accept(profile, claim);
+        accepted.map_err(|error| calls::failure(&Status::from(error)))
     }
 }
 

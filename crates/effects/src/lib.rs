@@ -7,12 +7,16 @@
 //!   its executor's answer to `Reconcile`. The orchestrator executes its answers.
 //!
 //! Both sides live here, side by side, so that one test can hold that every transition
-//! a worker records is one the ledger allows. This crate does no I/O; with the `proto`
-//! feature it also names an entry's states on the wire.
+//! a worker records is one the ledger allows. Beside them, [`claim`]: the entry as
+//! every side reads it, and what a final answer claims about the invocation's results
+//! and writes. This crate does no I/O; with the `proto` feature it also names an
+//! entry's states on the wire.
 
 #![warn(missing_docs)]
 
+pub mod claim;
 pub mod entry;
 pub mod settle;
 
+pub use claim::{Acceptance, Cited, Claim, Effect};
 pub use entry::{Action, EffectState, Outcome};

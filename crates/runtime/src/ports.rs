@@ -8,10 +8,11 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use agentloop_effects::EffectState;
 use agentloop_effects::settle::{Answer, Recorded};
+pub use agentloop_effects::{Acceptance, Cited, Claim, Effect};
 use agentloop_engine::{
     Authorization, CallOutcome, Check, Fingerprint, ProposedDecision, SideEffect, ToolCall,
     ToolDigest, Usage,
@@ -153,55 +154,6 @@ pub struct Batch<'a> {
     pub approved: Option<Fingerprint>,
 }
 
-/// A proposed final answer, with what it is checked against.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claim {
-    /// The invocation that proposed it.
-    pub invocation: Uuid,
-    /// Who the invocation acts for.
-    pub actor: String,
-    /// The actor's tenant; a verifier looks only at this tenant's data.
-    pub tenant: String,
-    /// The task, in the caller's words.
-    pub goal: String,
-    /// The answer.
-    pub answer: String,
-    /// The call IDs it cites, as the model gave them.
-    pub evidence: Vec<String>,
-    /// The committed results of the cited calls the log holds.
-    pub cited: Vec<Cited>,
-    /// Every effect-ledger entry of the invocation.
-    pub effects: Vec<Effect>,
-}
-
-/// The committed result of a cited call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cited {
-    /// The call's ID.
-    pub call_id: String,
-    /// The turn that ran it.
-    pub turn: u32,
-    /// Its tool; empty when the turn's decision does not name the call.
-    pub tool: String,
-    /// Its arguments, as JSON text; empty likewise.
-    pub arguments_json: String,
-    /// Its result.
-    pub outcome: CallOutcome,
-}
-
-/// What policy's acceptance rules said of an answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Acceptance {
-    /// Whether the rules accept it.
-    pub accepted: bool,
-    /// Why not, when they do not.
-    pub reasons: Vec<String>,
-    /// Each rule's check.
-    pub checks: Vec<Check>,
-    /// The profile's verifiers, to ask next.
-    pub verifiers: Vec<String>,
-}
-
 /// Policy: argument schemas, authorization, approval gates, acceptance rules.
 #[async_trait]
 pub trait PolicyPort: Send + Sync + 'static {
@@ -265,32 +217,6 @@ pub trait ToolsPort: Send + Sync + 'static {
     /// Across a network a stage saves a round trip per call but one; in the same process
     /// there is none to save, and a future per call costs less than gathering a stage.
     fn max_stage(&self) -> usize;
-}
-
-/// An effect-ledger entry: one write, and what is known of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Effect {
-    /// The invocation that made the write.
-    pub invocation_id: String,
-    /// The call that made it.
-    pub call_id: String,
-    /// Its effect key.
-    pub effect_key: String,
-    /// Dispatches so far.
-    pub attempt: u32,
-    /// The tool.
-    pub tool: String,
-    /// Where it is; `None` for a state this runtime does not know (a newer ledger's),
-    /// which is never taken for one it may send from.
-    pub state: Option<EffectState>,
-    /// The executor's identifier of the applied change.
-    pub receipt: String,
-    /// Why it is where it is, for an operator.
-    pub detail: String,
-    /// When it was prepared.
-    pub created_at: SystemTime,
-    /// When it last moved.
-    pub updated_at: SystemTime,
 }
 
 /// A write to prepare.

@@ -493,7 +493,7 @@ impl Runner {
             id: self.id,
             profile: self.spec.profile.clone(),
             claim: Claim {
-                invocation: self.id,
+                invocation_id: self.id.to_string(),
                 actor: self.spec.actor.clone(),
                 tenant: self.spec.tenant.clone(),
                 goal: self.context.goal().to_owned(),

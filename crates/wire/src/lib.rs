@@ -13,6 +13,9 @@ use agentloop_engine::{
     Refusal, Rejection, RejectionKind, Ruling, SideEffect, TerminalReason, ToolCall, ToolError,
     Totals, TurnRecord, UnixMillis, Usage,
 };
+use std::time::SystemTime;
+
+use agentloop_effects::{Acceptance, Cited, Claim, Effect, EffectState};
 use agentloop_proto::v1 as pb;
 
 /// Engine terminal reason -> wire enum.
@@ -299,7 +302,8 @@ pub fn checks(checks: &[Check]) -> Vec<pb::Check> {
     checks.iter().map(check).collect()
 }
 
-fn error_type(error_type: ErrorType) -> pb::ErrorType {
+/// The engine's error kind -> the wire's, whose names the API documents.
+pub fn error_type(error_type: ErrorType) -> pb::ErrorType {
     match error_type {
         ErrorType::InvalidArguments => pb::ErrorType::InvalidArguments,
         ErrorType::NotFound => pb::ErrorType::NotFound,
@@ -556,8 +560,124 @@ pub fn budget(limits: &Limits, started: UnixMillis) -> pb::Budget {
     }
 }
 
+/// A claim on the wire.
+pub fn claim(claim: &Claim) -> pb::Claim {
+    pb::Claim {
+        invocation_id: claim.invocation_id.clone(),
+        actor: claim.actor.clone(),
+        tenant: claim.tenant.clone(),
+        goal: claim.goal.clone(),
+        answer: claim.answer.clone(),
+        evidence: claim.evidence.clone(),
+        cited: claim.cited.iter().map(cited).collect(),
+        effects: claim.effects.iter().map(entry).collect(),
+    }
+}
+
+fn cited(cited: &Cited) -> pb::CitedResult {
+    pb::CitedResult {
+        call_id: cited.call_id.clone(),
+        turn: cited.turn,
+        tool: cited.tool.clone(),
+        arguments_json: cited.arguments_json.clone(),
+        result: Some(tool_result(&cited.call_id, &cited.outcome)),
+    }
+}
+
+/// What policy's acceptance rules said.
+pub fn acceptance(response: pb::ValidateFinalResponse) -> Acceptance {
+    Acceptance {
+        accepted: response.accepted,
+        reasons: response.reasons,
+        checks: response.checks.into_iter().map(check_from).collect(),
+        verifiers: response.verifiers,
+    }
+}
+
+/// A ledger entry as the runtime's.
+pub fn effect(entry: pb::EffectEntry) -> Effect {
+    let at = |time: Option<prost_types::Timestamp>| {
+        time.and_then(|time| SystemTime::try_from(time).ok())
+            .unwrap_or(SystemTime::UNIX_EPOCH)
+    };
+    Effect {
+        state: EffectState::from_proto(entry.state()),
+        created_at: at(entry.created_at),
+        updated_at: at(entry.updated_at),
+        invocation_id: entry.invocation_id,
+        call_id: entry.call_id,
+        effect_key: entry.effect_key,
+        attempt: entry.attempt,
+        tool: entry.tool,
+        receipt: entry.receipt,
+        detail: entry.detail,
+    }
+}
+
+/// The runtime's entry on the wire.
+pub fn entry(effect: &Effect) -> pb::EffectEntry {
+    pb::EffectEntry {
+        invocation_id: effect.invocation_id.clone(),
+        call_id: effect.call_id.clone(),
+        effect_key: effect.effect_key.clone(),
+        attempt: effect.attempt,
+        tool: effect.tool.clone(),
+        state: effect
+            .state
+            .map_or(pb::EffectState::Unspecified, EffectState::to_proto)
+            .into(),
+        receipt: effect.receipt.clone(),
+        created_at: Some(effect.created_at.into()),
+        updated_at: Some(effect.updated_at.into()),
+        detail: effect.detail.clone(),
+    }
+}
+
+/// A claim on the wire -> the one policy's rules judge. A cited call without a result
+/// has an unknown outcome, which no rule takes for an output.
+pub fn claim_from(claim: pb::Claim) -> Claim {
+    Claim {
+        invocation_id: claim.invocation_id,
+        actor: claim.actor,
+        tenant: claim.tenant,
+        goal: claim.goal,
+        answer: claim.answer,
+        evidence: claim.evidence,
+        cited: claim.cited.into_iter().map(cited_from).collect(),
+        effects: claim.effects.into_iter().map(effect).collect(),
+    }
+}
+
+fn cited_from(cited: pb::CitedResult) -> Cited {
+    let outcome = match cited.result {
+        Some(result) => call_outcome(result),
+        None => CallOutcome::Unknown {
+            detail: "no result".into(),
+        },
+    };
+    Cited {
+        call_id: cited.call_id,
+        turn: cited.turn,
+        tool: cited.tool,
+        arguments_json: cited.arguments_json,
+        outcome,
+    }
+}
+
+/// What the acceptance rules said -> their answer on the wire.
+pub fn validate_final_response(acceptance: Acceptance) -> pb::ValidateFinalResponse {
+    pb::ValidateFinalResponse {
+        accepted: acceptance.accepted,
+        reasons: acceptance.reasons,
+        checks: checks(&acceptance.checks),
+        verifiers: acceptance.verifiers,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use agentloop_engine::{Fingerprint, Verdict};
 
     use super::*;
@@ -730,5 +850,76 @@ mod tests {
             authorization(response(pb::Verdict::RequireApproval)).verdict,
             Verdict::RequireApproval { .. }
         ));
+    }
+
+    #[test]
+    fn an_entry_survives_the_wire_and_an_unknown_state_is_none() {
+        // Sub-millisecond times too: an entry's times go back to the caller as they came.
+        let at = |seconds, nanos| SystemTime::UNIX_EPOCH + Duration::new(seconds, nanos);
+        let runtime = Effect {
+            invocation_id: "i".into(),
+            call_id: "c".into(),
+            effect_key: "k".into(),
+            attempt: 2,
+            tool: "transfer".into(),
+            state: Some(EffectState::OutcomeUnknown),
+            receipt: "r".into(),
+            detail: "d".into(),
+            created_at: at(1_700_000_000, 123_456_789),
+            updated_at: at(1_700_000_001, 1),
+        };
+        let wire_entry = entry(&runtime);
+        assert_eq!(wire_entry.state(), pb::EffectState::OutcomeUnknown);
+        assert_eq!(effect(wire_entry.clone()), runtime);
+        for state in EffectState::ALL {
+            let mut with = wire_entry.clone();
+            with.state = state.to_proto().into();
+            assert_eq!(effect(with).state, Some(state));
+        }
+        let unknown = pb::EffectEntry {
+            state: pb::EffectState::Unspecified.into(),
+            ..wire_entry
+        };
+        assert_eq!(effect(unknown).state, None);
+    }
+
+    #[test]
+    fn a_claim_survives_the_wire() {
+        let cited = |call_id: &str, outcome| Cited {
+            call_id: call_id.into(),
+            turn: 3,
+            tool: "lookup".into(),
+            arguments_json: r#"{"key":"k"}"#.into(),
+            outcome,
+        };
+        let claim = Claim {
+            invocation_id: "inv-1".into(),
+            actor: "ana".into(),
+            tenant: "acme".into(),
+            goal: "check".into(),
+            answer: "gold".into(),
+            evidence: vec!["c1".into(), "c2".into()],
+            cited: vec![
+                cited(
+                    "c1",
+                    CallOutcome::Output {
+                        output_json: "{}".into(),
+                    },
+                ),
+                cited("c2", CallOutcome::Cancelled),
+            ],
+            effects: Vec::new(),
+        };
+        assert_eq!(claim_from(self::claim(&claim)), claim);
+        let accepted = Acceptance {
+            accepted: false,
+            reasons: vec!["citations: none".into()],
+            checks: Vec::new(),
+            verifiers: vec!["ledger".into()],
+        };
+        assert_eq!(
+            acceptance(validate_final_response(accepted.clone())),
+            accepted
+        );
     }
 }

@@ -6,15 +6,15 @@
 //! A response that breaks the contract (a missing entry, an answer for another call)
 //! is a [`Failure`] here, so the runtime treats it as a service that did not answer.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use agentloop_effects::EffectState;
 use agentloop_effects::settle::{Answer, Recorded};
 use agentloop_engine::Check;
 use agentloop_proto::v1 as pb;
 use agentloop_runtime::ports::{
-    Acceptance, Ask, Batch, Cited, Claim, Decided, Dispatch, Effect, EffectPage, Failure,
-    FailureKind, NewEffect, Sent, Tool,
+    Ask, Batch, Claim, Decided, Dispatch, Effect, EffectPage, Failure, FailureKind, NewEffect,
+    Sent, Tool,
 };
 use agentloop_script::Script;
 use agentloop_store::StoredEvent;
@@ -157,45 +157,11 @@ pub fn evaluate_request(batch: &Batch<'_>) -> pb::EvaluateRequest {
     }
 }
 
-/// A claim on the wire.
-pub fn claim(claim: &Claim) -> pb::Claim {
-    pb::Claim {
-        invocation_id: claim.invocation.to_string(),
-        actor: claim.actor.clone(),
-        tenant: claim.tenant.clone(),
-        goal: claim.goal.clone(),
-        answer: claim.answer.clone(),
-        evidence: claim.evidence.clone(),
-        cited: claim.cited.iter().map(cited).collect(),
-        effects: claim.effects.iter().map(entry).collect(),
-    }
-}
-
-fn cited(cited: &Cited) -> pb::CitedResult {
-    pb::CitedResult {
-        call_id: cited.call_id.clone(),
-        turn: cited.turn,
-        tool: cited.tool.clone(),
-        arguments_json: cited.arguments_json.clone(),
-        result: Some(wire::tool_result(&cited.call_id, &cited.outcome)),
-    }
-}
-
 /// An answer to policy's acceptance rules, as its request.
 pub fn validate_final_request(profile: &str, claim: &Claim) -> pb::ValidateFinalRequest {
     pb::ValidateFinalRequest {
         profile: profile.to_owned(),
-        claim: Some(self::claim(claim)),
-    }
-}
-
-/// What policy's acceptance rules said.
-pub fn acceptance(response: pb::ValidateFinalResponse) -> Acceptance {
-    Acceptance {
-        accepted: response.accepted,
-        reasons: response.reasons,
-        checks: response.checks.into_iter().map(wire::check_from).collect(),
-        verifiers: response.verifiers,
+        claim: Some(wire::claim(claim)),
     }
 }
 
@@ -292,7 +258,7 @@ pub fn verify_request(
 ) -> pb::ToolGatewayServiceVerifyRequest {
     pb::ToolGatewayServiceVerifyRequest {
         verifier: name.to_owned(),
-        claim: Some(self::claim(claim)),
+        claim: Some(wire::claim(claim)),
         timeout: within
             .map(|left| wire::duration(u64::try_from(left.as_millis()).unwrap_or(u64::MAX))),
     }
@@ -342,53 +308,14 @@ pub fn record_request(
 /// The entry a ledger answered with; a missing one breaks the contract.
 pub fn answered_entry(entry: Option<pb::EffectEntry>) -> Result<Effect, Failure> {
     entry
-        .map(effect)
+        .map(wire::effect)
         .ok_or_else(|| broken("the effect ledger answered without an entry"))
-}
-
-/// A ledger entry as the runtime's.
-pub fn effect(entry: pb::EffectEntry) -> Effect {
-    let at = |time: Option<prost_types::Timestamp>| {
-        time.and_then(|time| SystemTime::try_from(time).ok())
-            .unwrap_or(SystemTime::UNIX_EPOCH)
-    };
-    Effect {
-        state: EffectState::from_proto(entry.state()),
-        created_at: at(entry.created_at),
-        updated_at: at(entry.updated_at),
-        invocation_id: entry.invocation_id,
-        call_id: entry.call_id,
-        effect_key: entry.effect_key,
-        attempt: entry.attempt,
-        tool: entry.tool,
-        receipt: entry.receipt,
-        detail: entry.detail,
-    }
-}
-
-/// The runtime's entry on the wire.
-pub fn entry(effect: &Effect) -> pb::EffectEntry {
-    pb::EffectEntry {
-        invocation_id: effect.invocation_id.clone(),
-        call_id: effect.call_id.clone(),
-        effect_key: effect.effect_key.clone(),
-        attempt: effect.attempt,
-        tool: effect.tool.clone(),
-        state: effect
-            .state
-            .map_or(pb::EffectState::Unspecified, EffectState::to_proto)
-            .into(),
-        receipt: effect.receipt.clone(),
-        created_at: Some(effect.created_at.into()),
-        updated_at: Some(effect.updated_at.into()),
-        detail: effect.detail.clone(),
-    }
 }
 
 /// A page of entries.
 pub fn effect_page(entries: Vec<pb::EffectEntry>, next_page_token: String) -> EffectPage {
     EffectPage {
-        entries: entries.into_iter().map(effect).collect(),
+        entries: entries.into_iter().map(wire::effect).collect(),
         next_page_token,
     }
 }
@@ -406,37 +333,6 @@ mod tests {
         }
         let failure = failure(&Status::unavailable("down"));
         assert_eq!(failure.to_string(), "Unavailable: down");
-    }
-
-    #[test]
-    fn an_entry_survives_the_wire_and_an_unknown_state_is_none() {
-        // Sub-millisecond times too: an entry's times go back to the caller as they came.
-        let at = |seconds, nanos| SystemTime::UNIX_EPOCH + Duration::new(seconds, nanos);
-        let runtime = Effect {
-            invocation_id: "i".into(),
-            call_id: "c".into(),
-            effect_key: "k".into(),
-            attempt: 2,
-            tool: "transfer".into(),
-            state: Some(EffectState::OutcomeUnknown),
-            receipt: "r".into(),
-            detail: "d".into(),
-            created_at: at(1_700_000_000, 123_456_789),
-            updated_at: at(1_700_000_001, 1),
-        };
-        let wire_entry = entry(&runtime);
-        assert_eq!(wire_entry.state(), pb::EffectState::OutcomeUnknown);
-        assert_eq!(effect(wire_entry.clone()), runtime);
-        for state in EffectState::ALL {
-            let mut with = wire_entry.clone();
-            with.state = state.to_proto().into();
-            assert_eq!(self::effect(with).state, Some(state));
-        }
-        let unknown = pb::EffectEntry {
-            state: pb::EffectState::Unspecified.into(),
-            ..wire_entry
-        };
-        assert_eq!(self::effect(unknown).state, None);
     }
 
     #[test]

@@ -76,7 +76,7 @@ impl PolicyPort for Policy {
 
     async fn accept(&self, profile: &str, claim: &Claim) -> Result<Acceptance, Failure> {
         let request = calls::validate_final_request(profile, claim);
-        answer(self.0.clone().validate_final(request).await).map(calls::acceptance)
+        answer(self.0.clone().validate_final(request).await).map(wire::acceptance)
     }
 }
 

@@ -744,7 +744,7 @@ impl OrchestratorService for Api {
             .await
             .map_err(|failure| ledger_status(&failure))?;
         Ok(Response::new(pb::ListUnresolvedEffectsResponse {
-            entries: listed.entries.iter().map(calls::entry).collect(),
+            entries: listed.entries.iter().map(wire::entry).collect(),
             next_page_token: listed.next_page_token,
         }))
     }
@@ -835,7 +835,7 @@ impl OrchestratorService for Api {
             "effect settled by an operator"
         );
         Ok(Response::new(pb::SettleEffectResponse {
-            entry: Some(calls::entry(&settled)),
+            entry: Some(wire::entry(&settled)),
         }))
     }
 }

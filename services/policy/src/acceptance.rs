@@ -18,11 +18,11 @@
 
 use std::collections::BTreeMap;
 
-use agentloop_engine::{MAX_CLAIM_EFFECTS, MAX_PROFILE_VERIFIERS};
-use agentloop_proto::v1::{
-    Check, CheckKind, CheckVerdict, CitedResult, Claim, EffectState, ValidateFinalRequest,
-    ValidateFinalResponse, tool_result,
+use agentloop_effects::{Cited, Claim, EffectState};
+use agentloop_engine::{
+    CallOutcome, Check, CheckKind, CheckVerdict, MAX_CLAIM_EFFECTS, MAX_PROFILE_VERIFIERS,
 };
+use agentloop_proto::v1::{ValidateFinalRequest, ValidateFinalResponse};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
@@ -205,21 +205,19 @@ impl AcceptanceRules {
         })
     }
 
-    /// Runs `request.profile`'s rules on the claim. Each rule that applies gives one
-    /// check; the answer is accepted when all of them accept, and the response names the
-    /// profile's verifiers, which must accept it too.
+    /// Runs `profile`'s rules on the claim. Each rule that applies gives one check; the
+    /// answer is accepted when all of them accept, and the answer names the profile's
+    /// verifiers, which must accept it too.
     ///
     /// # Errors
     ///
-    /// [`PolicyError::InvalidRequest`] for a missing claim or invocation ID, or a claim
-    /// beyond its bounds.
-    pub fn validate(
+    /// [`PolicyError::InvalidRequest`] for a missing invocation ID, or a claim beyond its
+    /// bounds.
+    pub fn judge(
         &self,
-        request: &ValidateFinalRequest,
-    ) -> Result<ValidateFinalResponse, PolicyError> {
-        let Some(claim) = &request.claim else {
-            return Err(PolicyError::InvalidRequest("claim is required".into()));
-        };
+        profile: &str,
+        claim: &Claim,
+    ) -> Result<agentloop_effects::Acceptance, PolicyError> {
         check_invocation_id(&claim.invocation_id)?;
         for (what, count, limit) in [
             ("evidence", claim.evidence.len(), MAX_EVIDENCE_REFS),
@@ -232,18 +230,37 @@ impl AcceptanceRules {
                 )));
             }
         }
-        let rules = self.profiles.get(&request.profile).unwrap_or(&self.default);
+        let rules = self.profiles.get(profile).unwrap_or(&self.default);
         let checks = rules.run(claim);
         let reasons = checks
             .iter()
             .flat_map(|check| check.reasons.iter().map(|r| format!("{}: {r}", check.name)))
             .collect::<Vec<_>>();
-        Ok(ValidateFinalResponse {
-            accepted: checks.iter().all(|c| c.verdict() == CheckVerdict::Accepted),
+        Ok(agentloop_effects::Acceptance {
+            accepted: checks.iter().all(|c| c.verdict == CheckVerdict::Accepted),
             reasons,
             checks,
             verifiers: rules.config.verifiers.clone(),
         })
+    }
+
+    /// [`AcceptanceRules::judge`] of a request as it came over the wire, answered the
+    /// same way: the API's path, and the tests'.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::InvalidRequest`] for a missing claim, then as
+    /// [`AcceptanceRules::judge`].
+    pub fn validate(
+        &self,
+        request: &ValidateFinalRequest,
+    ) -> Result<ValidateFinalResponse, PolicyError> {
+        let Some(claim) = &request.claim else {
+            return Err(PolicyError::InvalidRequest("claim is required".into()));
+        };
+        let claim = agentloop_wire::claim_from(claim.clone());
+        self.judge(&request.profile, &claim)
+            .map(agentloop_wire::validate_final_response)
     }
 }
 
@@ -341,12 +358,15 @@ impl Compiled {
                 ));
                 continue;
             };
-            match cited.result.as_ref().and_then(|r| r.outcome.as_ref()) {
-                Some(tool_result::Outcome::Output(output)) => outputs.push(Output {
+            match &cited.outcome {
+                CallOutcome::Output { output_json } => outputs.push(Output {
                     cited,
-                    json: &output.output_json,
+                    json: output_json,
                 }),
-                other => reasons.push(format!(
+                other @ (CallOutcome::Error(_)
+                | CallOutcome::Cancelled
+                | CallOutcome::NotStarted
+                | CallOutcome::Unknown { .. }) => reasons.push(format!(
                     "{id:?} ({}) {}, not an output",
                     cited.tool,
                     not_an_output(other)
@@ -367,8 +387,8 @@ impl Compiled {
         let mut reasons = Vec::new();
         let mut evidence = Vec::new();
         for entry in &claim.effects {
-            let state = entry.state();
-            if allowed.contains(&state) {
+            let state = entry.state;
+            if state.is_some_and(|state| allowed.contains(&state)) {
                 evidence.push(entry.effect_key.clone());
                 continue;
             }
@@ -394,7 +414,7 @@ impl Compiled {
 
 /// A cited result that is an output.
 struct Output<'c> {
-    cited: &'c CitedResult,
+    cited: &'c Cited,
     json: &'c str,
 }
 
@@ -490,30 +510,29 @@ fn bounded(value: &serde_json::Value) -> String {
     text
 }
 
-fn not_an_output(outcome: Option<&tool_result::Outcome>) -> String {
-    use tool_result::Outcome;
+fn not_an_output(outcome: &CallOutcome) -> String {
     match outcome {
-        Some(Outcome::Error(error)) => format!(
+        CallOutcome::Error(error) => format!(
             "ended with an error ({}: {})",
-            error.error_type().as_str_name(),
+            agentloop_wire::error_type(error.error_type).as_str_name(),
             error.message
         ),
-        Some(Outcome::Cancelled(_)) => "was cancelled".to_owned(),
-        Some(Outcome::NotStarted(_)) => "never started".to_owned(),
-        Some(Outcome::Unknown(_)) => "has an unknown outcome".to_owned(),
-        Some(Outcome::Output(_)) | None => "has no result".to_owned(),
+        CallOutcome::Cancelled => "was cancelled".to_owned(),
+        CallOutcome::NotStarted => "never started".to_owned(),
+        CallOutcome::Unknown { .. } => "has an unknown outcome".to_owned(),
+        CallOutcome::Output { .. } => "has no result".to_owned(),
     }
 }
 
-fn state_name(state: EffectState) -> &'static str {
+fn state_name(state: Option<EffectState>) -> &'static str {
     match state {
-        EffectState::Unspecified => "in no known state",
-        EffectState::Prepared => "prepared but never sent",
-        EffectState::Dispatched => "still in flight",
-        EffectState::Committed => "committed",
-        EffectState::Rejected => "rejected",
-        EffectState::OutcomeUnknown => "of unknown outcome",
-        EffectState::ReconciliationRequired => "waiting for an operator to reconcile it",
+        None => "in no known state",
+        Some(EffectState::Prepared) => "prepared but never sent",
+        Some(EffectState::Dispatched) => "still in flight",
+        Some(EffectState::Committed) => "committed",
+        Some(EffectState::Rejected) => "rejected",
+        Some(EffectState::OutcomeUnknown) => "of unknown outcome",
+        Some(EffectState::ReconciliationRequired) => "waiting for an operator to reconcile it",
     }
 }
 
@@ -525,8 +544,8 @@ fn rule(name: &str, reasons: Vec<String>, evidence: Vec<String>) -> Check {
     };
     Check {
         name: name.to_owned(),
-        kind: CheckKind::Rule.into(),
-        verdict: verdict.into(),
+        kind: CheckKind::Rule,
+        verdict,
         reasons,
         evidence,
     }

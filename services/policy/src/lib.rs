@@ -559,6 +559,20 @@ impl PolicyServer {
         self.catalog().tools.evaluate_request(request, &policies)
     }
 
+    /// Runs `profile`'s acceptance rules on a claim in the domain's terms; see
+    /// [`AcceptanceRules::judge`]. The embedded runtime's path.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::InvalidRequest`] for a claim beyond its bounds.
+    pub fn accept(
+        &self,
+        profile: &str,
+        claim: &agentloop_effects::Claim,
+    ) -> Result<agentloop_effects::Acceptance, PolicyError> {
+        self.catalog().acceptance.judge(profile, claim)
+    }
+
     /// `ValidateFinal` without the gRPC wrapping; see [`AcceptanceRules::validate`].
     ///
     /// # Errors
