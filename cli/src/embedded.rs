@@ -66,7 +66,6 @@ impl Serving<'_> {
 struct Overrides<'a> {
     #[serde(flatten)]
     common: &'a CommonFlags,
-    #[serde(skip_serializing_if = "Option::is_none")]
     metrics_listen: Option<SocketAddr>,
 }
 

@@ -42,13 +42,18 @@ impl Default for Store {
     }
 }
 
-/// The flags convention: every field optional and skipped when `None`.
+/// Flags as a main has them: every field optional, a flag not given `None`, at any
+/// depth.
 #[derive(Debug, Default, Serialize)]
 struct Flags {
-    #[serde(skip_serializing_if = "Option::is_none")]
     listen: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     retries: Option<u32>,
+    store: StoreFlags,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct StoreFlags {
+    path: Option<String>,
 }
 
 fn toml_file(text: &str) -> tempfile::NamedTempFile {
@@ -87,6 +92,7 @@ fn each_layer_overrides_the_one_before_and_none_does_not_clobber() {
         Flags {
             listen: Some("flag:1".into()),
             retries: None,
+            store: StoreFlags { path: None },
         },
     )
     .unwrap();
@@ -98,7 +104,7 @@ fn each_layer_overrides_the_one_before_and_none_does_not_clobber() {
             retries: 3,               // env beats file; the None flag does not clobber
             store: Store {
                 busy_timeout_ms: 5000,  // nested via `__`
-                path: "file.db".into(), // nested table from the file
+                path: "file.db".into(), // nested table from the file; its None flag neither
             },
         }
     );

@@ -70,7 +70,6 @@ impl ServiceConfig for TestConfig {
 struct Flags {
     #[serde(flatten)]
     common: CommonFlags,
-    #[serde(skip_serializing_if = "Option::is_none")]
     retries: Option<u32>,
 }
 
