@@ -397,10 +397,7 @@ impl Gateway {
                 call.tool
             )));
         }
-        let registered = tool.entry.timeout();
-        let timeout = dispatch
-            .timeout
-            .map_or(registered, |asked| asked.min(registered));
+        let timeout = bounded(dispatch.timeout, tool.entry.timeout());
         let began = Instant::now();
         let deadline = began + timeout;
         let outcome = match unsendable(tool, dispatch.planned) {
@@ -684,7 +681,12 @@ fn effective_timeout(
     requested: Option<prost_types::Duration>,
     registered: Duration,
 ) -> Result<Duration, GatewayError> {
-    Ok(requested_timeout(requested)?.map_or(registered, |asked| asked.min(registered)))
+    Ok(bounded(requested_timeout(requested)?, registered))
+}
+
+/// The smaller of the caller's timeout (if any) and the registered one.
+fn bounded(asked: Option<Duration>, registered: Duration) -> Duration {
+    asked.map_or(registered, |asked| asked.min(registered))
 }
 
 /// The registered tool `name`.
@@ -701,7 +703,7 @@ fn tool<'r>(registry: &'r Registry, name: &str) -> Result<&'r Tool, GatewayError
 /// answers at once instead of waiting for a connection.
 fn unsendable(tool: &Tool, planned: Option<ToolDigest>) -> Option<Outcome> {
     if let Some(planned) = planned
-        && planned.to_string() != tool.descriptor.digest
+        && Some(planned) != tool.digest
     {
         return Some(Outcome::Error(ToolError {
             error_type: ErrorType::Conflict as i32,

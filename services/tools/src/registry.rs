@@ -152,6 +152,9 @@ impl Executor {
 pub(crate) struct Tool {
     pub(crate) entry: ToolEntry,
     pub(crate) descriptor: ToolDescriptor,
+    /// The descriptor's digest, read once here so that each call compares it with the
+    /// one it was planned under without writing it out.
+    pub(crate) digest: Option<agentloop_engine::ToolDigest>,
     pub(crate) executor: Arc<Executor>,
 }
 
@@ -311,10 +314,12 @@ impl Sources {
         let mut registry = Registry::default();
         for entry in entries.tools {
             let executor = self.executor(&entry.endpoint).await?;
+            let descriptor = entry.descriptor();
             registry.tools.insert(
                 entry.name.clone(),
                 Tool {
-                    descriptor: entry.descriptor(),
+                    digest: descriptor.digest.parse().ok(),
+                    descriptor,
                     entry,
                     executor,
                 },
