@@ -24,7 +24,6 @@ use agentloop_runtime::ports::{
 };
 use agentloop_tools::Gateway;
 use async_trait::async_trait;
-use futures::future::join_all;
 use tonic::Status;
 use uuid::Uuid;
 
@@ -146,13 +145,13 @@ impl ToolsPort for InProcessTools {
         }
     }
 
-    /// Never asked for ([`ToolsPort::max_stage`] is 1), and answered all the same: each
-    /// call as `execute` answers it.
+    /// Never asked for ([`ToolsPort::max_stage`] is 1); answered as the gateway answers
+    /// a stage, writes refused.
     async fn execute_stage(
         &self,
         dispatches: &[Dispatch<'_>],
     ) -> Result<Vec<Result<Sent, Failure>>, Failure> {
-        Ok(join_all(dispatches.iter().map(|dispatch| self.execute(*dispatch))).await)
+        self.api.execute_stage(dispatches).await
     }
 
     async fn reconcile(&self, tool: &str, effect_key: &str) -> Result<Answer, Failure> {
