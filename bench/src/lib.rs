@@ -534,7 +534,6 @@ struct Figures {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use agentloop_decision::Model;
     use agentloop_proto::v1 as pb;

@@ -291,6 +291,20 @@ struct ReplyArgs {
     json: bool,
 }
 
+impl ReplyArgs {
+    /// Where the reply goes, and how the invocation is followed after it.
+    async fn open(
+        self,
+        token: Option<String>,
+        data_dir: &Path,
+    ) -> anyhow::Result<(Target, client::Follow)> {
+        let target =
+            Target::open(self.server, token, data_dir, self.policies, self.acceptance).await?;
+        let follow = target.follow(self.json, self.on_wait);
+        Ok((target, follow))
+    }
+}
+
 #[derive(Debug, Args)]
 struct BenchArgs {
     /// Invocations, all running at once.
@@ -594,14 +608,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             actor,
             reply,
         } => {
-            let target = Target::open(
-                reply.server,
-                cli.token,
-                &cli.data_dir,
-                reply.policies,
-                reply.acceptance,
-            )
-            .await?;
+            let (target, follow) = reply.open(cli.token, &cli.data_dir).await?;
             let request = humans::Approve {
                 id,
                 deny,
@@ -610,7 +617,6 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 yes,
                 actor: target.actor(actor),
             };
-            let follow = target.follow(reply.json, reply.on_wait);
             let result = humans::approve(target.server(), request, follow).await;
             target.close().await?;
             result
@@ -621,15 +627,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             actor,
             reply,
         } => {
-            let target = Target::open(
-                reply.server,
-                cli.token,
-                &cli.data_dir,
-                reply.policies,
-                reply.acceptance,
-            )
-            .await?;
-            let follow = target.follow(reply.json, reply.on_wait);
+            let (target, follow) = reply.open(cli.token, &cli.data_dir).await?;
             let actor = target.actor(actor);
             let result = humans::answer(target.server(), &id, &text, actor, follow).await;
             target.close().await?;

@@ -190,7 +190,6 @@ pub fn at_reconcile(answer: Answer) -> (Recorded, Result<CallOutcome, String>) {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::panic)]
 
     use super::*;
     use crate::entry::{Action, next_state};

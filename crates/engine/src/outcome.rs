@@ -138,7 +138,6 @@ pub struct Outcome {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
 

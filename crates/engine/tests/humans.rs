@@ -5,7 +5,7 @@
     clippy::expect_used,
     clippy::panic,
     clippy::wildcard_enum_match_arm
-)] // a test crate
+)]
 
 use agentloop_engine::*;
 use agentloop_testkit::*;

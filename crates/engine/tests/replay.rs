@@ -12,7 +12,7 @@
     clippy::expect_used,
     clippy::panic,
     clippy::wildcard_enum_match_arm
-)] // a test crate
+)]
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
     clippy::expect_used,
     clippy::panic,
     clippy::wildcard_enum_match_arm
-)] // a test crate
+)]
 
 use std::num::NonZeroU32;
 

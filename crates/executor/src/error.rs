@@ -162,12 +162,7 @@ mod tests {
                 Code::Internal,
             ),
         ];
-        for (error, code) in cases {
-            let text = error.to_string();
-            let status = tonic::Status::from(error);
-            assert_eq!(status.code(), code, "{text}");
-            assert_eq!(status.message(), text);
-        }
+        agentloop_proto::testing::assert_codes(cases);
         let long = tonic::Status::from(RequestError::UnknownTool("x".repeat(10_000)));
         assert!(long.message().len() <= agentloop_proto::MAX_STATUS_MESSAGE_BYTES);
     }

@@ -16,7 +16,7 @@ use agentloop_proto::v1::{
     ToolExecutorServiceReconcileResponse, ToolExecutorServiceVerifyRequest,
     ToolExecutorServiceVerifyResponse, ToolOutput, ToolResult, VerifierDescriptor,
 };
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::{Request, Response, Status};
 
 use crate::locks::KeyLocks;
@@ -395,15 +395,21 @@ struct Call {
 }
 
 impl Call {
-    fn context(&self, cancellation: CancellationToken) -> Context {
-        Context {
+    /// The tool's view of the call, cancelled when the executor stops or when the guard
+    /// returned with it is dropped: the guard lives in the call's future, so when the
+    /// caller goes away or its deadline passes, work the tool started elsewhere stops too.
+    fn context(&self, stop: &CancellationToken) -> (Context, DropGuard) {
+        let cancellation = stop.child_token();
+        let guard = cancellation.clone().drop_guard();
+        let context = Context {
             invocation_id: self.invocation_id.clone(),
             call_id: self.call.call_id.clone(),
             effect_key: self.effect_key.clone(),
             attempt: self.attempt,
             caller: self.caller.clone(),
             cancellation,
-        }
+        };
+        (context, guard)
     }
 }
 
@@ -473,11 +479,7 @@ impl<T: Tool> RunTool for ReadTool<T> {
         call: Call,
     ) -> BoxFuture<'a, Result<Executed, RequestError>> {
         Box::pin(async move {
-            let cancellation = inner.stop.child_token();
-            // Fires the token when this future ends or is dropped (the caller went away,
-            // its deadline passed), so work the tool started elsewhere stops too.
-            let _cancel = cancellation.clone().drop_guard();
-            let ctx = call.context(cancellation);
+            let (ctx, _cancel) = call.context(&inner.stop);
             let args = match parse::<T>(&call) {
                 Ok(args) => args,
                 Err(failed) => return Ok(failed),
@@ -509,9 +511,7 @@ impl<T: Tool> RunTool for WriteTool<T> {
         call: Call,
     ) -> BoxFuture<'a, Result<Executed, RequestError>> {
         Box::pin(async move {
-            let cancellation = inner.stop.child_token();
-            let _cancel = cancellation.clone().drop_guard();
-            let ctx = call.context(cancellation);
+            let (ctx, _cancel) = call.context(&inner.stop);
             let call_id = &call.call.call_id;
 
             // 1. Arguments first: a bad one is refused before any lock is taken.
@@ -863,7 +863,6 @@ impl ToolExecutorService for Executor {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
 

@@ -498,7 +498,6 @@ fn roll_back(state: &mut State, path: &Path, error: &std::io::Error) -> RecordEr
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
 

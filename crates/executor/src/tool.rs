@@ -271,7 +271,6 @@ impl From<CallError> for agentloop_proto::v1::ToolError {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
 

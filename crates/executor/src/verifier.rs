@@ -102,7 +102,6 @@ fn bounded_reasons(mut reasons: Vec<String>) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
 

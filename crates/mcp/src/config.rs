@@ -447,12 +447,7 @@ fn header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), String> 
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::wildcard_enum_match_arm
-    )]
+    #![allow(clippy::wildcard_enum_match_arm)]
 
     use super::*;
 

@@ -170,7 +170,6 @@ fn side_effect(server: &str, own: &str, tool: &Tool, idempotent: &[String]) -> S
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use std::sync::Arc;
 

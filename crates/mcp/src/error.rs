@@ -132,12 +132,7 @@ mod tests {
             ),
             (ExecutorError::NoVerifiers, Code::Unimplemented),
         ];
-        for (error, code) in cases {
-            let shown = error.to_string();
-            let status = Status::from(error);
-            assert_eq!(status.code(), code, "{shown}");
-            assert_eq!(status.message(), shown);
-        }
+        agentloop_proto::testing::assert_codes(cases);
     }
 
     #[test]

@@ -65,7 +65,6 @@ pub(crate) struct Link {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
 

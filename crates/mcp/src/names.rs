@@ -39,7 +39,6 @@ pub(crate) fn local<'a>(server: &str, name: &'a str) -> Option<&'a str> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
 

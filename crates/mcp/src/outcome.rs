@@ -139,7 +139,7 @@ fn joined_text(content: &[ContentBlock]) -> String {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::panic, clippy::wildcard_enum_match_arm)]
+    #![allow(clippy::wildcard_enum_match_arm)]
 
     use super::*;
 

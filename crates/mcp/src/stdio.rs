@@ -325,7 +325,7 @@ async fn log_stderr(server: Arc<str>, mut stderr: ChildStderr, stop: Cancellatio
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::panic, clippy::wildcard_enum_match_arm)]
+    #![allow(clippy::wildcard_enum_match_arm)]
 
     use super::*;
 

@@ -89,6 +89,24 @@ pub fn prefix(text: &str, max_bytes: usize) -> &str {
     text.get(..end).unwrap_or_default()
 }
 
+/// Test support shared by every service's tests.
+#[cfg(feature = "testing")]
+pub mod testing {
+    /// Asserts the one mapping of a service's errors to `tonic::Status`: each error
+    /// becomes its code, and the message is the error's own text.
+    pub fn assert_codes<E>(cases: impl IntoIterator<Item = (E, tonic::Code)>)
+    where
+        E: std::fmt::Display + Into<tonic::Status>,
+    {
+        for (error, code) in cases {
+            let text = error.to_string();
+            let status: tonic::Status = error.into();
+            assert_eq!(status.code(), code, "{text}");
+            assert_eq!(status.message(), text);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -490,15 +490,37 @@ impl Service {
         })
     }
 
-    /// Who may reach this service: the callers `callers` accepts and the listener's
-    /// `tls`, their files read. A file that cannot be read, or a caller known by a SPIFFE
-    /// ID without mutual TLS, exits as a bad configuration.
-    pub fn access(
+    /// A service binary's whole `main`: parses the flags (the common ones and `Own`),
+    /// starts as [`Service::start`] does, runs `serve` on what started, and sends the
+    /// spans still buffered before the process ends, whether `serve` failed or not.
+    pub async fn main<Own, C, V, E, R>(
         &self,
-        callers: &agentloop_auth::CallersConfig,
-        tls: Option<&crate::ServerTls>,
-    ) -> crate::Access {
-        crate::Access::load(callers, tls).unwrap_or_else(|e| self.exit_bad_config(&e))
+        validate: impl FnOnce(&C) -> Result<V, E>,
+        serve: impl AsyncFnOnce(Started<C, V>) -> Result<(), R>,
+    ) -> Result<(), R>
+    where
+        Own: clap::Args + Serialize,
+        C: ServiceConfig,
+        E: Display,
+    {
+        let flags = self.parse::<Own, C>();
+        let started = self.start(&flags.common, &flags, validate).await;
+        let telemetry = started.telemetry.clone();
+        let served = serve(started).await;
+        telemetry.shutdown().await;
+        served
+    }
+
+    /// Who may reach a service configured by `config`: the callers its `[auth]` accepts
+    /// and its listener's `[server_tls]`, their files read. A file that cannot be read,
+    /// or a caller known by a SPIFFE ID without mutual TLS, exits as a bad configuration.
+    pub fn access<C>(&self, config: &C) -> crate::Access
+    where
+        C: ServiceConfig<Auth = agentloop_auth::CallersConfig>,
+    {
+        let server = config.server();
+        crate::Access::load(&server.auth, server.server_tls.as_ref())
+            .unwrap_or_else(|e| self.exit_bad_config(&e))
     }
 
     /// How this service calls the others: [`client_config`], exiting as a bad

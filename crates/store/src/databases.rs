@@ -181,7 +181,6 @@ pub fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::panic)]
 
     use super::{Database, redact, url_with_database};
 

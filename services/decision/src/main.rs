@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use agentloop_decision::{DecisionConfig, DecisionServer};
-use agentloop_server::{Service, Started};
+use agentloop_server::Service;
 use serde::Serialize;
 
 const SERVICE: Service = Service::new("agentloop-decision").about("The agentloop decision service");
@@ -25,25 +25,12 @@ struct Own {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let flags = SERVICE.parse::<Own, DecisionConfig>();
-    let Started {
-        config,
-        listener,
-        validated: server,
-        telemetry,
-        ..
-    } = SERVICE
-        .start(&flags.common, &flags, DecisionServer::from_config)
-        .await;
-    let access = SERVICE.access(&config.server.auth, config.server.server_tls.as_ref());
-    agentloop_decision::run(
-        listener,
-        server.with_telemetry(&telemetry),
-        access,
-        agentloop_server::shutdown_signal(),
-    )
-    .await?;
-    // The spans still buffered leave before the process does.
-    telemetry.shutdown().await;
-    Ok(())
+    SERVICE
+        .main::<Own, DecisionConfig, _, _, _>(DecisionServer::from_config, async |started| {
+            let access = SERVICE.access(&started.config);
+            let server = started.validated.with_telemetry(&started.telemetry);
+            let shutdown = agentloop_server::shutdown_signal();
+            Ok(agentloop_decision::run(started.listener, server, access, shutdown).await?)
+        })
+        .await
 }

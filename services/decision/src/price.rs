@@ -151,7 +151,6 @@ mod usd_text {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
 
     fn usage(input_tokens: u64, output_tokens: u64) -> Usage {

@@ -13,29 +13,12 @@ use agentloop_executor::{BuildError, RecordError};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DemoError {
-    /// A file or directory of the executor could not be read or written.
-    #[error("{action} {}: {source}", path.display())]
-    Io {
-        /// What was being done (e.g. "cannot open the effect record").
-        action: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A complete line of the effect record is not a valid entry. A torn *last* line is
-    /// expected after a crash and ignored; a bad line before it means the file was
-    /// damaged, and starting anyway could forget an applied effect.
-    #[error("effect record {} is corrupt at line {line}: {reason}", path.display())]
-    CorruptRecord {
-        /// The record file.
-        path: PathBuf,
-        /// 1-based line number.
-        line: usize,
-        /// What is wrong with it.
-        reason: String,
-    },
+    /// The transfer record could not be opened, read or written, or a complete line of
+    /// it is damaged. A torn *last* line is expected after a crash and ignored; a bad
+    /// line before it means the file was damaged, and starting anyway could forget an
+    /// applied transfer.
+    #[error("effect record unavailable: {0}")]
+    Record(#[from] RecordError),
     /// The data directory holds a record of the old format, which this version does not
     /// read; starting without it would forget the transfers in it.
     #[error(
@@ -46,9 +29,6 @@ pub enum DemoError {
         /// The old record file.
         path: PathBuf,
     },
-    /// The record cannot tell what it holds (see the detail).
-    #[error("effect record unavailable: {0}")]
-    RecordUnavailable(String),
     /// The lookup data file is not a JSON object of strings, or is too large.
     #[error("lookup data file {}: {reason}", path.display())]
     DataFile {
@@ -72,30 +52,6 @@ pub enum DemoError {
     InjectedDroppedReply,
 }
 
-impl From<RecordError> for DemoError {
-    fn from(error: RecordError) -> Self {
-        match error {
-            RecordError::Io {
-                action,
-                path,
-                source,
-            } => DemoError::Io {
-                action,
-                path,
-                source,
-            },
-            RecordError::Corrupt { path, line, reason } => {
-                DemoError::CorruptRecord { path, line, reason }
-            }
-            other @ (RecordError::Full
-            | RecordError::EntryTooLarge { .. }
-            | RecordError::ReceiptTaken { .. }
-            | RecordError::AppendFailed(_)
-            | RecordError::InDoubt(_)) => DemoError::RecordUnavailable(other.to_string()),
-        }
-    }
-}
-
 impl From<DemoError> for tonic::Status {
     fn from(error: DemoError) -> Self {
         let message = agentloop_proto::bounded_message(error.to_string());
@@ -106,10 +62,8 @@ impl From<DemoError> for tonic::Status {
                 tonic::Status::unavailable(message)
             }
             // Start-up errors never reach a request; the mapping is total anyway.
-            DemoError::Io { .. }
-            | DemoError::CorruptRecord { .. }
+            DemoError::Record(_)
             | DemoError::LegacyRecord { .. }
-            | DemoError::RecordUnavailable(_)
             | DemoError::DataFile { .. }
             | DemoError::InvalidConfig(_)
             | DemoError::Executor(_) => tonic::Status::internal(message),
@@ -128,22 +82,14 @@ mod tests {
         let cases = [
             (DemoError::InjectedFailBeforeApply, Code::Unavailable),
             (DemoError::InjectedDroppedReply, Code::Unavailable),
-            (DemoError::RecordUnavailable("x".into()), Code::Internal),
+            (DemoError::Record(RecordError::Full), Code::Internal),
             (DemoError::InvalidConfig("x".into()), Code::Internal),
             (
-                DemoError::Io {
+                DemoError::Record(RecordError::Io {
                     action: "read",
                     path: "/x".into(),
                     source: io(),
-                },
-                Code::Internal,
-            ),
-            (
-                DemoError::CorruptRecord {
-                    path: "/x".into(),
-                    line: 1,
-                    reason: "r".into(),
-                },
+                }),
                 Code::Internal,
             ),
             (
@@ -158,31 +104,6 @@ mod tests {
                 Code::Internal,
             ),
         ];
-        for (error, code) in cases {
-            let text = error.to_string();
-            let status = tonic::Status::from(error);
-            assert_eq!(status.code(), code, "{text}");
-            assert_eq!(status.message(), text);
-        }
-    }
-
-    #[test]
-    fn record_errors_keep_their_kind() {
-        let corrupt = DemoError::from(RecordError::Corrupt {
-            path: "/x".into(),
-            line: 3,
-            reason: "r".into(),
-        });
-        assert!(matches!(corrupt, DemoError::CorruptRecord { line: 3, .. }));
-        let io = DemoError::from(RecordError::Io {
-            action: "read",
-            path: "/x".into(),
-            source: std::io::Error::other("disk"),
-        });
-        assert!(matches!(io, DemoError::Io { .. }));
-        assert!(matches!(
-            DemoError::from(RecordError::Full),
-            DemoError::RecordUnavailable(_)
-        ));
+        agentloop_proto::testing::assert_codes(cases);
     }
 }

@@ -55,7 +55,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-pub use agentloop_executor::{MAX_ARGUMENTS_BYTES, MAX_EFFECT_KEY_BYTES, MAX_ID_BYTES};
+pub use agentloop_executor::{
+    MAX_ARGUMENTS_BYTES, MAX_EFFECT_KEY_BYTES, MAX_ID_BYTES, RecordError,
+};
 pub use error::DemoError;
 pub use record::{AppliedTransfer, read_record};
 pub use tools::{TRANSFER_RECORDED, VerifierInfo, descriptors, verifiers};
@@ -265,8 +267,8 @@ impl DemoExecutor {
     /// # Errors
     ///
     /// [`DemoError::InvalidConfig`] for out-of-range faults, [`DemoError::DataFile`] for
-    /// a bad lookup file, [`DemoError::Io`] / [`DemoError::CorruptRecord`] /
-    /// [`DemoError::LegacyRecord`] for the record.
+    /// a bad lookup file, [`DemoError::Record`] / [`DemoError::LegacyRecord`] for the
+    /// record.
     pub fn open(config: DemoConfig) -> Result<DemoExecutor, DemoError> {
         config.faults.validate()?;
         let mut lookup = BTreeMap::from([

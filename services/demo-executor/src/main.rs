@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use agentloop_demo_executor::{DemoConfig, DemoError, DemoExecutor, run};
-use agentloop_server::{Service, Started};
+use agentloop_server::Service;
 use serde::Serialize;
 
 const SERVICE: Service =
@@ -50,37 +50,24 @@ struct FaultFlags {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let flags = SERVICE.parse::<Own, DemoConfig>();
     // Opening the executor creates the data directory, which `--dump-config` must not:
     // only the faults are checked before the start.
-    let Started {
-        config,
-        listener,
-        telemetry,
-        ..
-    } = SERVICE
-        .start(&flags.common, &flags, |config: &DemoConfig| {
-            config.faults.validate()
+    let faults = |config: &DemoConfig| config.faults.validate();
+    SERVICE
+        .main::<Own, DemoConfig, _, _, _>(faults, async |started| {
+            let config = &started.config;
+            let executor = match DemoExecutor::open(config.clone()) {
+                Ok(executor) => executor,
+                Err(error @ (DemoError::InvalidConfig(_) | DemoError::DataFile { .. })) => {
+                    SERVICE.exit_bad_config(&error)
+                }
+                // A damaged record or an unwritable data dir is not a config problem.
+                Err(error) => return Err(error.into()),
+            };
+            tracing::info!(data_dir = %config.data_dir.display(), "serving");
+            let access = SERVICE.access(config);
+            let shutdown = agentloop_server::shutdown_signal();
+            Ok(run(started.listener, executor, access, shutdown).await?)
         })
-        .await;
-    let executor = match DemoExecutor::open(config.clone()) {
-        Ok(executor) => executor,
-        Err(error @ (DemoError::InvalidConfig(_) | DemoError::DataFile { .. })) => {
-            SERVICE.exit_bad_config(&error)
-        }
-        // A damaged record or an unwritable data dir is not a config problem.
-        Err(error) => return Err(error.into()),
-    };
-    tracing::info!(data_dir = %config.data_dir.display(), "serving");
-    let access = SERVICE.access(&config.server.auth, config.server.server_tls.as_ref());
-    run(
-        listener,
-        executor,
-        access,
-        agentloop_server::shutdown_signal(),
-    )
-    .await?;
-    // The spans still buffered leave before the process does.
-    telemetry.shutdown().await;
-    Ok(())
+        .await
 }

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use agentloop_executor::{AppliedEffect, Record};
+use agentloop_executor::{AppliedEffect, Record, RecordError};
 
 use crate::DemoError;
 use crate::tools::{TRANSFER, TransferArgs};
@@ -70,18 +70,20 @@ impl AppliedTransfer {
 ///
 /// # Errors
 ///
-/// [`DemoError::Io`] if the file cannot be read (a missing file is an empty record),
-/// [`DemoError::CorruptRecord`] if a complete line is damaged.
+/// [`DemoError::Record`] if the file cannot be read (a missing file is an empty record)
+/// or a complete line is damaged.
 pub fn read_record(data_dir: &Path) -> Result<Vec<AppliedTransfer>, DemoError> {
     Record::read(data_dir)?
         .into_iter()
         .enumerate()
         .filter(|(_, effect)| effect.tool == TRANSFER)
         .map(|(index, effect)| {
-            AppliedTransfer::from_effect(effect).map_err(|reason| DemoError::CorruptRecord {
-                path: data_dir.join(RECORD_FILE_NAME),
-                line: index + 1,
-                reason,
+            AppliedTransfer::from_effect(effect).map_err(|reason| {
+                DemoError::Record(RecordError::Corrupt {
+                    path: data_dir.join(RECORD_FILE_NAME),
+                    line: index + 1,
+                    reason,
+                })
             })
         })
         .collect()

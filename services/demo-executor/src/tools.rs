@@ -293,7 +293,6 @@ fn check_transfer(args: &TransferArgs) -> Result<(), CallError> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use agentloop_executor::ErrorType;
 

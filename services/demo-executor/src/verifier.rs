@@ -219,7 +219,6 @@ fn quote(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use agentloop_proto::MAX_VERIFIER_REASONS;
     use agentloop_proto::v1::{

@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use agentloop_demo_executor::RecordError;
 use agentloop_demo_executor::record::RECORD_FILE_NAME;
 use agentloop_demo_executor::{DemoConfig, DemoError, DemoExecutor, FaultConfig, read_record, run};
 use agentloop_proto::client::Transport;
@@ -412,7 +413,7 @@ async fn a_damaged_line_before_the_last_refuses_to_open() {
     std::fs::write(dir.path().join(RECORD_FILE_NAME), "garbage\n{}\n").unwrap();
     assert!(matches!(
         DemoExecutor::open(config(dir.path())),
-        Err(DemoError::CorruptRecord { line: 1, .. })
+        Err(DemoError::Record(RecordError::Corrupt { line: 1, .. }))
     ));
 }
 

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use agentloop_ledger::LedgerConfig;
-use agentloop_server::{Service, Started};
+use agentloop_server::Service;
 use serde::Serialize;
 
 const SERVICE: Service = Service::new("agentloop-ledger").about("The agentloop effect ledger");
@@ -27,26 +27,15 @@ struct Own {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let flags = SERVICE.parse::<Own, LedgerConfig>();
-    let Started {
-        config,
-        listener,
-        telemetry,
-        ..
-    } = SERVICE
-        .start(&flags.common, &flags, LedgerConfig::validate)
-        .await;
-    tracing::info!(backend = %config.describe_backend(), "effect ledger starting");
-    let access = SERVICE.access(&config.server.auth, config.server.server_tls.as_ref());
-    agentloop_ledger::run(
-        listener,
-        &config,
-        access,
-        agentloop_server::shutdown_signal(),
-    )
-    .await?;
-    tracing::info!("effect ledger stopped");
-    // The spans still buffered leave before the process does.
-    telemetry.shutdown().await;
-    Ok(())
+    SERVICE
+        .main::<Own, LedgerConfig, _, _, _>(LedgerConfig::validate, async |started| {
+            let config = &started.config;
+            tracing::info!(backend = %config.describe_backend(), "effect ledger starting");
+            let access = SERVICE.access(config);
+            let shutdown = agentloop_server::shutdown_signal();
+            agentloop_ledger::run(started.listener, config, access, shutdown).await?;
+            tracing::info!("effect ledger stopped");
+            Ok(())
+        })
+        .await
 }

@@ -118,11 +118,8 @@ mod tests {
                 Code::Internal,
             ),
         ];
-        for (error, code) in cases {
-            let message = error.to_string();
-            let status = Status::from(OrchestratorError(error));
-            assert_eq!(status.code(), code, "{message}");
-            assert_eq!(status.message(), message);
-        }
+        agentloop_proto::testing::assert_codes(
+            cases.map(|(error, code)| (OrchestratorError(error), code)),
+        );
     }
 }

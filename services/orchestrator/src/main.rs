@@ -48,15 +48,18 @@ struct Own {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let flags = SERVICE.parse::<Own, OrchestratorConfig>();
+    SERVICE
+        .main::<Own, OrchestratorConfig, _, _, _>(OrchestratorConfig::validate, serve)
+        .await
+}
+
+async fn serve(started: Started<OrchestratorConfig, ()>) -> anyhow::Result<()> {
     let Started {
         config,
         listener,
         telemetry,
         ..
-    } = SERVICE
-        .start(&flags.common, &flags, OrchestratorConfig::validate)
-        .await;
+    } = started;
 
     // Lazy channels: the other services may start after this one.
     let lazy = SERVICE
@@ -96,8 +99,5 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(worker = runtime.worker_id(), "worker started");
     runtime.resume().await?;
     let shutdown = agentloop_server::shutdown_signal();
-    agentloop_orchestrator::run(listener, runtime, auth, tls, shutdown).await?;
-    // The spans still buffered leave before the process does.
-    telemetry.shutdown().await;
-    Ok(())
+    Ok(agentloop_orchestrator::run(listener, runtime, auth, tls, shutdown).await?)
 }

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use agentloop_policy::{PolicyConfig, PolicyError, PolicyServer};
-use agentloop_server::{Service, Started};
+use agentloop_server::Service;
 use serde::Serialize;
 
 const SERVICE: Service = Service::new("agentloop-policy").about("The agentloop policy service");
@@ -29,37 +29,24 @@ struct Own {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let flags = SERVICE.parse::<Own, PolicyConfig>();
     // The tool descriptors may come from the network: only their source is checked
     // before the start.
-    let Started {
-        config,
-        listener,
-        telemetry,
-        ..
-    } = SERVICE
-        .start(&flags.common, &flags, PolicyConfig::validate)
-        .await;
-    let server = match PolicyServer::from_config(&config).await {
-        Ok(server) if server.profiles().is_off() => {
-            tracing::warn!(
-                "no [policies] configured: authorization is off, every call that passes its schema is allowed"
-            );
-            server
-        }
-        Ok(server) => server,
-        Err(error @ PolicyError::ToolsUnavailable { .. }) => return Err(error.into()),
-        Err(error) => SERVICE.exit_bad_config(&error),
-    };
-    let access = SERVICE.access(&config.server.auth, config.server.server_tls.as_ref());
-    agentloop_policy::run(
-        listener,
-        server,
-        access,
-        agentloop_server::shutdown_signal(),
-    )
-    .await?;
-    // The spans still buffered leave before the process does.
-    telemetry.shutdown().await;
-    Ok(())
+    SERVICE
+        .main::<Own, PolicyConfig, _, _, _>(PolicyConfig::validate, async |started| {
+            let server = match PolicyServer::from_config(&started.config).await {
+                Ok(server) if server.profiles().is_off() => {
+                    tracing::warn!(
+                        "no [policies] configured: authorization is off, every call that passes its schema is allowed"
+                    );
+                    server
+                }
+                Ok(server) => server,
+                Err(error @ PolicyError::ToolsUnavailable { .. }) => return Err(error.into()),
+                Err(error) => SERVICE.exit_bad_config(&error),
+            };
+            let access = SERVICE.access(&started.config);
+            let shutdown = agentloop_server::shutdown_signal();
+            Ok(agentloop_policy::run(started.listener, server, access, shutdown).await?)
+        })
+        .await
 }

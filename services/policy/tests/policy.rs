@@ -453,10 +453,5 @@ fn errors_map_to_statuses_in_one_place() {
             tonic::Code::Unavailable,
         ),
     ];
-    for (error, code) in cases {
-        let message = error.to_string();
-        let status = tonic::Status::from(error);
-        assert_eq!(status.code(), code, "{message}");
-        assert_eq!(status.message(), message);
-    }
+    agentloop_proto::testing::assert_codes(cases);
 }

@@ -142,12 +142,7 @@ mod tests {
                 Code::Internal,
             ),
         ];
-        for (error, code) in cases {
-            let text = error.to_string();
-            let status = tonic::Status::from(error);
-            assert_eq!(status.code(), code, "{text}");
-            assert_eq!(status.message(), text);
-        }
+        agentloop_proto::testing::assert_codes(cases);
     }
 
     #[test]

@@ -839,7 +839,6 @@ impl ToolGatewayService for Gateway {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
     use crate::config::VerifierEntry;

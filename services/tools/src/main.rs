@@ -44,36 +44,36 @@ fn registry(config: &ToolsServiceConfig) -> anyhow::Result<ToolsConfig> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let flags = SERVICE.parse::<Own, ToolsServiceConfig>();
-    let Started {
-        config,
-        validated: registry,
-        listener,
-        telemetry,
-        ..
-    } = SERVICE.start(&flags.common, &flags, registry).await;
-    let executors = registry.executors.len();
-    let client = SERVICE.client(&config.client);
-    let gateway = Gateway::with_in_process(registry, config.limits.clone(), Vec::new(), client)
+    SERVICE
+        .main::<Own, ToolsServiceConfig, _, _, _>(registry, async |started| {
+            let Started {
+                config,
+                validated: registry,
+                listener,
+                ..
+            } = started;
+            let executors = registry.executors.len();
+            let client = SERVICE.client(&config.client);
+            let limits = config.limits.clone();
+            let gateway = Gateway::with_in_process(registry, limits, Vec::new(), client)
+                .await
+                .unwrap_or_else(|error| SERVICE.exit_bad_config(&error));
+            // With callers authenticated, only the named registrars may register executors.
+            let gateway = if config.server.auth.is_on() {
+                gateway.with_registrars(config.registrars.clone())
+            } else {
+                gateway
+            };
+            let tools = gateway.descriptors().len();
+            tracing::info!(tools, executors, "serving");
+            let access = SERVICE.access(&config);
+            Ok(run(
+                listener,
+                gateway,
+                access,
+                agentloop_server::shutdown_signal(),
+            )
+            .await?)
+        })
         .await
-        .unwrap_or_else(|error| SERVICE.exit_bad_config(&error));
-    // With callers authenticated, only the named registrars may register executors.
-    let gateway = if config.server.auth.is_on() {
-        gateway.with_registrars(config.registrars.clone())
-    } else {
-        gateway
-    };
-    let tools = gateway.descriptors().len();
-    tracing::info!(tools, executors, "serving");
-    let access = SERVICE.access(&config.server.auth, config.server.server_tls.as_ref());
-    run(
-        listener,
-        gateway,
-        access,
-        agentloop_server::shutdown_signal(),
-    )
-    .await?;
-    // The spans still buffered leave before the process does.
-    telemetry.shutdown().await;
-    Ok(())
 }

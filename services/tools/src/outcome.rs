@@ -174,12 +174,7 @@ fn error(error_type: ErrorType, message: String, retryable: bool, next: NextActi
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::wildcard_enum_match_arm
-    )]
+    #![allow(clippy::wildcard_enum_match_arm)]
 
     use super::*;
 

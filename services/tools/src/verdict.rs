@@ -36,29 +36,11 @@ pub fn answered(verifier: &str, reply: ToolExecutorServiceVerifyResponse) -> Che
             verdict @ (CheckVerdict::Accepted | CheckVerdict::Rejected | CheckVerdict::Undecided),
         ) => verdict,
         Ok(CheckVerdict::Unspecified) | Err(_) => {
-            return undecided(
-                verifier,
-                failure_reason(
-                    verifier,
-                    Duration::ZERO,
-                    &CallFailure::MalformedReply {
-                        detail: "no verdict".to_owned(),
-                    },
-                ),
-            );
+            return malformed(verifier, "no verdict".to_owned());
         }
     };
     if let Some(excess) = beyond_bounds(&reply) {
-        return undecided(
-            verifier,
-            failure_reason(
-                verifier,
-                Duration::ZERO,
-                &CallFailure::MalformedReply {
-                    detail: format!("answered beyond bounds: {excess}"),
-                },
-            ),
-        );
+        return malformed(verifier, format!("answered beyond bounds: {excess}"));
     }
     let mut reasons: Vec<String> = reply
         .reasons
@@ -90,6 +72,12 @@ pub fn answered(verifier: &str, reply: ToolExecutorServiceVerifyResponse) -> Che
 /// `timeout` is the one the call ran under, for the reason of a timeout.
 pub fn unanswered(verifier: &str, timeout: Duration, failure: &CallFailure) -> Check {
     undecided(verifier, failure_reason(verifier, timeout, failure))
+}
+
+/// The check of a verifier whose reply breaks the contract: undecided, saying how.
+fn malformed(verifier: &str, detail: String) -> Check {
+    let failure = CallFailure::MalformedReply { detail };
+    undecided(verifier, failure_reason(verifier, Duration::ZERO, &failure))
 }
 
 fn undecided(verifier: &str, reason: String) -> Check {
@@ -174,7 +162,6 @@ fn truncate(mut text: String, max: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
 

@@ -281,7 +281,6 @@ fn free_port() -> Result<u16, String> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::panic)]
 
     use super::*;
 

@@ -420,7 +420,6 @@ pub(crate) fn assign_ids(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use agentloop_proto::v1::DecideRequest;
 
     use super::*;

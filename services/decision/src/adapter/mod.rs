@@ -209,7 +209,6 @@ pub(crate) fn tokens(value: &serde_json::Value, field: &str) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
 
     fn split(text: &str) -> (String, Vec<String>) {
