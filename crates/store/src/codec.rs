@@ -251,6 +251,71 @@ pub(crate) fn encode_events(append: &Append<'_>) -> Result<Vec<(i64, String)>, S
     Ok(rows)
 }
 
+/// One append, encoded and checked for form before any connection is taken: what both
+/// backends' writers bind, so they spend their time on SQL only.
+pub(crate) struct EncodedAppend {
+    pub(crate) invocation_id: Uuid,
+    pub(crate) id_text: String,
+    pub(crate) expected_version: u64,
+    pub(crate) lease_epoch: u64,
+    pub(crate) epoch_column: i64,
+    /// `(seq, body JSON)`, seq `expected_version + 1` onwards.
+    pub(crate) rows: Vec<(i64, String)>,
+    pub(crate) new_version: i64,
+    pub(crate) totals: String,
+    /// The row's state, end and wait after this append.
+    pub(crate) after: After,
+    pub(crate) committed_at: i64,
+}
+
+impl EncodedAppend {
+    pub(crate) fn new(invocation_id: Uuid, append: &Append<'_>) -> Result<Self, StoreError> {
+        let rows = encode_events(append)?;
+        Ok(EncodedAppend {
+            invocation_id,
+            id_text: invocation_id.hyphenated().to_string(),
+            expected_version: append.expected_version,
+            lease_epoch: append.lease_epoch,
+            epoch_column: counter_to_i64(append.lease_epoch, "lease epoch")?,
+            new_version: rows.last().map_or(0, |(seq, _)| *seq),
+            rows,
+            totals: to_json(&append.totals)?,
+            after: after_append(append.events)?,
+            committed_at: time_to_i64(append.committed_at),
+        })
+    }
+
+    /// The checks of `EventStore::append` against the row as stored, in their order:
+    /// ended, lease epoch (fencing), version.
+    pub(crate) fn check(
+        &self,
+        state: InvocationState,
+        version: u64,
+        lease_epoch: u64,
+    ) -> Result<(), StoreError> {
+        let invocation_id = self.invocation_id;
+        match state {
+            InvocationState::Ended => return Err(StoreError::Ended(invocation_id)),
+            InvocationState::Running | InvocationState::Waiting => {}
+        }
+        if self.lease_epoch < lease_epoch {
+            return Err(StoreError::StaleEpoch {
+                invocation_id,
+                presented: self.lease_epoch,
+                current: lease_epoch,
+            });
+        }
+        if self.expected_version != version {
+            return Err(StoreError::VersionConflict {
+                invocation_id,
+                expected: self.expected_version,
+                actual: version,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// What an append leaves the invocation row saying.
 pub(crate) struct After {
     /// Its state.

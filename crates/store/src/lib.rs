@@ -28,6 +28,7 @@ mod codec;
 #[cfg(feature = "test-util")]
 pub mod conformance;
 pub mod databases;
+mod pg_commit;
 mod postgres;
 mod sqlite;
 #[cfg(feature = "test-util")]
@@ -39,6 +40,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+pub use pg_commit::{PgCommitHold, PgCommitStats};
 pub use postgres::{DEFAULT_MAX_CONNECTIONS, PgOptions, PgStore};
 pub use sqlite::{DATABASE_FILE, SqliteDurability, SqliteOptions, SqliteStorage, SqliteStore};
 pub use writer::{SqliteStats, WriterHold};

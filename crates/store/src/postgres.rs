@@ -1,12 +1,13 @@
 //! The shared backend: PostgreSQL, for several orchestrator processes on several machines.
 //!
-//! Writers serialize per invocation, not per database: `append` locks the invocation's row
-//! with `SELECT ... FOR UPDATE` before it checks state, version and lease epoch, so the
-//! read-check-write cannot interleave with another writer of the same invocation (a second
-//! writer waits for the first to commit, then sees the version it left and is refused),
-//! while appends to different invocations run in parallel. `create` relies on the unique
-//! idempotency key instead: `INSERT ... ON CONFLICT (idempotency_key) DO NOTHING` waits for
-//! a concurrent insert of the same key to commit, then the existing row is selected.
+//! Appends are group-committed (`pg_commit`): the appends of many invocations that are
+//! ready at once go in one statement, whose `UPDATE` checks each row's state, version and
+//! lease epoch under its row lock, so a second writer of the same invocation waits for the
+//! first to commit, then sees the version it left and is refused. `claim` and
+//! `request_cancel` lock the row with `SELECT ... FOR UPDATE` for their read-check-write.
+//! `create` relies on the unique idempotency key instead: `INSERT ... ON CONFLICT
+//! (idempotency_key) DO NOTHING` waits for a concurrent insert of the same key to commit,
+//! then the existing row is selected.
 //!
 //! Every session runs with `synchronous_commit = on` whatever the server's default, so an
 //! `Ok` from `append` means the commit is flushed to the server's WAL; and with a
@@ -20,15 +21,15 @@ use agentloop_engine::{TerminalReason, Totals, UnixMillis};
 use async_trait::async_trait;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, FromRow, Postgres, Row, Transaction};
+use sqlx::{AssertSqlSafe, FromRow, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::codec::{
     CREATE_ATTEMPTS, Claim, Dialect, EventColumns, InvocationColumns, ListQuery, MAX_EVENTS_PAGE,
-    after_append, claim_check, counter_to_i64, encode_events, fresh_record, from_seq_to_i64,
-    idempotent_answer, parse_id, parse_state, scoped_key, state_text, stored_u64, time_to_i64,
-    to_json,
+    claim_check, counter_to_i64, fresh_record, from_seq_to_i64, idempotent_answer, parse_id,
+    scoped_key, time_to_i64, to_json,
 };
+use crate::pg_commit::{Committer, PgCommitHold, PgCommitStats};
 use crate::{
     Append, Created, EventStore, InvocationRecord, InvocationState, ListRequest, MAX_PAGE_SIZE,
     NewInvocation, StoreError, StoredEvent,
@@ -73,6 +74,7 @@ impl PgOptions {
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    commits: Committer,
 }
 
 impl PgStore {
@@ -86,14 +88,34 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(connect)
+            // No ping before each use: a connection that died fails its statement, which
+            // is what a ping would have found, one round trip later.
+            .test_before_acquire(false)
+            .connect_with(connect.clone())
             .await?;
         MIGRATOR.run(&pool).await?;
         tracing::debug!(
             database = pool.connect_options().get_database().unwrap_or_default(),
             "event store connected"
         );
-        Ok(PgStore { pool })
+        let commits = Committer::start(connect, ACQUIRE_TIMEOUT)
+            .map_err(|error| StoreError::Database(sqlx::Error::Io(error)))?;
+        Ok(PgStore { pool, commits })
+    }
+
+    /// What the group commit did so far.
+    pub fn commit_stats(&self) -> PgCommitStats {
+        self.commits.stats()
+    }
+
+    /// Holds the group commit: appends queue up until the hold is released, then go to
+    /// the database together. For tests of what one group does.
+    ///
+    /// # Errors
+    ///
+    /// The store is closed.
+    pub async fn hold_commits(&self) -> Result<PgCommitHold, StoreError> {
+        self.commits.hold().await
     }
 
     /// The `synchronous_commit` setting a connection of this store runs with (`on`), for a
@@ -107,6 +129,7 @@ impl PgStore {
     /// Closes every connection; waits for ones in use.
     pub async fn close(&self) {
         self.pool.close().await;
+        self.commits.close().await;
     }
 }
 
@@ -205,78 +228,7 @@ impl EventStore for PgStore {
     }
 
     async fn append(&self, invocation_id: Uuid, append: Append<'_>) -> Result<(), StoreError> {
-        // Everything that can be checked without the database is checked before a row is
-        // locked.
-        let rows = encode_events(&append)?;
-        let after = after_append(append.events)?;
-        let lease_epoch = counter_to_i64(append.lease_epoch, "lease epoch")?;
-        let totals = to_json(&append.totals)?;
-        let committed_at = time_to_i64(append.committed_at);
-        let new_version = rows.last().map_or(0, |(seq, _)| *seq);
-        let (seqs, bodies): (Vec<i64>, Vec<String>) = rows.into_iter().unzip();
-        let id_text = invocation_id.hyphenated().to_string();
-
-        // Dropping the transaction on any early return rolls it back: nothing is written.
-        let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(
-            "SELECT state, version, lease_epoch FROM invocations \
-             WHERE invocation_id = $1::uuid FOR UPDATE",
-        )
-        .bind(&id_text)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            return Err(StoreError::NotFound(invocation_id));
-        };
-        let state = parse_state(&row.try_get::<String, _>("state")?, invocation_id)?;
-        let version = stored_u64(row.try_get("version")?, "version", invocation_id)?;
-        let current_epoch = stored_u64(row.try_get("lease_epoch")?, "lease_epoch", invocation_id)?;
-        match state {
-            InvocationState::Ended => return Err(StoreError::Ended(invocation_id)),
-            InvocationState::Running | InvocationState::Waiting => {}
-        }
-        if append.lease_epoch < current_epoch {
-            return Err(StoreError::StaleEpoch {
-                invocation_id,
-                presented: append.lease_epoch,
-                current: current_epoch,
-            });
-        }
-        if append.expected_version != version {
-            return Err(StoreError::VersionConflict {
-                invocation_id,
-                expected: append.expected_version,
-                actual: version,
-            });
-        }
-        // All events in one statement: one round trip however many the commit has.
-        sqlx::query(
-            "INSERT INTO events (invocation_id, seq, committed_at, body) \
-             SELECT $1::uuid, event.seq, $2, event.body \
-             FROM UNNEST($3::bigint[], $4::text[]) AS event (seq, body)",
-        )
-        .bind(&id_text)
-        .bind(committed_at)
-        .bind(seqs)
-        .bind(bodies)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "UPDATE invocations SET version = $1, lease_epoch = $2, totals = $3, state = $4, \
-             end_record = $5, wait_until = $6, updated_at = $7 WHERE invocation_id = $8::uuid",
-        )
-        .bind(new_version)
-        .bind(lease_epoch)
-        .bind(&totals)
-        .bind(state_text(after.state))
-        .bind(after.end.as_deref())
-        .bind(after.wait_until)
-        .bind(committed_at)
-        .bind(&id_text)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
+        self.commits.append(invocation_id, &append).await
     }
 
     async fn events(

@@ -61,8 +61,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::codec::{
-    After, after_append, counter_to_i64, encode_events, fresh_record, idempotent_answer,
-    parse_state, scoped_key, state_text, stored_u64, time_to_i64, to_json,
+    EncodedAppend, fresh_record, idempotent_answer, parse_state, scoped_key, state_text,
+    stored_u64, time_to_i64, to_json,
 };
 use crate::sqlite::{SELECT_INVOCATION, decode_invocation};
 use crate::{Append, Created, InvocationRecord, InvocationState, NewInvocation, StoreError};
@@ -145,20 +145,9 @@ impl<T: Send + 'static> Session for Typed<T> {
     }
 }
 
-/// One append, encoded by the caller (so the writer spends its time on SQL only).
+/// One append and where its answer goes.
 pub(crate) struct AppendJob {
-    invocation_id: Uuid,
-    id_text: String,
-    expected_version: u64,
-    lease_epoch: u64,
-    epoch_column: i64,
-    /// `(seq, body JSON)`, seq `expected_version + 1` onwards.
-    rows: Vec<(i64, String)>,
-    new_version: i64,
-    totals: String,
-    /// The row's state, end and wait after this append.
-    after: After,
-    committed_at: i64,
+    append: EncodedAppend,
     reply: oneshot::Sender<Result<(), StoreError>>,
 }
 
@@ -236,22 +225,9 @@ impl Writer {
         invocation_id: Uuid,
         append: &Append<'_>,
     ) -> Result<(), StoreError> {
-        let rows = encode_events(append)?;
-        let after = after_append(append.events)?;
+        let append = EncodedAppend::new(invocation_id, append)?;
         let (reply, answer) = oneshot::channel();
-        let job = AppendJob {
-            invocation_id,
-            id_text: invocation_id.hyphenated().to_string(),
-            expected_version: append.expected_version,
-            lease_epoch: append.lease_epoch,
-            epoch_column: counter_to_i64(append.lease_epoch, "lease epoch")?,
-            new_version: rows.last().map_or(0, |(seq, _)| *seq),
-            rows,
-            totals: to_json(&append.totals)?,
-            after,
-            committed_at: time_to_i64(append.committed_at),
-            reply,
-        };
+        let job = AppendJob { append, reply };
         self.submit(Job::Append(job), answer).await
     }
 
@@ -821,7 +797,7 @@ async fn apply(
     if appends.is_empty() {
         return Ok(Vec::new());
     }
-    let mut ids: Vec<&str> = appends.iter().map(|a| a.id_text.as_str()).collect();
+    let mut ids: Vec<&str> = appends.iter().map(|a| a.append.id_text.as_str()).collect();
     ids.sort_unstable();
     ids.dedup();
     let mut stored: HashMap<String, Stored> = HashMap::with_capacity(ids.len());
@@ -851,7 +827,7 @@ async fn apply(
     let mut verdicts = Vec::with_capacity(appends.len());
     let mut events: Vec<(&str, i64, i64, &str)> = Vec::new();
     let mut updates: Vec<Update<'_>> = Vec::new();
-    for append in appends {
+    for AppendJob { append, .. } in appends {
         let now = match current.entry(append.id_text.as_str()) {
             Occupied(entry) => Ok(entry.into_mut()),
             Vacant(entry) => match stored.get(&append.id_text) {
@@ -860,7 +836,7 @@ async fn apply(
             },
         };
         let verdict = now.and_then(|now| {
-            check(now, append)?;
+            append.check(now.state, now.version, now.lease_epoch)?;
             accept(now, append, &mut events, &mut updates);
             Ok(())
         });
@@ -931,7 +907,7 @@ async fn apply(
 /// Applies an accepted append to the group's view and queues its rows.
 fn accept<'a>(
     now: &mut Current,
-    append: &'a AppendJob,
+    append: &'a EncodedAppend,
     events: &mut Vec<(&'a str, i64, i64, &'a str)>,
     updates: &mut Vec<Update<'a>>,
 ) {
@@ -970,30 +946,6 @@ fn accept<'a>(
             updates.push(update);
         }
     }
-}
-
-/// The checks of `EventStore::append`, in its order: ended, epoch, version.
-fn check(now: &Current, append: &AppendJob) -> Result<(), StoreError> {
-    let invocation_id = append.invocation_id;
-    match now.state {
-        InvocationState::Ended => return Err(StoreError::Ended(invocation_id)),
-        InvocationState::Running | InvocationState::Waiting => {}
-    }
-    if append.lease_epoch < now.lease_epoch {
-        return Err(StoreError::StaleEpoch {
-            invocation_id,
-            presented: append.lease_epoch,
-            current: now.lease_epoch,
-        });
-    }
-    if append.expected_version != now.version {
-        return Err(StoreError::VersionConflict {
-            invocation_id,
-            expected: append.expected_version,
-            actual: now.version,
-        });
-    }
-    Ok(())
 }
 
 fn decode(

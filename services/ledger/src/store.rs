@@ -284,6 +284,9 @@ impl LedgerStore {
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(PG_ACQUIRE_TIMEOUT)
+            // No ping before each use: a dead connection fails its statement, which is
+            // what the ping would have found, one round trip later.
+            .test_before_acquire(false)
             .connect_with(connect)
             .await?;
         let mut migrator = sqlx::migrate!("./migrations/postgres");
