@@ -21,7 +21,7 @@ use agentloop_engine::{TerminalReason, Totals, UnixMillis};
 use async_trait::async_trait;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, FromRow, Postgres, Transaction};
+use sqlx::{AssertSqlSafe, FromRow, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use crate::codec::{
@@ -101,6 +101,29 @@ impl PgStore {
         let commits = Committer::start(connect, ACQUIRE_TIMEOUT)
             .map_err(|error| StoreError::Database(sqlx::Error::Io(error)))?;
         Ok(PgStore { pool, commits })
+    }
+
+    /// `claim` as a transaction that locks the row first: for a claim that raced another.
+    async fn claim_locked(
+        &self,
+        invocation_id: Uuid,
+        lease_epoch: u64,
+    ) -> Result<InvocationRecord, StoreError> {
+        let epoch = counter_to_i64(lease_epoch, "lease epoch")?;
+        let mut tx = self.pool.begin().await?;
+        let mut record = locked_record(&mut tx, invocation_id).await?;
+        match claim_check(&record, lease_epoch)? {
+            Claim::Unchanged => return Ok(record),
+            Claim::Raise => {}
+        }
+        sqlx::query("UPDATE invocations SET lease_epoch = $1 WHERE invocation_id = $2::uuid")
+            .bind(epoch)
+            .bind(invocation_id.hyphenated().to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        record.lease_epoch = lease_epoch;
+        Ok(record)
     }
 
     /// What the group commit did so far.
@@ -285,20 +308,34 @@ impl EventStore for PgStore {
         lease_epoch: u64,
     ) -> Result<InvocationRecord, StoreError> {
         let epoch = counter_to_i64(lease_epoch, "lease epoch")?;
-        let mut tx = self.pool.begin().await?;
-        let mut record = locked_record(&mut tx, invocation_id).await?;
-        match claim_check(&record, lease_epoch)? {
-            Claim::Unchanged => return Ok(record),
-            Claim::Raise => {}
+        // One statement: raise the epoch where the rule of `claim_check` says to, and read
+        // the row as the statement found it.
+        let row = sqlx::query(concat!(
+            "WITH raised AS (UPDATE invocations SET lease_epoch = $2 \
+             WHERE invocation_id = $1::uuid AND state = 'running' AND lease_epoch < $2 \
+             RETURNING invocation_id) \
+             SELECT found.*, EXISTS (SELECT 1 FROM raised) AS raised FROM (",
+            select_invocation!(),
+            " WHERE invocation_id = $1::uuid) AS found"
+        ))
+        .bind(invocation_id.hyphenated().to_string())
+        .bind(epoch)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else {
+            return Err(StoreError::NotFound(invocation_id));
+        };
+        let mut record = decode_invocation(&row)?;
+        if row.try_get::<bool, _>("raised")? {
+            record.lease_epoch = lease_epoch;
+            return Ok(record);
         }
-        sqlx::query("UPDATE invocations SET lease_epoch = $1 WHERE invocation_id = $2::uuid")
-            .bind(epoch)
-            .bind(invocation_id.hyphenated().to_string())
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        record.lease_epoch = lease_epoch;
-        Ok(record)
+        match claim_check(&record, lease_epoch)? {
+            Claim::Unchanged => Ok(record),
+            // Another claim raised the epoch after the statement's snapshot was taken:
+            // read the row as it is now, under its lock.
+            Claim::Raise => self.claim_locked(invocation_id, lease_epoch).await,
+        }
     }
 
     async fn request_cancel(

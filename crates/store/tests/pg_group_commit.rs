@@ -205,7 +205,7 @@ async fn a_statement_the_server_refuses_fails_only_its_culprit() {
     let (store, database) = fresh(&server).await;
     let ids = invocations(&store, 4).await;
     let culprit = ids[0];
-    let mut conn = sqlx::PgConnection::connect(&database.url()).await.unwrap();
+    let mut conn = sqlx::PgConnection::connect(database.url()).await.unwrap();
     sqlx::query(
         "INSERT INTO events (invocation_id, seq, committed_at, body) VALUES ($1::uuid, 1, 0, '{}')",
     )
