@@ -12,7 +12,10 @@
     clippy::wildcard_enum_match_arm
 )]
 
-use agentloop_store::conformance::{append_of, lookup_turn, new_invocation};
+use agentloop_store::conformance::{
+    a_broken_append_fails_alone, append_of, every_verdict_in_one_group, lookup_turn,
+    new_invocation, new_invocations, until_queued,
+};
 use agentloop_store::{Created, EventStore, SqliteStore, StoreError};
 use futures::future::join_all;
 use uuid::Uuid;
@@ -46,14 +49,7 @@ async fn in_one_group<F: std::future::Future>(
     let before = store.stats();
     let hold = store.hold_writer().await.unwrap();
     let mut writes = std::pin::pin!(writes);
-    // Each poll lets every write that can enqueue do so; none can finish while held.
-    while hold.queued() < count {
-        assert!(
-            futures::poll!(writes.as_mut()).is_pending(),
-            "a write finished while the writer was held"
-        );
-        tokio::task::yield_now().await;
-    }
+    until_queued(writes.as_mut(), count, || hold.queued()).await;
     hold.release().await.unwrap();
     let results = writes.await;
     // The held group commits too (a session that succeeded).
@@ -66,25 +62,10 @@ async fn fresh() -> (SqliteStore, tempfile::TempDir) {
     (store, dir)
 }
 
-async fn invocations(store: &SqliteStore, count: u64) -> Vec<Uuid> {
-    let mut ids = Vec::new();
-    for index in 0..count {
-        match store
-            .create(new_invocation(1_000 + index, None, "d"))
-            .await
-            .unwrap()
-        {
-            Created::New(record) => ids.push(record.invocation_id),
-            Created::Existing(_) => panic!("no key, so always new"),
-        }
-    }
-    ids
-}
-
 #[tokio::test]
 async fn concurrent_appends_share_one_transaction_and_one_fsync() {
     let (store, _dir) = fresh().await;
-    let ids = invocations(&store, 20).await;
+    let ids = new_invocations(&store, 20).await;
     let events = [lookup_turn(1, 1)];
     let before = store.stats();
     let appends = join_all(
@@ -118,88 +99,14 @@ async fn concurrent_creates_share_one_fsync_too() {
 #[tokio::test]
 async fn a_refused_append_does_not_fail_the_rest_of_its_group() {
     let (store, _dir) = fresh().await;
-    let ids = invocations(&store, 6).await;
-    let [good, conflict, fenced, ended, twice, other] = ids[..] else {
-        unreachable!()
-    };
-    // Set-up: `fenced` has seen epoch 5, `ended` has ended.
-    store
-        .append(fenced, append_of(0, 5, &[lookup_turn(1, 1)]))
-        .await
-        .unwrap();
-    let end = agentloop_store::conformance::every_kind_of_event()
-        .into_iter()
-        .rfind(|e| matches!(e.body, agentloop_engine::EventBody::Ended(ref end) if !end.waits()))
-        .map(|mut e| {
-            e.seq = 1;
-            e
-        })
-        .unwrap();
-    store
-        .append(ended, append_of(0, 1, std::slice::from_ref(&end)))
-        .await
-        .unwrap();
-
-    let turn1 = [lookup_turn(1, 1)];
-    let turn2 = [lookup_turn(2, 2)];
-    let turn4 = [lookup_turn(4, 4)];
-    let missing = Uuid::now_v7();
-    let appends = join_all([
-        store.append(good, append_of(0, 1, &turn1)),
-        store.append(conflict, append_of(3, 1, &turn4)),
-        store.append(fenced, append_of(1, 4, &turn2)),
-        store.append(ended, append_of(1, 1, &turn2)),
-        store.append(missing, append_of(0, 1, &turn1)),
-        // Two appends to one invocation in one group: the second extends the first.
-        store.append(twice, append_of(0, 1, &turn1)),
-        store.append(twice, append_of(1, 1, &turn2)),
-        // The same version twice: the first wins, the second sees it.
-        store.append(other, append_of(0, 1, &turn1)),
-        store.append(other, append_of(0, 1, &turn1)),
-    ]);
-    let (results, commits) = in_one_group(&store, 9, appends).await;
-    assert_eq!(commits, 1, "one group: {results:?}");
-
-    let mut results = results.into_iter();
-    let mut next = || results.next().unwrap();
-    assert!(next().is_ok());
-    assert!(matches!(
-        next(),
-        Err(StoreError::VersionConflict {
-            expected: 3,
-            actual: 0,
-            ..
-        })
-    ));
-    assert!(matches!(
-        next(),
-        Err(StoreError::StaleEpoch {
-            presented: 4,
-            current: 5,
-            ..
-        })
-    ));
-    assert!(matches!(next(), Err(StoreError::Ended(id)) if id == ended));
-    assert!(matches!(next(), Err(StoreError::NotFound(id)) if id == missing));
-    assert!(next().is_ok());
-    assert!(next().is_ok());
-    assert!(next().is_ok());
-    assert!(matches!(
-        next(),
-        Err(StoreError::VersionConflict {
-            expected: 0,
-            actual: 1,
-            ..
-        })
-    ));
-
-    assert_eq!(store.get(good).await.unwrap().version, 1);
-    assert_eq!(store.get(conflict).await.unwrap().version, 0);
-    assert_eq!(store.get(fenced).await.unwrap().version, 1);
-    assert_eq!(store.get(twice).await.unwrap().version, 2);
-    assert_eq!(store.events(twice, 1, 10).await.unwrap().len(), 2);
-    assert_eq!(store.get(other).await.unwrap().version, 1);
-    assert_eq!(store.events(other, 1, 10).await.unwrap().len(), 1);
+    let groups = every_verdict_in_one_group(&store, async |count, appends| {
+        in_one_group(&store, count, appends).await
+    })
+    .await;
+    assert_eq!(
+        groups, 1,
+        "one group, the second appends to an invocation in it too"
+    );
 }
 
 /// An append that passes every check but fails in SQL (here: an event row written behind
@@ -207,32 +114,18 @@ async fn a_refused_append_does_not_fail_the_rest_of_its_group() {
 #[tokio::test]
 async fn a_failing_statement_fails_only_its_own_append() {
     let (store, dir) = fresh().await;
-    let ids = invocations(&store, 4).await;
-    let culprit = ids[0];
-    event_behind_the_stores_back(dir.path(), culprit).await;
-
-    let events = [lookup_turn(1, 1)];
-    let appends = join_all(
-        ids.iter()
-            .map(|id| store.append(*id, append_of(0, 1, &events))),
-    );
-    let (results, commits) = in_one_group(&store, 4, appends).await;
-    assert!(
-        matches!(&results[0], Err(StoreError::Database(_))),
-        "{results:?}"
-    );
-    assert!(results[1..].iter().all(Result::is_ok), "{results:?}");
-    assert_eq!(commits, 1);
-    assert_eq!(store.get(culprit).await.unwrap().version, 0);
-    for id in &ids[1..] {
-        assert_eq!(store.get(*id).await.unwrap().version, 1);
-    }
+    let behind_the_back = async |id| event_behind_the_stores_back(dir.path(), id).await;
+    let groups = a_broken_append_fails_alone(&store, behind_the_back, async |count, appends| {
+        in_one_group(&store, count, appends).await
+    })
+    .await;
+    assert_eq!(groups, 1);
 }
 
 #[tokio::test]
 async fn close_commits_what_is_queued_and_refuses_later_writes() {
     let (store, _dir) = fresh().await;
-    let ids = invocations(&store, 3).await;
+    let ids = new_invocations(&store, 3).await;
     let events = [lookup_turn(1, 1)];
     let (appended, ()) = tokio::join!(
         join_all(
@@ -260,7 +153,7 @@ async fn the_log_stays_bounded_under_steady_writes() {
     const INVOCATIONS: u64 = 64;
     const TURNS: u64 = 128;
     let (store, dir) = fresh().await;
-    let ids = invocations(&store, INVOCATIONS).await;
+    let ids = new_invocations(&store, INVOCATIONS).await;
     let mut writers = tokio::task::JoinSet::new();
     for id in ids {
         let store = store.clone();
@@ -345,7 +238,7 @@ async fn creates_in_one_group_are_answered_each_as_if_alone() {
 #[tokio::test]
 async fn a_create_survives_the_replay_of_its_groups_appends() {
     let (store, dir) = fresh().await;
-    let ids = invocations(&store, 2).await;
+    let ids = new_invocations(&store, 2).await;
     let culprit = ids[0];
     event_behind_the_stores_back(dir.path(), culprit).await;
 

@@ -1,7 +1,8 @@
 //! The PostgreSQL backend: the whole conformance suite (each check on a database of its
-//! own), durability across a reconnect, fencing between two racing writers, and what only
-//! this backend has to get right (session settings, JSON PostgreSQL is picky about, corrupt
-//! rows). Skips loudly without a server unless `AGENTLOOP_REQUIRE_POSTGRES=1`.
+//! own), durability across a reconnect, fencing between two racing writers, group commit
+//! (appends of many invocations in one statement, each with its own verdict), and what
+//! only this backend has to get right (session settings, JSON PostgreSQL is picky about,
+//! corrupt rows). Skips loudly without a server unless `AGENTLOOP_REQUIRE_POSTGRES=1`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -12,11 +13,16 @@
 use std::sync::Arc;
 
 use agentloop_engine::{CallId, CallOutcome, CallResult, EventBody};
-use agentloop_store::conformance::{self, append_of, lookup_turn, new_invocation};
+use agentloop_store::conformance::{
+    self, a_broken_append_fails_alone, append_of, every_verdict_in_one_group, lookup_turn,
+    new_invocation, new_invocations, until_queued,
+};
 use agentloop_store::testing::{PostgresServer, TestDatabase, earlier_migrations};
 use agentloop_store::{Created, EventStore, PgOptions, PgStore, StoreError};
+use futures::future::join_all;
 use sqlx::Connection;
 use tokio::sync::Barrier;
+use uuid::Uuid;
 
 async fn store_on(database: &TestDatabase) -> PgStore {
     PgStore::connect(PgOptions::new(database.url()))
@@ -123,7 +129,7 @@ struct WriterReport {
 /// version after each conflict. The turn number records the writer: `epoch * 1000 + n`.
 async fn writer(
     store: Arc<PgStore>,
-    id: uuid::Uuid,
+    id: Uuid,
     epoch: u64,
     turns: u32,
     start: Arc<Barrier>,
@@ -389,4 +395,93 @@ async fn a_database_from_before_the_spec_moved_is_upgraded_whole() {
     conn.close().await.unwrap();
 
     conformance::earlier_row_goes_on(&store_on(&database).await, id).await;
+}
+
+/// Sends `appends` while the committer is held, until `count` are queued, then lets it
+/// go. Returns their verdicts and how many statements carried them.
+async fn held_then_released<F: std::future::Future>(
+    store: &PgStore,
+    count: usize,
+    appends: F,
+) -> (F::Output, u64) {
+    let before = store.commit_stats();
+    let hold = store.hold_commits().await.unwrap();
+    let mut appends = std::pin::pin!(appends);
+    until_queued(appends.as_mut(), count, || hold.queued()).await;
+    hold.release();
+    let verdicts = appends.await;
+    (verdicts, store.commit_stats().groups - before.groups)
+}
+
+#[tokio::test]
+async fn concurrent_appends_share_one_statement() {
+    let Some(server) = PostgresServer::for_test("concurrent_appends_share_one_statement").await
+    else {
+        return;
+    };
+    let (store, _database) = fresh(&server).await;
+    let ids = new_invocations(&store, 50).await;
+    let events = [lookup_turn(1, 1)];
+    let appends = join_all(
+        ids.iter()
+            .map(|id| store.append(*id, append_of(0, 1, &events))),
+    );
+    let (verdicts, groups) = held_then_released(&store, 50, appends).await;
+    assert!(verdicts.iter().all(Result::is_ok), "{verdicts:?}");
+    assert_eq!(groups, 1, "fifty appends, one statement");
+    assert!(store.commit_stats().largest_group >= 50);
+    for id in &ids {
+        assert_eq!(store.get(*id).await.unwrap().version, 1);
+        assert_eq!(store.events(*id, 1, 10).await.unwrap().len(), 1);
+    }
+}
+
+/// One invocation of the group lost its lease (a newer epoch committed): it is refused,
+/// and so is every other append its row refuses, each for its own reason, while the rest
+/// of the group commits.
+#[tokio::test]
+async fn a_fenced_append_is_refused_and_the_rest_of_its_group_commits() {
+    let Some(server) =
+        PostgresServer::for_test("a_fenced_append_is_refused_and_the_rest_of_its_group_commits")
+            .await
+    else {
+        return;
+    };
+    let (store, _database) = fresh(&server).await;
+    let groups = every_verdict_in_one_group(&store, async |count, appends| {
+        held_then_released(&store, count, appends).await
+    })
+    .await;
+    assert_eq!(
+        groups, 2,
+        "the second appends to two invocations wait for a group of their own"
+    );
+}
+
+/// An append that passes every check but breaks the statement (an event row written
+/// behind the store's back) fails alone: its group is written again one by one.
+#[tokio::test]
+async fn a_statement_the_server_refuses_fails_only_its_culprit() {
+    let Some(server) =
+        PostgresServer::for_test("a_statement_the_server_refuses_fails_only_its_culprit").await
+    else {
+        return;
+    };
+    let (store, database) = fresh(&server).await;
+    let behind_the_back = async |id: Uuid| {
+        let mut conn = sqlx::PgConnection::connect(database.url()).await.unwrap();
+        sqlx::query(
+            "INSERT INTO events (invocation_id, seq, committed_at, body) \
+             VALUES ($1::uuid, 1, 0, '{}')",
+        )
+        .bind(id.hyphenated().to_string())
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    };
+    let groups = a_broken_append_fails_alone(&store, behind_the_back, async |count, appends| {
+        held_then_released(&store, count, appends).await
+    })
+    .await;
+    assert_eq!(groups, 1);
 }
