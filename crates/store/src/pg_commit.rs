@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use sqlx::Row;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::codec::{EncodedAppend, parse_state, state_text, stored_u64};
@@ -127,13 +127,8 @@ impl Committer {
         options: PgConnectOptions,
         acquire_timeout: Duration,
     ) -> std::io::Result<Committer> {
-        let pool = PgPoolOptions::new()
-            .max_connections(COMMITTERS as u32)
-            .acquire_timeout(acquire_timeout)
-            // A connection that died is found by the statement, which fails its group as
-            // a lost connection would; a ping before every group would cost a round trip.
-            .test_before_acquire(false)
-            .connect_lazy_with(options);
+        let pool =
+            crate::pg_pool_options(COMMITTERS as u32, acquire_timeout).connect_lazy_with(options);
         let (jobs, queue) = mpsc::channel(QUEUE_BOUND);
         let counters = Arc::new(Counters::default());
         let runtime = tokio::runtime::Builder::new_current_thread()

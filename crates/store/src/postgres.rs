@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use agentloop_engine::{TerminalReason, Totals, UnixMillis};
 use async_trait::async_trait;
+use sqlx::Connection;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, FromRow, Postgres, Row, Transaction};
@@ -46,6 +47,31 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a statement waits for a row lock before the operation fails: the same bound
 /// SQLite's busy timeout gives.
 const LOCK_TIMEOUT: &str = "5s";
+
+/// How long a pooled connection may sit idle before it is pinged when next lent. A busy
+/// pool lends connections idle for microseconds and pings none (a ping is a round trip
+/// per use), while a connection left idle across a server restart or a dropped TCP
+/// connection is found out before a statement fails on it, and with it a whole group.
+pub const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// The pool every PostgreSQL client of agentloop uses (the event store's, its group
+/// commit's, the effect ledger's): at most `max_connections` (at least one), waiting at
+/// most `acquire_timeout` for one, pinging only those idle beyond [`PING_AFTER_IDLE`].
+pub fn pg_pool_options(max_connections: u32, acquire_timeout: Duration) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max_connections.max(1))
+        .acquire_timeout(acquire_timeout)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for < PING_AFTER_IDLE {
+                    return Ok(true);
+                }
+                // One that does not answer is closed, and the pool lends another.
+                Ok(conn.ping().await.is_ok())
+            })
+        })
+}
 
 /// The connection pool size [`PgOptions::new`] picks.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
@@ -85,12 +111,7 @@ impl PgStore {
         if connect.get_application_name().is_none() {
             connect = connect.application_name("agentloop-store");
         }
-        let pool = PgPoolOptions::new()
-            .max_connections(options.max_connections.max(1))
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            // No ping before each use: a connection that died fails its statement, which
-            // is what a ping would have found, one round trip later.
-            .test_before_acquire(false)
+        let pool = pg_pool_options(options.max_connections, ACQUIRE_TIMEOUT)
             .connect_with(connect.clone())
             .await?;
         MIGRATOR.run(&pool).await?;

@@ -11,6 +11,7 @@
 )]
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use agentloop_engine::{CallId, CallOutcome, CallResult, EventBody};
 use agentloop_store::conformance::{
@@ -484,4 +485,44 @@ async fn a_statement_the_server_refuses_fails_only_its_culprit() {
     })
     .await;
     assert_eq!(groups, 1);
+}
+
+/// Connections left idle past `PING_AFTER_IDLE` are pinged before they are lent, so a
+/// connection the server dropped meanwhile (a restart, a proxy's timeout) is replaced
+/// instead of failing the next statement, and the group of turns it carries.
+#[tokio::test]
+async fn connections_dropped_while_idle_are_replaced_before_use() {
+    let Some(server) =
+        PostgresServer::for_test("connections_dropped_while_idle_are_replaced_before_use").await
+    else {
+        return;
+    };
+    let (store, database) = fresh(&server).await;
+    let id = new_invocations(&store, 1).await[0];
+    store
+        .append(id, append_of(0, 1, &[lookup_turn(1, 1)]))
+        .await
+        .unwrap();
+    let mut admin = sqlx::PgConnection::connect(server.admin_url())
+        .await
+        .unwrap();
+    let dropped: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(database.name())
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(
+        dropped.len() >= 2,
+        "the store's and its committer's connections"
+    );
+    // The condition under test: the pool's connections idle beyond the threshold.
+    tokio::time::sleep(agentloop_store::PING_AFTER_IDLE + Duration::from_millis(100)).await;
+    store
+        .append(id, append_of(1, 1, &[lookup_turn(2, 2)]))
+        .await
+        .unwrap();
+    assert_eq!(store.get(id).await.unwrap().version, 2);
 }

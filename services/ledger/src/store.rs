@@ -19,7 +19,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -281,12 +281,7 @@ impl LedgerStore {
         if connect.get_application_name().is_none() {
             connect = connect.application_name("agentloop-ledger");
         }
-        let pool = PgPoolOptions::new()
-            .max_connections(options.max_connections.max(1))
-            .acquire_timeout(PG_ACQUIRE_TIMEOUT)
-            // No ping before each use: a dead connection fails its statement, which is
-            // what the ping would have found, one round trip later.
-            .test_before_acquire(false)
+        let pool = agentloop_store::pg_pool_options(options.max_connections, PG_ACQUIRE_TIMEOUT)
             .connect_with(connect)
             .await?;
         let mut migrator = sqlx::migrate!("./migrations/postgres");
