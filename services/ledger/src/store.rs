@@ -348,29 +348,31 @@ impl LedgerStore {
 
         let now = now_ms();
         // A concurrent insert of the same key makes this one wait for it and then do
-        // nothing (both backends), so exactly one caller sees `created`.
-        let inserted = on_pool!(self, |pool| {
-            sqlx::query(
+        // nothing (both backends), so exactly one caller sees `created`. The new entry
+        // comes back from the insert itself: one statement in the usual case.
+        let inserted: Option<Row> = on_pool!(self, |pool| {
+            sqlx::query_as(concat!(
             "INSERT INTO effects \
                (effect_key, invocation_id, call_id, tool, state, attempt, created_at_ms, updated_at_ms) \
              VALUES ($1, $2, $3, $4, 'PREPARED', 0, $5, $5) \
-             ON CONFLICT (effect_key) DO NOTHING",
-        )
+             ON CONFLICT (effect_key) DO NOTHING RETURNING ",
+            columns!()
+        ))
         .bind(&new.effect_key)
         .bind(&new.invocation_id)
         .bind(&new.call_id)
         .bind(&new.tool)
         .bind(now)
-        .execute(pool)
+        .fetch_optional(pool)
         .await?
-        .rows_affected()
-        }) == 1;
-
+        });
+        if let Some(row) = inserted {
+            return Ok((row.into_entry()?, true));
+        }
         let entry = self.get(&new.effect_key).await?;
-        if !inserted
-            && (entry.invocation_id != new.invocation_id
-                || entry.call_id != new.call_id
-                || entry.tool != new.tool)
+        if entry.invocation_id != new.invocation_id
+            || entry.call_id != new.call_id
+            || entry.tool != new.tool
         {
             return Err(LedgerError::AlreadyExists {
                 effect_key: entry.effect_key,
@@ -379,7 +381,7 @@ impl LedgerStore {
                 tool: entry.tool,
             });
         }
-        Ok((entry, inserted))
+        Ok((entry, false))
     }
 
     /// Records that the effect is about to be dispatched (attempt + 1). `expected` is
@@ -582,18 +584,22 @@ impl LedgerStore {
         receipt: &str,
         detail: &str,
     ) -> Result<Entry, LedgerError> {
-        let current = self.get(effect_key).await?;
-        let step = state::transition(current.state, expected, action).map_err(|source| {
-            LedgerError::Transition {
+        // The edge is checked before the database is asked: a step that could never be
+        // taken is refused whatever is stored.
+        let transition = |current| {
+            state::transition(current, expected, action).map_err(|source| LedgerError::Transition {
                 effect_key: effect_key.to_owned(),
                 source,
-            }
-        })?;
-        let updated_at = now_ms().max(system_time_ms(current.updated_at));
+            })
+        };
+        let step = transition(expected)?;
+        // One statement: the guard is its `WHERE`, checked under the row's lock, and the
+        // time never goes backwards.
         let updated: Option<Row> = on_pool!(self, |pool| sqlx::query_as(concat!(
             "UPDATE effects \
-             SET state = $1, attempt = attempt + $2, receipt = $3, detail = $4, updated_at_ms = $5 \
-             WHERE effect_key = $6 AND state = $7 AND attempt = $8 \
+             SET state = $1, attempt = attempt + $2, receipt = $3, detail = $4, \
+                 updated_at_ms = CASE WHEN updated_at_ms > $5 THEN updated_at_ms ELSE $5 END \
+             WHERE effect_key = $6 AND state = $7 \
              RETURNING ",
             columns!()
         ))
@@ -601,17 +607,17 @@ impl LedgerStore {
         .bind(i64::from(step.increments_attempt))
         .bind(receipt)
         .bind(detail)
-        .bind(updated_at)
+        .bind(now_ms())
         .bind(effect_key)
-        .bind(current.state.as_str())
-        .bind(i64::from(current.attempt))
+        .bind(expected.as_str())
         .fetch_optional(pool)
         .await?);
         match updated {
             Some(row) => row.into_entry(),
+            // Not there, or not in the expected state: say which, from what is there now.
             None => {
-                // Lost a race: report what is there now.
                 let found = self.get(effect_key).await?;
+                transition(found.state)?;
                 Err(LedgerError::Transition {
                     effect_key: effect_key.to_owned(),
                     source: state::TransitionError::NotInExpectedState {
