@@ -33,13 +33,16 @@ async fn counted(server: &PostgresServer) -> (CountingProxy, String, impl Sized)
 }
 
 #[tokio::test]
-async fn a_group_of_turns_is_one_statement_and_a_claim_is_one() {
-    let Some(server) =
-        PostgresServer::for_test("a_group_of_turns_is_one_statement_and_a_claim_is_one").await
-    else {
+async fn what_turns_and_effects_ask_of_postgres() {
+    let Some(server) = PostgresServer::for_test("postgres_costs").await else {
         return;
     };
-    let (proxy, url, _database) = counted(&server).await;
+    a_group_of_turns_is_one_statement_and_a_claim_is_one(&server).await;
+    an_effect_recorded_by_the_ledger_is_three_statements(&server).await;
+}
+
+async fn a_group_of_turns_is_one_statement_and_a_claim_is_one(server: &PostgresServer) {
+    let (proxy, url, _database) = counted(server).await;
     let store = PgStore::connect(PgOptions::new(url)).await.unwrap();
     const INVOCATIONS: u64 = 20;
     const ROUNDS: u64 = 10;
@@ -80,14 +83,8 @@ async fn a_group_of_turns_is_one_statement_and_a_claim_is_one() {
     assert_eq!(store.commit_stats().largest_group, INVOCATIONS);
 }
 
-#[tokio::test]
-async fn an_effect_recorded_by_the_ledger_is_three_statements() {
-    let Some(server) =
-        PostgresServer::for_test("an_effect_recorded_by_the_ledger_is_three_statements").await
-    else {
-        return;
-    };
-    let (proxy, url, _database) = counted(&server).await;
+async fn an_effect_recorded_by_the_ledger_is_three_statements(server: &PostgresServer) {
+    let (proxy, url, _database) = counted(server).await;
     let ledger = LedgerStore::connect_postgres(&url, &StoreOptions::default())
         .await
         .unwrap();
