@@ -1,6 +1,6 @@
 //! What the runtime asks of PostgreSQL, counted on the wire by the cluster bench's proxy:
-//! a group of turns is one statement whatever its size, a claim is one, and an effect the
-//! ledger records (prepared, dispatched, committed) is three. Beside them, sqlx's pool
+//! a group of turns is one statement whatever its size, a claim is one, a read of the log
+//! is one, and an effect the ledger records (prepared, dispatched, committed) is three. Beside them, sqlx's pool
 //! pings every connection it is given back (a bare `Sync` after the caller is done), so
 //! pings are bounded by the uses, not counted as the statements' round trips. Skips
 //! loudly without a server unless `AGENTLOOP_REQUIRE_POSTGRES=1`.
@@ -47,6 +47,16 @@ async fn a_group_of_turns_is_one_statement_and_a_claim_is_one(server: &PostgresS
     const INVOCATIONS: u64 = 20;
     const ROUNDS: u64 = 10;
     let ids = new_invocations(&store, INVOCATIONS).await;
+
+    // A watch's first read of a new invocation, and a read of an unknown one.
+    let before = proxy.counts();
+    assert!(store.events(ids[0], 1, 100).await.unwrap().is_empty());
+    let unknown = store.events(uuid::Uuid::now_v7(), 1, 100).await;
+    assert!(matches!(
+        unknown,
+        Err(agentloop_store::StoreError::NotFound(_))
+    ));
+    assert_eq!(proxy.counts().since(&before).statements, 2, "one each");
 
     let before = proxy.counts();
     for id in &ids {

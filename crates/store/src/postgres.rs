@@ -284,24 +284,25 @@ impl EventStore for PgStore {
         let id_text = invocation_id.hyphenated().to_string();
         let from = from_seq_to_i64(from_seq);
         let limit = i64::from(limit.min(MAX_EVENTS_PAGE));
+        // One statement: no row when the invocation is unknown, one row of NULLs when it
+        // has no events from `from_seq` on (a new invocation's first watch).
         let rows = sqlx::query(
-            "SELECT seq, committed_at, body FROM events \
-             WHERE invocation_id = $1::uuid AND seq >= $2 ORDER BY seq LIMIT $3",
+            "SELECT e.seq, e.committed_at, e.body FROM invocations AS i \
+             LEFT JOIN LATERAL (SELECT seq, committed_at, body FROM events \
+                 WHERE invocation_id = i.invocation_id AND seq >= $2 ORDER BY seq LIMIT $3) \
+                 AS e ON true \
+             WHERE i.invocation_id = $1::uuid ORDER BY e.seq",
         )
         .bind(&id_text)
         .bind(from)
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
-        if rows.is_empty() {
-            let exists: Option<i32> =
-                sqlx::query_scalar("SELECT 1 FROM invocations WHERE invocation_id = $1::uuid")
-                    .bind(&id_text)
-                    .fetch_optional(&self.pool)
-                    .await?;
-            if exists.is_none() {
-                return Err(StoreError::NotFound(invocation_id));
-            }
+        let Some(first) = rows.first() else {
+            return Err(StoreError::NotFound(invocation_id));
+        };
+        if first.try_get::<Option<i64>, _>("seq")?.is_none() {
+            return Ok(Vec::new());
         }
         rows.iter()
             .map(|row| EventColumns::from_row(row)?.into_event(invocation_id))
