@@ -251,6 +251,35 @@ pub(crate) fn encode_events(append: &Append<'_>) -> Result<Vec<(i64, String)>, S
     Ok(rows)
 }
 
+/// The answer to a write whose writer has stopped.
+pub(crate) fn closed() -> StoreError {
+    StoreError::Database(sqlx::Error::PoolClosed)
+}
+
+/// What every write of a group gets when the group's statement or commit failed: its own
+/// copy of the error, which is not `Clone`.
+pub(crate) fn group_failure(error: &dyn std::fmt::Display) -> StoreError {
+    StoreError::Database(sqlx::Error::Io(std::io::Error::other(format!(
+        "the group commit failed: {error}"
+    ))))
+}
+
+/// An invocation row's protocol state as read: state, version and lease epoch.
+pub(crate) type StoredState = (String, i64, i64);
+
+/// A [`StoredState`] decoded, or `Corrupt` naming the invocation, so a damaged row fails
+/// only the writes to that invocation.
+pub(crate) fn decode_state(
+    (state, version, lease_epoch): &StoredState,
+    invocation_id: Uuid,
+) -> Result<(InvocationState, u64, u64), StoreError> {
+    Ok((
+        parse_state(state, invocation_id)?,
+        stored_u64(*version, "version", invocation_id)?,
+        stored_u64(*lease_epoch, "lease_epoch", invocation_id)?,
+    ))
+}
+
 /// One append, encoded and checked for form before any connection is taken: what both
 /// backends' writers bind, so they spend their time on SQL only.
 pub(crate) struct EncodedAppend {

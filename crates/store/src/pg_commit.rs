@@ -41,7 +41,7 @@ use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::codec::{EncodedAppend, parse_state, state_text, stored_u64};
+use crate::codec::{EncodedAppend, StoredState, closed, decode_state, group_failure, state_text};
 use crate::{Append, StoreError};
 
 /// Most appends one statement carries: bounds the statement and a group's latency.
@@ -221,10 +221,6 @@ impl std::fmt::Debug for Job {
     }
 }
 
-fn closed() -> StoreError {
-    StoreError::Database(sqlx::Error::PoolClosed)
-}
-
 /// Takes groups off the queue and commits up to [`COMMITTERS`] at once, until every
 /// sender is gone; then waits for the groups in flight.
 async fn lead(pool: PgPool, mut queue: mpsc::Receiver<Job>, counters: Arc<Counters>) {
@@ -312,21 +308,12 @@ async fn commit(pool: &PgPool, group: Vec<AppendJob>) {
             }
             verdicts
         }
-        Err(error) => {
-            let error = error.to_string();
-            group.iter().map(|_| Err(group_failure(&error))).collect()
-        }
+        Err(error) => group.iter().map(|_| Err(group_failure(&error))).collect(),
     };
     for (job, verdict) in group.into_iter().zip(verdicts) {
         // The caller may have gone away; its append is committed all the same.
         let _ = job.reply.send(verdict);
     }
-}
-
-fn group_failure(error: &str) -> StoreError {
-    StoreError::Database(sqlx::Error::Io(std::io::Error::other(format!(
-        "the group commit failed: {error}"
-    ))))
 }
 
 /// Runs the group's statement; the IDs of the appends it accepted.
@@ -405,60 +392,47 @@ async fn explain(
     if refused.is_empty() {
         return group.iter().map(|_| Ok(())).collect();
     }
-    let rows = sqlx::query(
-        "SELECT invocation_id::text AS invocation_id, state, version, lease_epoch \
-         FROM invocations WHERE invocation_id = ANY($1::uuid[])",
-    )
-    .bind(&refused)
-    .fetch_all(pool)
-    .await;
-    let rows: HashMap<String, (String, i64, i64)> = match rows.and_then(|rows| {
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    row.try_get("invocation_id")?,
-                    (
-                        row.try_get("state")?,
-                        row.try_get("version")?,
-                        row.try_get("lease_epoch")?,
-                    ),
-                ))
-            })
-            .collect()
-    }) {
-        Ok(rows) => rows,
-        Err(error) => {
-            let error = error.to_string();
-            return group
-                .iter()
-                .map(|job| {
-                    if accepted.contains(&job.append.id_text) {
-                        Ok(())
-                    } else {
-                        Err(group_failure(&error))
-                    }
-                })
-                .collect();
-        }
-    };
+    let rows = stored_states(pool, &refused).await;
     group
         .iter()
         .map(|AppendJob { append, .. }| {
             if accepted.contains(&append.id_text) {
                 return Ok(());
             }
+            let rows = rows.as_ref().map_err(|error| group_failure(error))?;
             let id = append.invocation_id;
-            let Some((state, version, epoch)) = rows.get(&append.id_text) else {
+            let Some(stored) = rows.get(&append.id_text) else {
                 return Err(StoreError::NotFound(id));
             };
-            append.check(
-                parse_state(state, id)?,
-                stored_u64(*version, "version", id)?,
-                stored_u64(*epoch, "lease_epoch", id)?,
-            )?;
+            let (state, version, lease_epoch) = decode_state(stored, id)?;
+            append.check(state, version, lease_epoch)?;
             Err(StoreError::Corrupt(format!(
                 "invocation {id}: the append was refused, yet its row passes every check"
             )))
+        })
+        .collect()
+}
+
+/// The rows of `ids` as they are now, by ID.
+async fn stored_states(
+    pool: &PgPool,
+    ids: &[&str],
+) -> Result<HashMap<String, StoredState>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT invocation_id::text AS invocation_id, state, version, lease_epoch \
+         FROM invocations WHERE invocation_id = ANY($1::uuid[])",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let stored = (
+                row.try_get("state")?,
+                row.try_get("version")?,
+                row.try_get("lease_epoch")?,
+            );
+            Ok((row.try_get("invocation_id")?, stored))
         })
         .collect()
 }

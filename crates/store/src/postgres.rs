@@ -3,8 +3,9 @@
 //! Appends are group-committed (`pg_commit`): the appends of many invocations that are
 //! ready at once go in one statement, whose `UPDATE` checks each row's state, version and
 //! lease epoch under its row lock, so a second writer of the same invocation waits for the
-//! first to commit, then sees the version it left and is refused. `claim` and
-//! `request_cancel` lock the row with `SELECT ... FOR UPDATE` for their read-check-write.
+//! first to commit, then sees the version it left and is refused. `claim` is one statement
+//! whose `UPDATE` holds its rule, and locks the row with `SELECT ... FOR UPDATE` only when
+//! another claim raced it; `request_cancel` locks the row for its read-check-write.
 //! `create` relies on the unique idempotency key instead: `INSERT ... ON CONFLICT
 //! (idempotency_key) DO NOTHING` waits for a concurrent insert of the same key to commit,
 //! then the existing row is selected.

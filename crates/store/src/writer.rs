@@ -61,8 +61,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::codec::{
-    EncodedAppend, fresh_record, idempotent_answer, parse_state, scoped_key, state_text,
-    stored_u64, time_to_i64, to_json,
+    EncodedAppend, StoredState, closed, decode_state, fresh_record, group_failure,
+    idempotent_answer, scoped_key, state_text, time_to_i64, to_json,
 };
 use crate::sqlite::{SELECT_INVOCATION, decode_invocation};
 use crate::{Append, Created, InvocationRecord, InvocationState, NewInvocation, StoreError};
@@ -345,17 +345,6 @@ impl WriterHold {
         let _ = self.release.send(());
         self.done.await.map_err(|_| closed())?
     }
-}
-
-fn closed() -> StoreError {
-    StoreError::Database(sqlx::Error::PoolClosed)
-}
-
-/// Every job of a group whose `COMMIT` failed gets its own copy of the error.
-fn group_failure(error: &sqlx::Error) -> StoreError {
-    StoreError::Database(sqlx::Error::Io(std::io::Error::other(format!(
-        "the group commit failed: {error}"
-    ))))
 }
 
 /// The writer loop: one group per turn of the loop, until closed or orphaned.
@@ -783,10 +772,6 @@ type Update<'a> = (
     bool,
 );
 
-/// An invocation row as read, decoded when an append names it (so a corrupt row fails
-/// only the appends to that invocation, with its ID in the message).
-type Stored = (String, i64, i64);
-
 /// Checks each append against the stored rows (read under the write lock) and the
 /// appends before it, then writes the accepted ones with one `INSERT` and one `UPDATE`.
 /// Returns one verdict per append; `Err` only when a statement fails.
@@ -800,7 +785,7 @@ async fn apply(
     let mut ids: Vec<&str> = appends.iter().map(|a| a.append.id_text.as_str()).collect();
     ids.sort_unstable();
     ids.dedup();
-    let mut stored: HashMap<String, Stored> = HashMap::with_capacity(ids.len());
+    let mut stored: HashMap<String, StoredState> = HashMap::with_capacity(ids.len());
     for chunk in chunks(&ids) {
         let sql = format!(
             "SELECT invocation_id, state, version, lease_epoch FROM invocations \
@@ -948,14 +933,12 @@ fn accept<'a>(
     }
 }
 
-fn decode(
-    (state, version, lease_epoch): &Stored,
-    invocation_id: Uuid,
-) -> Result<Current, StoreError> {
+fn decode(stored: &StoredState, invocation_id: Uuid) -> Result<Current, StoreError> {
+    let (state, version, lease_epoch) = decode_state(stored, invocation_id)?;
     Ok(Current {
-        state: parse_state(state, invocation_id)?,
-        version: stored_u64(*version, "version", invocation_id)?,
-        lease_epoch: stored_u64(*lease_epoch, "lease_epoch", invocation_id)?,
+        state,
+        version,
+        lease_epoch,
         update: None,
     })
 }
