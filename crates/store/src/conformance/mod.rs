@@ -915,11 +915,7 @@ pub async fn tenants_apart(store: Arc<dyn EventStore>) {
 
 /// Listings come newest first, page with `before`, and filter by state.
 pub async fn list_paging(store: Arc<dyn EventStore>) {
-    let mut ids = Vec::new();
-    for index in 0..7u64 {
-        let record = create_new(&*store, new_invocation(1_000 + index, None, "d")).await;
-        ids.push(record.invocation_id);
-    }
+    let ids = new_invocations(&*store, 7).await;
     // End the 2nd, 4th and 6th.
     for index in [1usize, 3, 5] {
         store
@@ -987,11 +983,7 @@ pub async fn list_paging(store: Arc<dyn EventStore>) {
 /// `running()` returns the not-ended invocations, oldest first, up to the limit, and
 /// pages after a given ID.
 pub async fn running_oldest_first(store: Arc<dyn EventStore>) {
-    let mut ids = Vec::new();
-    for index in 0..4u64 {
-        let record = create_new(&*store, new_invocation(1_000 + index, None, "d")).await;
-        ids.push(record.invocation_id);
-    }
+    let ids = new_invocations(&*store, 4).await;
     store
         .append(ids[1], append_of(0, 1, &[lookup_turn(1, 1)]))
         .await
