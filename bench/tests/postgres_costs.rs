@@ -1,9 +1,9 @@
 //! What the runtime asks of PostgreSQL, counted on the wire by the cluster bench's proxy:
 //! a group of turns is one statement whatever its size, a claim is one, a read of the log
-//! is one, and an effect the ledger records (prepared, dispatched, committed) is three. Beside them, sqlx's pool
-//! pings every connection it is given back (a bare `Sync` after the caller is done), so
-//! pings are bounded by the uses, not counted as the statements' round trips. Skips
-//! loudly without a server unless `AGENTLOOP_REQUIRE_POSTGRES=1`.
+//! is one, and an effect the ledger records (prepared, dispatched, committed) is three.
+//! Beside them, sqlx's pool pings every connection it is given back (a bare `Sync` after
+//! the caller is done), so pings are bounded by the uses, not counted as the statements'
+//! round trips. Skips loudly without a server unless `AGENTLOOP_REQUIRE_POSTGRES=1`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
