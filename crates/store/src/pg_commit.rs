@@ -18,7 +18,8 @@
 //! refuses it); only refusals pay that second round trip.
 //!
 //! **One append per invocation per group**: the `UPDATE` can change a row once, so a
-//! second append to an invocation already in the group waits for the next one.
+//! second append to an invocation already in the group waits for the next one, which
+//! starts once the groups in flight have committed, so appends keep their queue order.
 //!
 //! **Failures.** A statement the server rejects (a deadlock between two groups that share
 //! invocations, an event that breaks a constraint) wrote nothing; its appends are then
@@ -227,6 +228,14 @@ async fn lead(pool: PgPool, mut queue: mpsc::Receiver<Job>, counters: Arc<Counte
     let slots = Arc::new(Semaphore::new(COMMITTERS));
     let mut held = Vec::new();
     loop {
+        if !held.is_empty() {
+            // A held append goes in the next group, after the one that holds its
+            // invocation's earlier append has committed: appends keep their queue order.
+            let Ok(all) = slots.acquire_many(COMMITTERS as u32).await else {
+                break;
+            };
+            drop(all);
+        }
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             break;
         };
