@@ -35,6 +35,8 @@ pub(crate) struct Serving<'a> {
     pub(crate) listen: SocketAddr,
     /// Where `/metrics` is served.
     pub(crate) metrics: MetricsAt,
+    /// Where the HTTP/JSON API is served.
+    pub(crate) http: HttpAt,
     /// `--insecure-no-auth`.
     pub(crate) insecure_no_auth: bool,
 }
@@ -48,6 +50,41 @@ pub(crate) enum MetricsAt {
     Configured(Option<SocketAddr>),
 }
 
+/// Where `dev` serves the HTTP/JSON API unless told otherwise.
+pub(crate) const DEFAULT_HTTP: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 50080);
+
+/// Where the HTTP/JSON API is served.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum HttpAt {
+    /// Nowhere, whatever the file says: a command that runs one invocation and exits.
+    Nowhere,
+    /// As `dev --http` says; without the flag, the file's `http_listen`, else
+    /// [`DEFAULT_HTTP`].
+    Dev(Option<HttpFlag>),
+}
+
+/// `--http`: an address, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HttpFlag {
+    Off,
+    At(SocketAddr),
+}
+
+impl std::str::FromStr for HttpFlag {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "off" => Ok(HttpFlag::Off),
+            _ => text
+                .parse()
+                .map(HttpFlag::At)
+                .map_err(|_| format!("{text:?} is neither an address (host:port) nor off")),
+        }
+    }
+}
+
 impl Serving<'_> {
     /// A free loopback port, no `/metrics`, nothing else given: the orchestrator of a
     /// command that runs one invocation.
@@ -56,6 +93,7 @@ impl Serving<'_> {
             config: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics: MetricsAt::Nowhere,
+            http: HttpAt::Nowhere,
             insecure_no_auth: false,
         }
     }
@@ -114,13 +152,21 @@ pub(crate) fn configure(serving: Serving<'_>) -> Result<Configuration, BadConfig
     if let MetricsAt::Nowhere = serving.metrics {
         config.server.metrics_listen = None;
     }
+    config.http_listen = match serving.http {
+        HttpAt::Nowhere | HttpAt::Dev(Some(HttpFlag::Off)) => None,
+        HttpAt::Dev(Some(HttpFlag::At(address))) => Some(address),
+        HttpAt::Dev(None) => config.http_listen.or(Some(DEFAULT_HTTP)),
+    };
     // The flags are in `config` now, as overrides of its keys.
-    agentloop_server::exposure(
-        config.server.listen,
-        config.server.auth.is_on(),
-        config.server.insecure_no_auth,
-    )
-    .map_err(|e| bad(&e))?;
+    for address in std::iter::once(config.server.listen).chain(config.http_listen) {
+        agentloop_server::exposure(
+            address,
+            config.server.auth.is_on(),
+            config.server.insecure_no_auth,
+        )
+        .map_err(|e| bad(&e))?;
+    }
+    config.validate().map_err(|e| bad(&e))?;
     let telemetry = Telemetry::start(&resolved, Metrics::new()).map_err(|e| bad(&e))?;
     Ok(Configuration { config, telemetry })
 }

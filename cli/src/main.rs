@@ -18,7 +18,7 @@ use agentloop_bench as bench;
 use agentloop_stack::StackOptions;
 use agentloop_tools::ToolsConfig;
 use clap::{Args, Parser, Subcommand};
-use embedded::{Embedded, MetricsAt, Serving};
+use embedded::{Embedded, HttpAt, HttpFlag, MetricsAt, Serving};
 
 mod embedded;
 mod model;
@@ -74,6 +74,10 @@ enum Command {
         /// `metrics_listen`).
         #[arg(long, value_name = "ADDR")]
         metrics: Option<SocketAddr>,
+        /// Also serve the API as HTTP/JSON on this address, or `off`; without it, the
+        /// configuration's `http_listen`, else 127.0.0.1:50080.
+        #[arg(long, value_name = "ADDR|off")]
+        http: Option<HttpFlag>,
         /// Listen beyond loopback without authentication (no `[auth]`): anyone who
         /// reaches the port acts as any tenant.
         #[arg(long)]
@@ -464,6 +468,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             tools,
             config,
             metrics,
+            http,
             insecure_no_auth,
             policies,
             acceptance,
@@ -478,6 +483,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 config: config.as_deref(),
                 listen,
                 metrics: MetricsAt::Configured(metrics),
+                http: HttpAt::Dev(http),
                 insecure_no_auth,
             };
             let running = embedded::configure(serving)?.start(options).await?;
@@ -485,6 +491,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 "agentloop dev: the orchestrator on {}",
                 running.stack().endpoint()
             );
+            if let Some(endpoint) = running.stack().http_endpoint() {
+                println!("agentloop dev: the HTTP/JSON API on {endpoint}/v1/invocations");
+            }
             if let Some(address) = running.metrics_address() {
                 println!("agentloop dev: metrics on http://{address}/metrics");
             }

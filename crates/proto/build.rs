@@ -18,6 +18,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     // additions and removals, the file entries cover edits).
     println!("cargo:rerun-if-changed={PROTO_DIR}");
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed={PROTO_ROOT}/google");
 
     let mut files = Vec::new();
     for entry in fs::read_dir(PROTO_DIR)? {

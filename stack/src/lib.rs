@@ -20,6 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -521,12 +522,15 @@ impl StackOptions {
 #[derive(Debug)]
 pub struct Stack {
     endpoint: String,
+    /// Where the HTTP/JSON API is served, if it is.
+    http: Option<SocketAddr>,
     runtime: Runtime,
     api: Api,
     store: SqliteStore,
     services: Services,
     stop: CancellationToken,
     server: JoinHandle<Result<(), ServeError>>,
+    http_server: Option<JoinHandle<std::io::Result<()>>>,
     /// Held for the stack's life: one process per data directory.
     _lock: File,
 }
@@ -564,24 +568,43 @@ impl Stack {
         // The public port: the orchestrator's API alone, whatever the wiring.
         let api = Api::new(runtime.clone(), auth);
         let drained = runtime.clone();
+        let grpc = server::orchestrator(api.clone());
         let served = ServiceSet::new()
             .telemetry(&telemetry)
-            .add(server::orchestrator(api.clone()))
+            .add(grpc.clone())
             .drain(async move { drained.shutdown().await });
         let stop = CancellationToken::new();
         let stopped = stop.clone();
+        // The same API as HTTP/JSON, where the configuration says.
+        let (http, http_server) = match config.http_listen {
+            Some(address) => {
+                let listener = TcpListener::bind(address)
+                    .await
+                    .with_context(|| format!("cannot serve HTTP on {address}"))?;
+                let bound = listener.local_addr()?;
+                let gateway = agentloop_orchestrator::http_api(grpc)?;
+                let stopped = stop.clone();
+                let task = tokio::spawn(agentloop_http::serve(listener, gateway, async move {
+                    stopped.cancelled().await;
+                }));
+                (Some(bound), Some(task))
+            }
+            None => (None, None),
+        };
         let server = tokio::spawn(agentloop_server::serve(listener, served, async move {
             stopped.cancelled().await;
         }));
         runtime.resume().await?;
         Ok(Stack {
             endpoint,
+            http,
             runtime,
             api,
             store,
             services,
             stop,
             server,
+            http_server,
             _lock: lock,
         })
     }
@@ -594,6 +617,12 @@ impl Stack {
     /// Where each internal service is served: `Some` in the distributed wiring.
     pub fn endpoints(&self) -> Option<&Endpoints> {
         self.services.endpoints()
+    }
+
+    /// `http://127.0.0.1:PORT`: the HTTP/JSON API, when the orchestrator's
+    /// `http_listen` asked for it.
+    pub fn http_endpoint(&self) -> Option<String> {
+        self.http.map(|address| format!("http://{address}"))
     }
 
     /// The in-process runtime.
@@ -631,6 +660,9 @@ impl Stack {
     pub async fn stop(self) -> anyhow::Result<()> {
         self.stop.cancel();
         let served = self.server.await.context("the server task failed");
+        if let Some(http) = self.http_server {
+            http.await.context("the HTTP server task failed")??;
+        }
         let services = self.services.stop().await;
         self.store.close().await;
         served??;

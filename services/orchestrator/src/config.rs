@@ -1,6 +1,7 @@
 //! Orchestrator configuration: defaults, then a TOML file, then `AGENTLOOP_*`
 //! environment variables, then command-line flags (see `agentloop_server::config`).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use agentloop_auth::AuthConfig;
@@ -18,6 +19,9 @@ pub struct OrchestratorConfig {
     /// who reaches the port then acts as any tenant), `[telemetry]`, `[server_tls]`.
     #[serde(flatten)]
     pub server: ServerSettings<AuthConfig>,
+    /// Where the public API is also served as HTTP/JSON (`docs/http.md`); unset: not
+    /// served. Its callers are authenticated as the gRPC API's, by the same code.
+    pub http_listen: Option<SocketAddr>,
     /// Where the embedded event store keeps its files (unused with `database_url`).
     pub data_dir: PathBuf,
     /// A PostgreSQL event store (`postgres://…`) shared by several orchestrator
@@ -52,6 +56,7 @@ impl Default for OrchestratorConfig {
     fn default() -> Self {
         OrchestratorConfig {
             server: ServerSettings::on_port(50051),
+            http_listen: None,
             data_dir: PathBuf::from(".agentloop"),
             decision_endpoint: "http://127.0.0.1:50052".into(),
             policy_endpoint: "http://127.0.0.1:50053".into(),
@@ -128,6 +133,13 @@ impl OrchestratorConfig {
             return Err("tenants.start_burst needs tenants.starts_per_s".into());
         }
         self.server.auth.validate()?;
+        if self.http_listen.is_some() && self.server.server_tls.is_some() {
+            return Err(
+                "http_listen serves plain HTTP: with server_tls, terminate TLS in front of it \
+                 (an ingress or a sidecar) or leave http_listen unset"
+                    .into(),
+            );
+        }
         for (name, endpoint) in [
             ("decision_endpoint", &self.decision_endpoint),
             ("policy_endpoint", &self.policy_endpoint),

@@ -25,27 +25,76 @@ pub use service::Api;
 /// The public gRPC API of `runtime`, its callers authenticated by `auth` (`None`: nobody
 /// is, and every caller sees every tenant), with the message limits and compression of
 /// `agentloop_proto::server`.
-pub fn service(
-    runtime: &Runtime,
-    auth: Option<Authenticator>,
-) -> pb::orchestrator_service_server::OrchestratorServiceServer<Api> {
+pub fn service(runtime: &Runtime, auth: Option<Authenticator>) -> OrchestratorApi {
     agentloop_proto::server::orchestrator(Api::new(runtime.clone(), auth))
 }
 
-/// Serves `runtime` on `listener` (over `tls`, if given), its callers authenticated by
-/// `auth` (`None`: nobody is), until `shutdown` resolves, then drains: new invocations
-/// are refused, in-flight turns commit, running invocations park (they are handed off to
-/// another worker, or resume on the next start) and in-flight RPCs finish.
+/// The public API as HTTP/JSON ([`agentloop_http`]): every call goes through `service`,
+/// the gRPC API the orchestrator's listener serves, so both transports share one
+/// implementation, its authentication and its bounds.
+///
+/// # Errors
+///
+/// When the protos' `google.api.http` options cannot be served (a build defect).
+pub fn http_api(
+    service: OrchestratorApi,
+) -> Result<agentloop_http::Gateway<OrchestratorApi>, agentloop_http::RouteError> {
+    use tonic::server::NamedService;
+    agentloop_http::Gateway::new(
+        agentloop_proto::FILE_DESCRIPTOR_SET,
+        OrchestratorApi::NAME,
+        service,
+    )
+}
+
+/// The gRPC API as [`service`] serves it.
+pub type OrchestratorApi = pb::orchestrator_service_server::OrchestratorServiceServer<Api>;
+
+/// Serves `runtime` on `listener` (over `tls`, if given), and as HTTP/JSON on `http` if
+/// given, its callers authenticated by `auth` (`None`: nobody is), until `shutdown`
+/// resolves, then drains: new invocations are refused, in-flight turns commit, running
+/// invocations park (they are handed off to another worker, or resume on the next
+/// start) and in-flight RPCs finish.
 pub async fn run(
     listener: tokio::net::TcpListener,
+    http: Option<tokio::net::TcpListener>,
     runtime: Runtime,
     auth: Option<Authenticator>,
     tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), agentloop_server::ServeError> {
+) -> Result<(), RunError> {
+    use futures::FutureExt;
+    let api = service(&runtime, auth);
+    let gateway = http.is_some().then(|| http_api(api.clone())).transpose()?;
+    let shutdown = shutdown.shared();
+    let http = async {
+        match (http, gateway) {
+            (Some(listener), Some(gateway)) => {
+                agentloop_http::serve(listener, gateway, shutdown.clone()).await
+            }
+            (_, _) => Ok(()),
+        }
+    };
     let services = agentloop_server::ServiceSet::new()
         .tls(tls)
-        .add(service(&runtime, auth))
+        .add(api)
         .drain(async move { runtime.shutdown().await });
-    agentloop_server::serve(listener, services, shutdown).await
+    let grpc = agentloop_server::serve(listener, services, shutdown.clone());
+    let (grpc, http) = tokio::join!(grpc, http);
+    grpc?;
+    Ok(http?)
+}
+
+/// Why [`run`] stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The gRPC server failed.
+    #[error(transparent)]
+    Grpc(#[from] agentloop_server::ServeError),
+    /// The HTTP/JSON routes could not be built.
+    #[error("the HTTP/JSON API: {0}")]
+    Routes(#[from] agentloop_http::RouteError),
+    /// The HTTP/JSON server failed.
+    #[error("the HTTP/JSON API: {0}")]
+    Http(#[from] std::io::Error),
 }

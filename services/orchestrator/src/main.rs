@@ -95,9 +95,23 @@ async fn serve(started: Started<OrchestratorConfig, ()>) -> anyhow::Result<()> {
         tls.load()
             .unwrap_or_else(|error| SERVICE.exit_bad_config(&error))
     });
+    let http = match config.http_listen {
+        Some(address) => {
+            agentloop_server::exposure(address, auth.is_some(), config.server.insecure_no_auth)
+                .unwrap_or_else(|error| SERVICE.exit_bad_config(&error));
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .unwrap_or_else(|error| {
+                    SERVICE.exit_bad_config(&format!("cannot listen on {address}: {error}"))
+                });
+            tracing::info!(%address, "HTTP/JSON API listening");
+            Some(listener)
+        }
+        None => None,
+    };
     let runtime = Runtime::new(config.runtime(), store, ports, workers, telemetry.clone());
     tracing::info!(worker = runtime.worker_id(), "worker started");
     runtime.resume().await?;
     let shutdown = agentloop_server::shutdown_signal();
-    Ok(agentloop_orchestrator::run(listener, runtime, auth, tls, shutdown).await?)
+    Ok(agentloop_orchestrator::run(listener, http, runtime, auth, tls, shutdown).await?)
 }

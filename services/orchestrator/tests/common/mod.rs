@@ -205,7 +205,7 @@ impl Cluster {
         let shutdown = CancellationToken::new();
         let (o, s) = (runtime.clone(), shutdown.clone());
         let server = tokio::spawn(async move {
-            agentloop_orchestrator::run(l, o, None, None, s.cancelled_owned())
+            agentloop_orchestrator::run(l, None, o, None, None, s.cancelled_owned())
                 .await
                 .unwrap();
         });
