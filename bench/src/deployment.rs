@@ -441,9 +441,14 @@ pub(crate) fn hex_secret() -> String {
 }
 
 /// The orchestrator's configuration for the workload: budgets that fit T turns exactly,
-/// and room for N invocations at once.
+/// room for N invocations at once, and the HTTP/JSON API served beside the gRPC one, as
+/// `agentloop dev` serves it (the workload calls gRPC; what the listener costs idle is
+/// measured).
 pub(crate) fn orchestrator_config(options: &BenchOptions) -> OrchestratorConfig {
-    let mut config = OrchestratorConfig::default();
+    let mut config = OrchestratorConfig {
+        http_listen: Some(([127, 0, 0, 1], 0).into()),
+        ..OrchestratorConfig::default()
+    };
     let tool_calls = 2 * options.turns.saturating_sub(1);
     config.limits.max_steps = options.turns;
     config.limits.max_tool_calls = tool_calls;
