@@ -1,8 +1,8 @@
 //! The public API over both of its transports: each scenario runs once over gRPC and once
 //! over HTTP/JSON (`http_listen`), against the one implementation of each RPC, and must
 //! see the same answers, the same errors and the same tenancy. Then what only HTTP has:
-//! its routes' own refusals (no route, wrong method, a body too large), Server-Sent
-//! Events, and the OpenAPI document it serves.
+//! its own refusals (no route, wrong method, a body too large, another site's page),
+//! Server-Sent Events, and the OpenAPI document it serves.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -690,6 +690,24 @@ async fn http_refuses_what_is_no_request_and_serves_its_openapi_document() {
         .await
         .unwrap();
     assert_eq!(huge.status(), 413);
+
+    // Another site's page cannot start a run through the visitor's browser, nor reach the
+    // loopback listener under a name it rebound to 127.0.0.1.
+    let forged = client
+        .post(format!("{base}/v1/invocations"))
+        .header("origin", "http://evil.example")
+        .body(r#"{"goal": "x"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+    let rebound = client
+        .get(format!("{base}/v1/invocations"))
+        .header("host", "evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 403);
 
     // Nothing of the refused requests was started.
     let mut grpc = system.client().await;

@@ -19,10 +19,14 @@
 //! - **A server stream** (WatchInvocation) is Server-Sent Events: one `data:` line of JSON
 //!   per message; a stream that fails ends with an `event: error` whose data is the
 //!   status.
+//! - **Browsers** (`origin`): a state-changing request from another site's page is
+//!   refused, and so, on a loopback listener, is a host name that is not a loopback one
+//!   (DNS rebinding); with authentication off a page could otherwise drive the API.
 //! - **The OpenAPI 3 document** of the routes is generated from the same descriptors and
 //!   served at `/v1/openapi.json`.
 
 mod openapi;
+mod origin;
 mod routes;
 mod transcode;
 
@@ -117,6 +121,8 @@ impl<S> Grpc for S where
 pub struct Gateway<S> {
     shared: Arc<Shared>,
     grpc: S,
+    /// Served on a loopback address: only loopback host names are answered.
+    loopback: bool,
 }
 
 #[derive(Debug)]
@@ -141,6 +147,7 @@ impl<S: Grpc> Gateway<S> {
         Ok(Gateway {
             shared: Arc::new(Shared { routes, openapi }),
             grpc,
+            loopback: false,
         })
     }
 
@@ -152,6 +159,10 @@ impl<S: Grpc> Gateway<S> {
         B::Error: std::error::Error + Send + Sync + 'static,
     {
         let (parts, body) = request.into_parts();
+        if let Err(status) = origin::check(&parts.method, &parts.uri, &parts.headers, self.loopback)
+        {
+            return error(&status);
+        }
         let path = parts.uri.path();
         if path == OPENAPI_PATH && parts.method == Method::GET {
             return respond(
@@ -367,9 +378,12 @@ fn error(status: &Status) -> Response<Body> {
 /// `select!`s.
 pub async fn serve<S: Grpc>(
     listener: TcpListener,
-    gateway: Gateway<S>,
+    mut gateway: Gateway<S>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
+    gateway.loopback = listener
+        .local_addr()
+        .is_ok_and(|address| address.ip().is_loopback());
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
