@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use futures::StreamExt;
 
 use crate::exit;
-use crate::view::{EventView, Summary, Waiting, reason_of};
+use crate::view::{EventView, Row, Summary, Waiting, reason_of};
 
 /// The demo's example: two parallel read-only lookups, then an answer built from them,
 /// citing both.
@@ -174,6 +174,9 @@ pub struct Follow {
     /// Appended to the printed commands that resume a waiting invocation, so they reach
     /// the same orchestrator (`--server URL`) or data directory (`--data-dir DIR`).
     pub resume_flags: String,
+    /// Only watching (`agentloop watch`): every event is printed to stdout as it commits
+    /// (text, or JSON lines), and Ctrl-C stops watching instead of cancelling.
+    pub watcher: bool,
 }
 
 /// Starts an invocation and follows it: live progress on a terminal, then the summary.
@@ -257,6 +260,11 @@ pub async fn follow_to_end(
             tokio::select! {
                 signal = &mut ctrl_c => {
                     signal.context("cannot listen for Ctrl-C")?;
+                    if follow.watcher && !waiting {
+                        progress.clear();
+                        eprintln!("agentloop: stopped watching; invocation {id} goes on");
+                        return Ok(exit::INTERRUPTED);
+                    }
                     if waiting {
                         // Nothing runs: leave it waiting for its human.
                         progress.clear();
@@ -292,7 +300,10 @@ pub async fn follow_to_end(
                         if view.kind == "turn" {
                             turn_events += 1;
                         }
-                        progress.show(&view, started.elapsed());
+                        match follow.watcher {
+                            true => print_events(std::slice::from_ref(&event), follow.json)?,
+                            false => progress.show(&view, started.elapsed()),
+                        }
                         waiting = view.kind == "waiting";
                         if view.kind == "ended" {
                             break 'watch;
@@ -376,6 +387,52 @@ fn print_events(events: &[pb::Event], json: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The most invocations `list` asks for in one page.
+const LIST_PAGE: usize = 200;
+
+/// `list`: the invocations the caller may see, newest first, at most `limit`; only those
+/// in `state` unless it is unspecified.
+pub async fn list(
+    server: Server<'_>,
+    state: pb::InvocationState,
+    limit: usize,
+    json: bool,
+) -> anyhow::Result<u8> {
+    let mut orchestrator = client(server).await?;
+    let mut rows = Vec::new();
+    let mut page_token = String::new();
+    while rows.len() < limit {
+        let page = orchestrator
+            .list_invocations(pb::ListInvocationsRequest {
+                page_size: u32::try_from((limit - rows.len()).min(LIST_PAGE)).unwrap_or(0),
+                page_token,
+                state: state.into(),
+            })
+            .await
+            .map_err(|s| status("cannot list the invocations", s))?
+            .into_inner();
+        rows.extend(page.invocations.iter().map(Row::of));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    rows.truncate(limit);
+    let mut stdout = std::io::stdout().lock();
+    if !json && rows.is_empty() {
+        writeln!(stdout, "no invocations")?;
+    }
+    for row in &rows {
+        if json {
+            serde_json::to_writer(&mut stdout, row)?;
+            writeln!(stdout)?;
+        } else {
+            writeln!(stdout, "{}", row.render())?;
+        }
+    }
+    Ok(0)
 }
 
 /// `show` against a running orchestrator: the events committed so far.

@@ -14,6 +14,9 @@ pub const BAD_CONFIG: u8 = 78;
 pub const POLICY_REQUIRE_APPROVAL: u8 = 3;
 /// `policy check`: the call may not run.
 pub const POLICY_DENY: u8 = 4;
+/// `watch` stopped by Ctrl-C while the invocation goes on (128 + SIGINT, as a shell
+/// reports it).
+pub const INTERRUPTED: u8 = 130;
 
 /// The exit code of an invocation that ended with `reason`.
 pub fn code(reason: TerminalReason) -> u8 {

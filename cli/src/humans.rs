@@ -11,6 +11,7 @@ use anyhow::{Context, bail};
 use crate::client::{self, Follow, Server, get, status};
 use crate::exit;
 use crate::view::Waiting;
+use crate::view::state_name;
 
 /// Most waiting invocations `pending` lists.
 const MAX_PENDING: usize = 1_000;
@@ -202,20 +203,4 @@ fn confirm(question: &str) -> anyhow::Result<bool> {
         line.trim().to_ascii_lowercase().as_str(),
         "y" | "yes"
     ))
-}
-
-fn state_name(invocation: &pb::Invocation) -> String {
-    match invocation.state() {
-        pb::InvocationState::Running | pb::InvocationState::Pending => "running".into(),
-        pb::InvocationState::Waiting => {
-            format!(
-                "waiting: {}",
-                crate::view::reason_name(invocation.terminal_reason)
-            )
-        }
-        pb::InvocationState::Ended | pb::InvocationState::Unspecified => format!(
-            "ended: {}",
-            crate::view::reason_name(invocation.terminal_reason)
-        ),
-    }
 }

@@ -11,10 +11,12 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Instant;
 
 use agentloop::client::{self, RunOptions};
 use agentloop::{effects, exit, humans, policy};
 use agentloop_bench as bench;
+use agentloop_proto::v1 as pb;
 use agentloop_stack::StackOptions;
 use agentloop_tools::ToolsConfig;
 use clap::{Args, Parser, Subcommand};
@@ -101,6 +103,37 @@ enum Command {
         #[arg(long)]
         server: Option<String>,
         /// JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Lists invocations, newest first: state, turns, calls and goal.
+    List {
+        /// A running orchestrator; without it, the embedded one over the data directory.
+        #[arg(long)]
+        server: Option<String>,
+        /// Only invocations in this state.
+        #[arg(long, value_enum)]
+        state: Option<StateFilter>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Follows an invocation from any process: each event as it commits, then the
+    /// summary; the exit code is its terminal reason's. Ctrl-C stops watching and leaves
+    /// it running.
+    Watch {
+        /// The invocation.
+        id: String,
+        /// A running orchestrator; without it, the embedded one over the data directory.
+        #[arg(long)]
+        server: Option<String>,
+        /// The first event to show (1: from the start).
+        #[arg(long, default_value_t = 1)]
+        from_seq: u64,
+        /// JSON lines instead of text: each event, then the summary.
         #[arg(long)]
         json: bool,
     },
@@ -547,6 +580,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                         json: args.json,
                         on_wait,
                         resume_flags: format!(" --server {endpoint}"),
+                        watcher: false,
                     };
                     client::run(server(&endpoint, cli.token.as_deref()), options, follow).await
                 }
@@ -581,6 +615,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                         json: args.json,
                         on_wait,
                         resume_flags,
+                        watcher: false,
                     };
                     let result =
                         client::run(server(&endpoint, cli.token.as_deref()), options, follow).await;
@@ -599,6 +634,38 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             }
             None => client::show_local(&cli.data_dir, &id, json).await,
         },
+        Command::List {
+            server: endpoint,
+            state,
+            limit,
+            json,
+        } => {
+            let target = Target::open(endpoint, cli.token, &cli.data_dir, Vec::new(), None).await?;
+            let state = state.map_or(pb::InvocationState::Unspecified, StateFilter::wire);
+            let result = client::list(target.server(), state, limit, json).await;
+            target.close().await?;
+            result
+        }
+        Command::Watch {
+            id,
+            server: endpoint,
+            from_seq,
+            json,
+        } => {
+            let target = Target::open(endpoint, cli.token, &cli.data_dir, Vec::new(), None).await?;
+            let follow = client::Follow {
+                watcher: true,
+                ..target.follow(json, Some(client::OnWait::Follow))
+            };
+            let result = async {
+                let mut orchestrator = client::client(target.server()).await?;
+                client::follow_to_end(&mut orchestrator, &id, from_seq, Instant::now(), &follow)
+                    .await
+            }
+            .await;
+            target.close().await?;
+            result
+        }
         Command::Pending {
             server: endpoint,
             json,
@@ -828,11 +895,30 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 json,
                 on_wait: client::OnWait::Exit,
                 resume_flags,
+                watcher: false,
             };
             let result =
                 client::run(server(&endpoint, cli.token.as_deref()), options, follow).await;
             running.stop().await?;
             result
+        }
+    }
+}
+
+/// `list --state`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum StateFilter {
+    Running,
+    Waiting,
+    Ended,
+}
+
+impl StateFilter {
+    fn wire(self) -> pb::InvocationState {
+        match self {
+            StateFilter::Running => pb::InvocationState::Running,
+            StateFilter::Waiting => pb::InvocationState::Waiting,
+            StateFilter::Ended => pb::InvocationState::Ended,
         }
     }
 }
@@ -934,6 +1020,7 @@ impl Target {
             json,
             on_wait: on_wait.unwrap_or_else(client::OnWait::default_for_terminal),
             resume_flags: self.resume_flags.clone(),
+            watcher: false,
         }
     }
 

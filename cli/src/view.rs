@@ -130,6 +130,67 @@ pub fn reason_name(reason: i32) -> String {
         .map_or_else(|| format!("unknown({reason})"), |r| r.as_str().to_owned())
 }
 
+/// An invocation's state as people read it: `running`, `waiting: <reason>`,
+/// `ended: <reason>`.
+pub fn state_name(invocation: &pb::Invocation) -> String {
+    match invocation.state() {
+        pb::InvocationState::Running | pb::InvocationState::Pending => "running".into(),
+        pb::InvocationState::Waiting => {
+            format!("waiting: {}", reason_name(invocation.terminal_reason))
+        }
+        pb::InvocationState::Ended | pb::InvocationState::Unspecified => {
+            format!("ended: {}", reason_name(invocation.terminal_reason))
+        }
+    }
+}
+
+/// One invocation in `agentloop list`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    /// The invocation.
+    pub invocation_id: String,
+    /// As [`state_name`] gives it.
+    pub state: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// When it was created, in milliseconds since the epoch.
+    pub created_at_ms: i64,
+    /// Turns committed.
+    pub steps: u32,
+    /// Tool calls that got a result.
+    pub tool_calls: u32,
+    /// The task, as given.
+    pub goal: String,
+}
+
+impl Row {
+    /// The row of `invocation`.
+    pub fn of(invocation: &pb::Invocation) -> Row {
+        let usage = invocation.usage.unwrap_or_default();
+        Row {
+            invocation_id: invocation.invocation_id.clone(),
+            state: state_name(invocation),
+            tenant: invocation.tenant.clone(),
+            created_at_ms: millis(invocation.created_at.as_ref()),
+            steps: usage.steps,
+            tool_calls: usage.tool_calls,
+            goal: invocation.goal.clone(),
+        }
+    }
+
+    /// One line: the ID, the state, the turns and calls, the goal's start.
+    pub fn render(&self) -> String {
+        format!(
+            "{}  {:<36}  steps={:<3} calls={:<3} {}",
+            self.invocation_id,
+            self.state,
+            self.steps,
+            self.tool_calls,
+            one_line(&self.goal, 60)
+        )
+    }
+}
+
 /// The engine reason of a wire reason, if it is one.
 pub fn reason_of(reason: i32) -> Option<TerminalReason> {
     pb::TerminalReason::try_from(reason)

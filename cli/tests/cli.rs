@@ -298,3 +298,72 @@ fn an_approval_given_later_resumes_under_the_runs_acceptance_rules() {
         .collect();
     assert!(names.contains(&"transfer_recorded"), "{names:?}");
 }
+
+#[test]
+fn list_shows_each_run_and_watch_follows_one_to_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let demo = agentloop(&data, &["demo", "--json"]);
+    assert_eq!(demo.status.code(), Some(0), "{}", stderr(&demo));
+    let summary: serde_json::Value = serde_json::from_str(&stdout(&demo)).unwrap();
+    let completed = summary["invocation_id"].as_str().unwrap().to_owned();
+    let script = dir.path().join("ask.json");
+    std::fs::write(
+        &script,
+        r#"{"turns": [{"clarification": "Which account?"}, {"final": "ok"}]}"#,
+    )
+    .unwrap();
+    let asked = agentloop(
+        &data,
+        &[
+            "run",
+            "--script",
+            script.to_str().unwrap(),
+            "--goal",
+            "ask first",
+            "--on-wait",
+            "exit",
+        ],
+    );
+    assert_eq!(asked.status.code(), Some(11), "{}", stderr(&asked));
+
+    let rows = |args: &[&str]| -> Vec<serde_json::Value> {
+        let listed = agentloop(&data, args);
+        assert_eq!(listed.status.code(), Some(0), "{}", stderr(&listed));
+        stdout(&listed)
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    };
+    let all = rows(&["list", "--json"]);
+    assert_eq!(all.len(), 2, "{all:?}");
+    // Newest first.
+    assert_eq!(all[0]["state"], "waiting: clarification_required");
+    assert_eq!(all[0]["goal"], "ask first");
+    assert_eq!(all[1]["invocation_id"], completed.as_str());
+    assert_eq!(all[1]["state"], "ended: completed");
+    assert_eq!(all[1]["steps"], 2);
+    let waiting = rows(&["list", "--state", "waiting", "--json"]);
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(waiting[0]["goal"], "ask first");
+    assert_eq!(rows(&["list", "--limit", "1", "--json"]).len(), 1);
+    let text = agentloop(&data, &["list"]);
+    assert!(stdout(&text).contains(&completed), "{}", stdout(&text));
+
+    let watched = agentloop(&data, &["watch", &completed]);
+    assert_eq!(watched.status.code(), Some(0), "{}", stderr(&watched));
+    let text = stdout(&watched);
+    assert!(text.contains("lookup(call-profile)"), "{text}");
+    assert!(text.contains("ended    completed"), "{text}");
+    let json = agentloop(&data, &["watch", &completed, "--from-seq", "2", "--json"]);
+    let lines: Vec<serde_json::Value> = stdout(&json)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    // Events 2 (the final turn) and 3 (its end), then the summary.
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines[0]["seq"], 2);
+    assert_eq!(lines[1]["kind"], "ended");
+    assert_eq!(lines[2]["invocation_id"], completed.as_str());
+    assert_eq!(lines[2]["reason"], "completed");
+}
