@@ -128,7 +128,8 @@ pub struct Gateway<S> {
 #[derive(Debug)]
 struct Shared {
     routes: Routes,
-    openapi: Bytes,
+    /// Made on its first request: most processes never serve it.
+    openapi: std::sync::OnceLock<Bytes>,
 }
 
 impl<S: Grpc> Gateway<S> {
@@ -142,10 +143,11 @@ impl<S: Grpc> Gateway<S> {
     pub fn new(descriptors: &[u8], service: &str, grpc: S) -> Result<Gateway<S>, RouteError> {
         let pool = DescriptorPool::decode(descriptors)?;
         let routes = Routes::of(&pool, service)?;
-        let document = openapi::document(&routes);
-        let openapi = Bytes::from(serde_json::to_vec_pretty(&document).unwrap_or_default());
         Ok(Gateway {
-            shared: Arc::new(Shared { routes, openapi }),
+            shared: Arc::new(Shared {
+                routes,
+                openapi: std::sync::OnceLock::new(),
+            }),
             grpc,
             loopback: false,
         })
@@ -165,11 +167,11 @@ impl<S: Grpc> Gateway<S> {
         }
         let path = parts.uri.path();
         if path == OPENAPI_PATH && parts.method == Method::GET {
-            return respond(
-                StatusCode::OK,
-                "application/json",
-                self.shared.openapi.clone(),
-            );
+            let document = self.shared.openapi.get_or_init(|| {
+                let document = openapi::document(&self.shared.routes);
+                Bytes::from(serde_json::to_vec_pretty(&document).unwrap_or_default())
+            });
+            return respond(StatusCode::OK, "application/json", document.clone());
         }
         let (route, bound) = match self.shared.routes.find(&parts.method, path) {
             Found::Route(route, bound) => (route, bound),
