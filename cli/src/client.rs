@@ -389,8 +389,60 @@ fn print_events(events: &[pb::Event], json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The most invocations `list` asks for in one page.
+/// The most invocations asked for in one page.
 const LIST_PAGE: usize = 200;
+
+/// The invocations the caller may see, newest first, at most `limit`; only those in
+/// `state` unless it is unspecified.
+pub(crate) async fn invocations(
+    orchestrator: &mut OrchestratorServiceClient<Transport>,
+    state: pb::InvocationState,
+    limit: usize,
+) -> anyhow::Result<Vec<pb::Invocation>> {
+    let mut invocations = Vec::new();
+    let mut page_token = String::new();
+    while invocations.len() < limit {
+        let page = orchestrator
+            .list_invocations(pb::ListInvocationsRequest {
+                page_size: u32::try_from((limit - invocations.len()).min(LIST_PAGE)).unwrap_or(0),
+                page_token,
+                state: state.into(),
+            })
+            .await
+            .map_err(|s| status("cannot list the invocations", s))?
+            .into_inner();
+        invocations.extend(page.invocations);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    invocations.truncate(limit);
+    Ok(invocations)
+}
+
+/// Prints `rows`, one per line: as JSON, or as `render` says; `none` when there are none
+/// (as text).
+pub(crate) fn print_rows<T: serde::Serialize>(
+    rows: &[T],
+    json: bool,
+    none: &str,
+    render: impl Fn(&T) -> String,
+) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    if !json && rows.is_empty() {
+        writeln!(stdout, "{none}")?;
+    }
+    for row in rows {
+        if json {
+            serde_json::to_writer(&mut stdout, row)?;
+            writeln!(stdout)?;
+        } else {
+            writeln!(stdout, "{}", render(row))?;
+        }
+    }
+    Ok(())
+}
 
 /// `list`: the invocations the caller may see, newest first, at most `limit`; only those
 /// in `state` unless it is unspecified.
@@ -401,37 +453,12 @@ pub async fn list(
     json: bool,
 ) -> anyhow::Result<u8> {
     let mut orchestrator = client(server).await?;
-    let mut rows = Vec::new();
-    let mut page_token = String::new();
-    while rows.len() < limit {
-        let page = orchestrator
-            .list_invocations(pb::ListInvocationsRequest {
-                page_size: u32::try_from((limit - rows.len()).min(LIST_PAGE)).unwrap_or(0),
-                page_token,
-                state: state.into(),
-            })
-            .await
-            .map_err(|s| status("cannot list the invocations", s))?
-            .into_inner();
-        rows.extend(page.invocations.iter().map(Row::of));
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        page_token = page.next_page_token;
-    }
-    rows.truncate(limit);
-    let mut stdout = std::io::stdout().lock();
-    if !json && rows.is_empty() {
-        writeln!(stdout, "no invocations")?;
-    }
-    for row in &rows {
-        if json {
-            serde_json::to_writer(&mut stdout, row)?;
-            writeln!(stdout)?;
-        } else {
-            writeln!(stdout, "{}", row.render())?;
-        }
-    }
+    let rows: Vec<Row> = invocations(&mut orchestrator, state, limit)
+        .await?
+        .iter()
+        .map(Row::of)
+        .collect();
+    print_rows(&rows, json, "no invocations", Row::render)?;
     Ok(0)
 }
 

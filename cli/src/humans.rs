@@ -19,41 +19,16 @@ const MAX_PENDING: usize = 1_000;
 /// `pending`: every invocation that waits for a human, oldest wait first.
 pub async fn pending(server: Server<'_>, json: bool, resume_flags: &str) -> anyhow::Result<u8> {
     let mut orchestrator = client::client(server).await?;
-    let mut waiting = Vec::new();
-    let mut page_token = String::new();
-    loop {
-        let page = orchestrator
-            .list_invocations(pb::ListInvocationsRequest {
-                page_size: 200,
-                page_token,
-                state: pb::InvocationState::Waiting.into(),
-            })
-            .await
-            .map_err(|s| status("cannot list the invocations", s))?
-            .into_inner();
-        waiting.extend(
-            page.invocations
-                .iter()
-                .filter_map(|invocation| Waiting::of(invocation, resume_flags)),
-        );
-        if page.next_page_token.is_empty() || waiting.len() >= MAX_PENDING {
-            break;
-        }
-        page_token = page.next_page_token;
-    }
+    let mut waiting: Vec<Waiting> =
+        client::invocations(&mut orchestrator, pb::InvocationState::Waiting, MAX_PENDING)
+            .await?
+            .iter()
+            .filter_map(|invocation| Waiting::of(invocation, resume_flags))
+            .collect();
     waiting.sort_by_key(|w| w.since_ms);
-    let mut stdout = std::io::stdout().lock();
-    if !json && waiting.is_empty() {
-        writeln!(stdout, "nothing waits for a human")?;
-    }
-    for entry in &waiting {
-        if json {
-            serde_json::to_writer(&mut stdout, entry)?;
-            writeln!(stdout)?;
-        } else {
-            writeln!(stdout, "{}\n", entry.render())?;
-        }
-    }
+    client::print_rows(&waiting, json, "nothing waits for a human", |entry| {
+        format!("{}\n", entry.render())
+    })?;
     Ok(0)
 }
 

@@ -210,6 +210,24 @@ impl Caller {
         }
     }
 
+    /// Starts a scripted run; its ID.
+    async fn start_script(&mut self, script: &str) -> String {
+        self.start(start_request(script))
+            .await
+            .unwrap()
+            .invocation
+            .unwrap()
+            .invocation_id
+    }
+
+    /// Starts a run that waits for a human, and watches it until it does.
+    async fn start_waiting(&mut self, script: &str) -> (String, Watch) {
+        let id = self.start_script(script).await;
+        let mut watch = self.watch(&id, 1).await.unwrap();
+        watch.until(&pool(), waiting).await;
+        (id, watch)
+    }
+
     async fn get(&mut self, id: &str) -> Result<pb::Invocation, Status> {
         let response: pb::GetInvocationResponse = match self {
             Caller::Grpc(client) => client
@@ -470,15 +488,7 @@ async fn a_run_is_started_watched_listed_and_read(via: Via) {
 async fn an_approved_write_is_applied_exactly_once(via: Via) {
     let system = system(OrchestratorConfig::default()).await;
     let mut caller = caller(&system, via, None).await;
-    let id = caller
-        .start(start_request(APPROVE_THEN_FINAL))
-        .await
-        .unwrap()
-        .invocation
-        .unwrap()
-        .invocation_id;
-    let mut watch = caller.watch(&id, 1).await.unwrap();
-    watch.until(&pool(), waiting).await;
+    let (id, mut watch) = caller.start_waiting(APPROVE_THEN_FINAL).await;
     let pending = caller.get(&id).await.unwrap();
     assert_eq!(pending.state(), pb::InvocationState::Waiting);
     let approval = pending.pending_approval.expect("waits for an approval");
@@ -513,13 +523,7 @@ async fn a_cancel_ends_a_running_invocation(via: Via) {
     let system = system(OrchestratorConfig::default()).await;
     let mut caller = caller(&system, via, None).await;
     let mut stats = system.executor().watch_stats();
-    let id = caller
-        .start(start_request(SLEEPING))
-        .await
-        .unwrap()
-        .invocation
-        .unwrap()
-        .invocation_id;
+    let id = caller.start_script(SLEEPING).await;
     stats.wait_for(|s| s.sleeps_started == 1).await.unwrap();
     let mut watch = caller.watch(&id, 1).await.unwrap();
     caller.cancel(&id).await.unwrap();
@@ -550,13 +554,7 @@ async fn errors_are_the_same_status(via: Via) {
     );
     // A watch of a running invocation from beyond its next event: refused at once.
     let mut stats = system.executor().watch_stats();
-    let id = caller
-        .start(start_request(SLEEPING))
-        .await
-        .unwrap()
-        .invocation
-        .unwrap()
-        .invocation_id;
+    let id = caller.start_script(SLEEPING).await;
     stats.wait_for(|s| s.sleeps_started == 1).await.unwrap();
     let beyond = match caller.watch(&id, 99).await {
         Ok(mut watch) => watch.next(&pool()).await.unwrap().unwrap_err(),
@@ -579,15 +577,7 @@ async fn tenants_and_roles_hold(via: Via) {
     let mut as_mallory = caller(&system, via, Some(&mallory)).await;
     let mut anonymous = caller(&system, via, None).await;
 
-    let id = as_alice
-        .start(start_request(APPROVE_THEN_FINAL))
-        .await
-        .unwrap()
-        .invocation
-        .unwrap()
-        .invocation_id;
-    let mut watch = as_alice.watch(&id, 1).await.unwrap();
-    watch.until(&pool(), waiting).await;
+    let (id, mut watch) = as_alice.start_waiting(APPROVE_THEN_FINAL).await;
 
     assert_eq!(
         anonymous.get(&id).await.unwrap_err().code(),
