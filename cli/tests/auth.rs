@@ -105,7 +105,15 @@ fn dev_with_auth_serves_only_callers_with_a_token() {
 fn dev_refuses_a_public_port_without_authentication() {
     let dir = tempfile::tempdir().unwrap();
     let output = agentloop(dir.path())
-        .args(["--data-dir", "data", "dev", "--listen", "0.0.0.0:0"])
+        .args([
+            "--data-dir",
+            "data",
+            "dev",
+            "--listen",
+            "0.0.0.0:0",
+            "--http",
+            "off",
+        ])
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(78), "{}", stderr(&output));
@@ -117,7 +125,15 @@ fn dev_refuses_a_public_port_without_authentication() {
     // A bad [auth] is the operator's to fix too.
     std::fs::write(dir.path().join("bad.toml"), "[auth]\nmode = \"jwt\"\n").unwrap();
     let output = agentloop(dir.path())
-        .args(["--data-dir", "data", "dev", "--config", "bad.toml"])
+        .args([
+            "--data-dir",
+            "data",
+            "dev",
+            "--config",
+            "bad.toml",
+            "--http",
+            "off",
+        ])
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(78), "{}", stderr(&output));

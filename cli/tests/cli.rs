@@ -6,7 +6,7 @@ mod common;
 
 use std::process::{Command, Output};
 
-use common::{stderr, stdout};
+use common::{dev, stderr, stdout};
 
 fn agentloop(data_dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_agentloop"))
@@ -366,4 +366,26 @@ fn list_shows_each_run_and_watch_follows_one_to_its_end() {
     assert_eq!(lines[1]["kind"], "ended");
     assert_eq!(lines[2]["invocation_id"], completed.as_str());
     assert_eq!(lines[2]["reason"], "completed");
+}
+
+#[test]
+fn dev_prints_where_it_serves_http_and_serves_the_api_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut running, _grpc) = dev(dir.path(), &["--http", "127.0.0.1:0"]);
+    let line = running.line();
+    let url = line
+        .strip_prefix("agentloop dev: the HTTP/JSON API on http://")
+        .unwrap_or_else(|| panic!("no HTTP URL in {line:?}"));
+    let address = url.strip_suffix("/v1/invocations").unwrap();
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    use std::io::{Read, Write};
+    write!(
+        stream,
+        "GET /v1/invocations HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("application/json"), "{answer}");
 }

@@ -108,7 +108,15 @@ fn dev_serves_metrics_where_told_and_they_move() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("s.json"), SCRIPT).unwrap();
     let mut child = agentloop(dir.path())
-        .args(["--data-dir", "data", "dev", "--listen", "127.0.0.1:0"])
+        .args([
+            "--data-dir",
+            "data",
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--http",
+            "off",
+        ])
         .args(["--metrics", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -164,7 +172,15 @@ fn a_metrics_address_that_cannot_be_bound_is_a_bad_configuration() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = taken.local_addr().unwrap().to_string();
     let output = agentloop(dir.path())
-        .args(["--data-dir", "data", "dev", "--listen", "127.0.0.1:0"])
+        .args([
+            "--data-dir",
+            "data",
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--http",
+            "off",
+        ])
         .args(["--metrics", &address])
         .stdin(Stdio::null())
         .output()

@@ -31,7 +31,16 @@ pub(crate) fn agentloop(dir: &Path) -> Command {
 /// would end it at its next line.
 pub(crate) struct Dev {
     child: Child,
-    _stdout: BufReader<ChildStdout>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Dev {
+    /// The next line it prints, trimmed.
+    pub(crate) fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    }
 }
 
 impl Drop for Dev {
@@ -41,11 +50,16 @@ impl Drop for Dev {
     }
 }
 
-/// Starts `dev` over the data directory `data` of `dir` with `args`, and waits for the
-/// line that names its endpoint.
+/// Starts `dev` over the data directory `data` of `dir` with `args` (and no HTTP
+/// listener unless they say `--http`), and waits for the line that names its endpoint.
 pub(crate) fn dev(dir: &Path, args: &[&str]) -> (Dev, String) {
+    let http: &[&str] = match args.contains(&"--http") {
+        true => &[],
+        false => &["--http", "off"],
+    };
     let mut child = agentloop(dir)
         .args(["--data-dir", "data", "dev", "--listen", "127.0.0.1:0"])
+        .args(http)
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -61,9 +75,6 @@ pub(crate) fn dev(dir: &Path, args: &[&str]) -> (Dev, String) {
         .filter(|word| word.starts_with("http://"))
         .unwrap_or_else(|| panic!("no endpoint in {line:?}"))
         .to_owned();
-    let dev = Dev {
-        child,
-        _stdout: stdout,
-    };
+    let dev = Dev { child, stdout };
     (dev, endpoint)
 }

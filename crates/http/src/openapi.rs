@@ -22,6 +22,23 @@ pub fn openapi(descriptors: &[u8], service: &str) -> Result<Value, RouteError> {
     Ok(document(&routes))
 }
 
+/// `value` with every object's keys in order, whether or not serde_json keeps insertion
+/// order (its `preserve_order` feature, which another crate of a build may turn on): the
+/// document's text is then the same in every build.
+fn sorted(value: Value) -> Value {
+    match value {
+        Value::Object(object) => {
+            let entries: BTreeMap<String, Value> = object
+                .into_iter()
+                .map(|(key, value)| (key, sorted(value)))
+                .collect();
+            Value::Object(entries.into_iter().collect())
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
+        other @ (Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_)) => other,
+    }
+}
+
 pub(crate) fn document(routes: &Routes) -> Value {
     let mut schemas = Schemas::default();
     let mut paths: BTreeMap<String, serde_json::Map<String, Value>> = BTreeMap::new();
@@ -57,7 +74,7 @@ pub(crate) fn document(routes: &Routes) -> Value {
         .as_ref()
         .and_then(|service| comments(&service.parent_file(), service.path()))
         .unwrap_or_default();
-    json!({
+    sorted(json!({
         "openapi": "3.0.3",
         "info": {
             "title": title,
@@ -73,7 +90,7 @@ pub(crate) fn document(routes: &Routes) -> Value {
         },
         // A bearer token when the server has authentication on; none when it is off.
         "security": [{"bearer": []}, {}],
-    })
+    }))
 }
 
 fn operation(route: &Route, schemas: &mut Schemas) -> Value {
