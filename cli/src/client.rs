@@ -392,11 +392,11 @@ fn print_events(events: &[pb::Event], json: bool) -> anyhow::Result<()> {
 /// The most invocations asked for in one page.
 const LIST_PAGE: usize = 200;
 
-/// The invocations the caller may see, newest first, at most `limit`; only those in
-/// `state` unless it is unspecified.
+/// The invocations the caller may see that `filter`'s filters select, newest first, at
+/// most `limit` (its page fields are set here).
 pub(crate) async fn invocations(
     orchestrator: &mut OrchestratorServiceClient<Transport>,
-    state: pb::InvocationState,
+    filter: &pb::ListInvocationsRequest,
     limit: usize,
 ) -> anyhow::Result<Vec<pb::Invocation>> {
     let mut invocations = Vec::new();
@@ -406,7 +406,7 @@ pub(crate) async fn invocations(
             .list_invocations(pb::ListInvocationsRequest {
                 page_size: u32::try_from((limit - invocations.len()).min(LIST_PAGE)).unwrap_or(0),
                 page_token,
-                state: state.into(),
+                ..filter.clone()
             })
             .await
             .map_err(|s| status("cannot list the invocations", s))?
@@ -444,16 +444,16 @@ pub(crate) fn print_rows<T: serde::Serialize>(
     Ok(())
 }
 
-/// `list`: the invocations the caller may see, newest first, at most `limit`; only those
-/// in `state` unless it is unspecified.
+/// `list`: the invocations the caller may see that `filter` selects, newest first, at
+/// most `limit`.
 pub async fn list(
     server: Server<'_>,
-    state: pb::InvocationState,
+    filter: &pb::ListInvocationsRequest,
     limit: usize,
     json: bool,
 ) -> anyhow::Result<u8> {
     let mut orchestrator = client(server).await?;
-    let rows: Vec<Row> = invocations(&mut orchestrator, state, limit)
+    let rows: Vec<Row> = invocations(&mut orchestrator, filter, limit)
         .await?
         .iter()
         .map(Row::of)

@@ -19,8 +19,12 @@ const MAX_PENDING: usize = 1_000;
 /// `pending`: every invocation that waits for a human, oldest wait first.
 pub async fn pending(server: Server<'_>, json: bool, resume_flags: &str) -> anyhow::Result<u8> {
     let mut orchestrator = client::client(server).await?;
+    let waiting_only = pb::ListInvocationsRequest {
+        state: pb::InvocationState::Waiting.into(),
+        ..Default::default()
+    };
     let mut waiting: Vec<Waiting> =
-        client::invocations(&mut orchestrator, pb::InvocationState::Waiting, MAX_PENDING)
+        client::invocations(&mut orchestrator, &waiting_only, MAX_PENDING)
             .await?
             .iter()
             .filter_map(|invocation| Waiting::of(invocation, resume_flags))

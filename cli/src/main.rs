@@ -114,6 +114,10 @@ enum Command {
         /// Only invocations in this state.
         #[arg(long, value_enum)]
         state: Option<StateFilter>,
+        /// Only invocations that ended (or wait) with this reason, e.g. `completed`,
+        /// `approval_required`.
+        #[arg(long, value_parser = parse_reason)]
+        reason: Option<agentloop_engine::TerminalReason>,
         /// At most this many.
         #[arg(long, default_value_t = 50)]
         limit: usize,
@@ -637,12 +641,19 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::List {
             server: endpoint,
             state,
+            reason,
             limit,
             json,
         } => {
             let target = Target::open(endpoint, cli.token, &cli.data_dir, Vec::new(), None).await?;
-            let state = state.map_or(pb::InvocationState::Unspecified, StateFilter::wire);
-            let result = client::list(target.server(), state, limit, json).await;
+            let filter = pb::ListInvocationsRequest {
+                state: state
+                    .map_or(pb::InvocationState::Unspecified, StateFilter::wire)
+                    .into(),
+                terminal_reason: reason.map_or(0, |r| agentloop_wire::terminal_reason(r).into()),
+                ..Default::default()
+            };
+            let result = client::list(target.server(), &filter, limit, json).await;
             target.close().await?;
             result
         }
@@ -903,6 +914,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             result
         }
     }
+}
+
+/// `list --reason`: a terminal reason by its name.
+fn parse_reason(text: &str) -> Result<agentloop_engine::TerminalReason, String> {
+    text.parse()
+        .map_err(|_| format!("{text:?} is not a terminal reason (see the exit codes)"))
 }
 
 /// `list --state`.

@@ -347,6 +347,11 @@ fn list_shows_each_run_and_watch_follows_one_to_its_end() {
     assert_eq!(waiting.len(), 1);
     assert_eq!(waiting[0]["goal"], "ask first");
     assert_eq!(rows(&["list", "--limit", "1", "--json"]).len(), 1);
+    let completed_ones = rows(&["list", "--reason", "completed", "--json"]);
+    assert_eq!(completed_ones.len(), 1);
+    assert_eq!(completed_ones[0]["invocation_id"], completed.as_str());
+    let bad = agentloop(&data, &["list", "--reason", "fine"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     let text = agentloop(&data, &["list"]);
     assert!(stdout(&text).contains(&completed), "{}", stdout(&text));
 

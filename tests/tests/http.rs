@@ -249,19 +249,30 @@ impl Caller {
         Ok(response.invocation.unwrap())
     }
 
-    async fn list(&mut self, state: pb::InvocationState) -> Result<Vec<pb::Invocation>, Status> {
+    async fn list(
+        &mut self,
+        request: pb::ListInvocationsRequest,
+    ) -> Result<Vec<pb::Invocation>, Status> {
         let response: pb::ListInvocationsResponse = match self {
-            Caller::Grpc(client) => client
-                .list_invocations(pb::ListInvocationsRequest {
-                    state: state.into(),
-                    ..Default::default()
-                })
-                .await?
-                .into_inner(),
+            Caller::Grpc(client) => client.list_invocations(request).await?.into_inner(),
             Caller::Http(http) => {
+                // Each field of the request's JSON form as a query parameter.
+                let json: serde_json::Value = serde_json::from_str(
+                    &http.json("agentloop.v1.ListInvocationsRequest", &request),
+                )
+                .unwrap();
+                let mut url =
+                    reqwest::Url::parse(&format!("{}/v1/invocations", http.base)).unwrap();
+                for (name, value) in json.as_object().unwrap() {
+                    let text = value
+                        .as_str()
+                        .map_or_else(|| value.to_string(), str::to_owned);
+                    url.query_pairs_mut().append_pair(name, &text);
+                }
+                let path = format!("{}?{}", url.path(), url.query().unwrap_or_default());
                 http.call(
                     reqwest::Method::GET,
-                    &format!("/v1/invocations?state={}", state.as_str_name()),
+                    &path,
                     None,
                     "agentloop.v1.ListInvocationsResponse",
                 )
@@ -269,6 +280,14 @@ impl Caller {
             }
         };
         Ok(response.invocations)
+    }
+
+    async fn list_in(&mut self, state: pb::InvocationState) -> Result<Vec<pb::Invocation>, Status> {
+        self.list(pb::ListInvocationsRequest {
+            state: state.into(),
+            ..Default::default()
+        })
+        .await
     }
 
     async fn watch(&mut self, id: &str, from_seq: u64) -> Result<Watch, Status> {
@@ -478,10 +497,35 @@ async fn a_run_is_started_watched_listed_and_read(via: Via) {
     assert_eq!(read.state(), pb::InvocationState::Ended);
     assert_eq!(read.terminal_reason(), pb::TerminalReason::Completed);
     assert_eq!(read.last_seq, events.last().unwrap().seq);
-    let ended_ones = caller.list(pb::InvocationState::Ended).await.unwrap();
+    let ended_ones = caller.list_in(pb::InvocationState::Ended).await.unwrap();
     assert!(ended_ones.iter().any(|i| i.invocation_id == id));
-    let running = caller.list(pb::InvocationState::Running).await.unwrap();
+    let running = caller.list_in(pb::InvocationState::Running).await.unwrap();
     assert!(running.iter().all(|i| i.invocation_id != id));
+    // By the end's reason and the creation time.
+    let listed = |reason: pb::TerminalReason, after, before| pb::ListInvocationsRequest {
+        terminal_reason: reason.into(),
+        created_after: after,
+        created_before: before,
+        ..Default::default()
+    };
+    let ids = |invocations: Vec<pb::Invocation>| -> Vec<String> {
+        invocations.into_iter().map(|i| i.invocation_id).collect()
+    };
+    let created = read.created_at;
+    let completed = listed(pb::TerminalReason::Completed, created, None);
+    assert_eq!(
+        ids(caller.list(completed).await.unwrap()),
+        std::slice::from_ref(&id)
+    );
+    let cancelled = listed(pb::TerminalReason::Cancelled, None, None);
+    assert!(caller.list(cancelled).await.unwrap().is_empty());
+    let earlier = listed(pb::TerminalReason::Unspecified, None, created);
+    assert!(caller.list(earlier).await.unwrap().is_empty());
+    let backwards = listed(pb::TerminalReason::Unspecified, created, created);
+    assert_eq!(
+        caller.list(backwards).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
     system.stop().await;
 }
 
@@ -590,7 +634,7 @@ async fn tenants_and_roles_hold(via: Via) {
     );
     assert!(
         as_mallory
-            .list(pb::InvocationState::Unspecified)
+            .list_in(pb::InvocationState::Unspecified)
             .await
             .unwrap()
             .is_empty()

@@ -119,6 +119,13 @@ fn form_pairs(query: &str) -> Result<Vec<(String, String)>, Status> {
         .collect()
 }
 
+/// Messages whose JSON form is one string.
+const STRING_FORMS: [&str; 3] = [
+    "google.protobuf.Timestamp",
+    "google.protobuf.Duration",
+    "google.protobuf.FieldMask",
+];
+
 /// A scalar field's value from its text in a query.
 fn scalar(field: &FieldDescriptor, text: &str) -> Result<Value, String> {
     fn number<T: std::str::FromStr>(text: &str) -> Result<T, String> {
@@ -142,6 +149,13 @@ fn scalar(field: &FieldDescriptor, text: &str) -> Result<Value, String> {
             Some(value) => Value::EnumNumber(value.number()),
             None => return Err(format!("{text:?} is not one of {}", values.name())),
         },
+        // The well-known types whose JSON form is a string (a timestamp, a duration) are
+        // given as that string.
+        Kind::Message(message) if STRING_FORMS.contains(&message.full_name()) => {
+            DynamicMessage::deserialize(message, serde_json::Value::String(text.to_owned()))
+                .map(Value::Message)
+                .map_err(|error| error.to_string())?
+        }
         Kind::Bytes | Kind::Message(_) => {
             return Err("not a query parameter (send it in a body)".to_owned());
         }
@@ -287,6 +301,17 @@ mod tests {
             serde_json::json!({"invocationId": "abc", "reason": "a+b c"})
         );
         let (list, bound) = route(Method::GET, "/v1/invocations");
+        let query =
+            "terminalReason=TERMINAL_REASON_CANCELLED&createdAfter=2026-12-06T05%3A00%3A00Z";
+        let message = request(&list, bound, Some(query), b"").unwrap();
+        assert_eq!(
+            json(&message),
+            serde_json::json!({
+                "terminalReason": "TERMINAL_REASON_CANCELLED",
+                "createdAfter": "2026-12-06T05:00:00Z"
+            })
+        );
+        let (list, bound) = route(Method::GET, "/v1/invocations");
         let message = request(&list, bound, Some("page_size=5&pageToken=a%2Bb+c"), b"").unwrap();
         assert_eq!(
             json(&message),
@@ -298,7 +323,7 @@ mod tests {
     fn bad_input_is_invalid_argument_naming_what_is_wrong() {
         // Method, path, query, body, and what the message must name.
         type Case<'a> = (Method, &'a str, Option<&'a str>, &'a [u8], &'a str);
-        let cases: [Case<'_>; 7] = [
+        let cases: [Case<'_>; 8] = [
             (
                 Method::POST,
                 "/v1/invocations",
@@ -328,6 +353,13 @@ mod tests {
                 "pageSize",
             ),
             (Method::GET, "/v1/invocations", Some("nope=1"), b"", "nope"),
+            (
+                Method::GET,
+                "/v1/invocations",
+                Some("createdAfter=yesterday"),
+                b"",
+                "createdAfter",
+            ),
             (Method::GET, "/v1/invocations", None, b"{}", "takes no body"),
             (
                 Method::POST,

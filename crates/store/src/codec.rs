@@ -136,7 +136,8 @@ pub(crate) enum Dialect {
 
 /// The filter and order of one `list` page: `WHERE ... ORDER BY` built from fixed
 /// fragments (never from the request's text, which is bound), and the values to bind in
-/// order, the limit after them. Each combination of filters has an index that serves it.
+/// order, the limit after them. Tenant and state have indexes that serve them; the reason
+/// and the creation time filter the rows the ID order walks.
 #[derive(Debug)]
 pub(crate) struct ListQuery {
     pub(crate) clauses: String,
@@ -160,6 +161,26 @@ impl ListQuery {
         }
         if let Some(state) = request.state {
             bind("state = ?", state_text(state).to_owned());
+        }
+        if let Some(reason) = request.reason {
+            let condition = match dialect {
+                Dialect::Sqlite => "json_extract(end_record, '$.reason') = ?",
+                Dialect::Postgres => "end_record::jsonb ->> 'reason' = ?",
+            };
+            bind(condition, reason.as_str().to_owned());
+        }
+        // `created_at` has no index of its own: a bound far in the past walks the newer
+        // invocations in ID order until the page is full.
+        let created = |bound: UnixMillis| bound.0.min(i64::MAX as u64).to_string();
+        let cast = match dialect {
+            Dialect::Sqlite => "",
+            Dialect::Postgres => "::bigint",
+        };
+        if let Some(from) = request.created_from {
+            bind(&format!("created_at >= ?{cast}"), created(from));
+        }
+        if let Some(before) = request.created_before {
+            bind(&format!("created_at < ?{cast}"), created(before));
         }
         if let Some(before) = request.before {
             let condition = match dialect {

@@ -144,8 +144,8 @@ pub struct StoredEvent {
     pub event: Event,
 }
 
-/// A page request for [`EventStore::list`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A page request for [`EventStore::list`]; every filter given must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListRequest {
     /// Most records to return (the store caps it at [`MAX_PAGE_SIZE`]).
     pub limit: u32,
@@ -155,6 +155,12 @@ pub struct ListRequest {
     pub state: Option<InvocationState>,
     /// Only invocations of this tenant.
     pub tenant: Option<String>,
+    /// Only invocations whose end record (an end, or a wait) has this reason.
+    pub reason: Option<TerminalReason>,
+    /// Only invocations created at or after this instant.
+    pub created_from: Option<UnixMillis>,
+    /// Only invocations created before this instant.
+    pub created_before: Option<UnixMillis>,
 }
 
 /// Largest page any listing returns.

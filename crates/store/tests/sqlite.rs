@@ -97,6 +97,7 @@ async fn reopening_an_existing_database_does_not_rerun_migrations() {
             before: None,
             state: None,
             tenant: None,
+            ..Default::default()
         })
         .await
         .unwrap();

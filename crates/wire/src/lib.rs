@@ -534,6 +534,20 @@ pub fn timestamp(at: UnixMillis) -> prost_types::Timestamp {
     }
 }
 
+/// A protobuf timestamp -> milliseconds since the epoch (sub-millisecond parts dropped);
+/// `None` for an instant before the epoch or a timestamp that is not one (nanos out of
+/// range).
+pub fn unix_millis(at: &prost_types::Timestamp) -> Option<UnixMillis> {
+    let seconds = u64::try_from(at.seconds).ok()?;
+    let nanos = u64::try_from(at.nanos)
+        .ok()
+        .filter(|nanos| *nanos < 1_000_000_000)?;
+    seconds
+        .checked_mul(1000)?
+        .checked_add(nanos / 1_000_000)
+        .map(UnixMillis)
+}
+
 /// Engine totals -> wire usage.
 pub fn budget_usage(totals: &Totals) -> pb::BudgetUsage {
     pb::BudgetUsage {

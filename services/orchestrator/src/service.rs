@@ -562,6 +562,32 @@ impl OrchestratorService for Api {
                 );
             }
         };
+        let reason = match pb::TerminalReason::try_from(request.terminal_reason) {
+            Ok(pb::TerminalReason::Unspecified) => None,
+            Ok(reason) => wire::terminal_reason_from(reason),
+            Err(_) => None,
+        };
+        if request.terminal_reason != 0 && reason.is_none() {
+            return Err(invalid(format!(
+                "terminal_reason {} is not a TerminalReason",
+                request.terminal_reason
+            ))
+            .into());
+        }
+        let instant = |name: &str, at: Option<prost_types::Timestamp>| {
+            at.map(|at| {
+                wire::unix_millis(&at)
+                    .ok_or_else(|| invalid(format!("{name} is not an instant after 1970")))
+            })
+            .transpose()
+        };
+        let created_from = instant("created_after", request.created_after)?;
+        let created_before = instant("created_before", request.created_before)?;
+        if let (Some(from), Some(before)) = (created_from, created_before)
+            && from >= before
+        {
+            return Err(invalid("created_after must be before created_before").into());
+        }
         let records = self
             .runtime
             .store()
@@ -570,6 +596,9 @@ impl OrchestratorService for Api {
                 before,
                 state,
                 tenant: caller.tenant().map(str::to_owned),
+                reason,
+                created_from,
+                created_before,
             })
             .await
             .map_err(OrchestratorError::from)?;

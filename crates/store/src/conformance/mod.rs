@@ -70,6 +70,7 @@ pub const CHECKS: &[Check<Arc<dyn EventStore>>] = &[
         Box::pin(malformed_appends_write_nothing(s))
     }),
     ("list_paging", |s| Box::pin(list_paging(s))),
+    ("list_filters", |s| Box::pin(list_filters(s))),
     ("tenants_apart", |s| Box::pin(tenants_apart(s))),
     ("running_oldest_first", |s| {
         Box::pin(running_oldest_first(s))
@@ -532,6 +533,7 @@ pub async fn idempotent_create(store: Arc<dyn EventStore>) {
             before: None,
             state: None,
             tenant: None,
+            ..Default::default()
         })
         .await
         .expect("list");
@@ -569,6 +571,7 @@ pub async fn concurrent_creates_one_key(store: Arc<dyn EventStore>) {
             before: None,
             state: None,
             tenant: None,
+            ..Default::default()
         })
         .await
         .expect("list");
@@ -890,6 +893,7 @@ pub async fn tenants_apart(store: Arc<dyn EventStore>) {
                     before,
                     state,
                     tenant,
+                    ..Default::default()
                 })
                 .await
                 .unwrap()
@@ -935,6 +939,7 @@ pub async fn list_paging(store: Arc<dyn EventStore>) {
                     before,
                     state,
                     tenant: None,
+                    ..Default::default()
                 })
                 .await
                 .expect("list")
@@ -969,6 +974,7 @@ pub async fn list_paging(store: Arc<dyn EventStore>) {
             before: None,
             state: Some(InvocationState::Ended),
             tenant: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -978,6 +984,82 @@ pub async fn list_paging(store: Arc<dyn EventStore>) {
         store.get(ids[5]).await.unwrap(),
         "listed records are whole"
     );
+}
+
+/// Listings filter by the end's reason and by the creation time, alone, together and
+/// with the state, and page with `before` under a filter.
+pub async fn list_filters(store: Arc<dyn EventStore>) {
+    // Created at 1000, 1001, ... 1005 ms.
+    let ids = new_invocations(&*store, 6).await;
+    for (index, reason) in [
+        (1, TerminalReason::MaxSteps),
+        (2, TerminalReason::Cancelled),
+    ] {
+        store
+            .append(ids[index], append_of(0, 1, &[ended(1, reason)]))
+            .await
+            .expect("end");
+    }
+    let page = |request: ListRequest| {
+        let store = Arc::clone(&store);
+        async move {
+            store
+                .list(ListRequest {
+                    limit: 100,
+                    ..request
+                })
+                .await
+                .expect("list")
+                .into_iter()
+                .map(|record| record.invocation_id)
+                .collect::<Vec<Uuid>>()
+        }
+    };
+    let reason = |reason| ListRequest {
+        reason: Some(reason),
+        ..ListRequest::default()
+    };
+    assert_eq!(page(reason(TerminalReason::MaxSteps)).await, [ids[1]]);
+    assert!(page(reason(TerminalReason::Completed)).await.is_empty());
+    let cancelled_and_ended = ListRequest {
+        state: Some(InvocationState::Ended),
+        ..reason(TerminalReason::Cancelled)
+    };
+    assert_eq!(page(cancelled_and_ended).await, [ids[2]]);
+    let created = |from: Option<u64>, before: Option<u64>| ListRequest {
+        created_from: from.map(UnixMillis),
+        created_before: before.map(UnixMillis),
+        ..ListRequest::default()
+    };
+    assert_eq!(
+        page(created(Some(1003), None)).await,
+        [ids[5], ids[4], ids[3]]
+    );
+    assert_eq!(page(created(None, Some(1002))).await, [ids[1], ids[0]]);
+    assert_eq!(
+        page(created(Some(1001), Some(1004))).await,
+        [ids[3], ids[2], ids[1]]
+    );
+    let late_max_steps = ListRequest {
+        reason: Some(TerminalReason::MaxSteps),
+        ..created(Some(1002), None)
+    };
+    assert!(page(late_max_steps).await.is_empty());
+    // A page under a filter, then the next one from its last ID.
+    let first = store
+        .list(ListRequest {
+            limit: 2,
+            ..created(Some(1001), None)
+        })
+        .await
+        .expect("list");
+    let first: Vec<Uuid> = first.iter().map(|record| record.invocation_id).collect();
+    assert_eq!(first, [ids[5], ids[4]]);
+    let rest = ListRequest {
+        before: Some(ids[4]),
+        ..created(Some(1001), None)
+    };
+    assert_eq!(page(rest).await, [ids[3], ids[2], ids[1]]);
 }
 
 /// `running()` returns the not-ended invocations, oldest first, up to the limit, and
@@ -1137,6 +1219,7 @@ pub async fn cancel_requests_are_durable(store: Arc<dyn EventStore>) {
             before: None,
             state: None,
             tenant: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -1224,6 +1307,7 @@ pub async fn waits_for_humans(store: Arc<dyn EventStore>) {
             before: None,
             state: Some(InvocationState::Waiting),
             tenant: None,
+            ..Default::default()
         })
         .await
         .unwrap();
