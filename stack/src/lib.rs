@@ -582,7 +582,7 @@ impl Stack {
                     .await
                     .with_context(|| format!("cannot serve HTTP on {address}"))?;
                 let bound = listener.local_addr()?;
-                let gateway = agentloop_orchestrator::http_api(grpc)?;
+                let gateway = agentloop_orchestrator::http_api(grpc, &telemetry)?;
                 let stopped = stop.clone();
                 let task = tokio::spawn(agentloop_http::serve(listener, gateway, async move {
                     stopped.cancelled().await;

@@ -580,10 +580,20 @@ async fn errors_are_the_same_status(via: Via) {
     let system = system(OrchestratorConfig::default()).await;
     let mut caller = caller(&system, via, None).await;
     let unknown = "0190a8f2-0000-7000-8000-000000000001";
+    // Each call is observed as a gRPC one is, whichever transport carried it.
+    let not_found = || {
+        system
+            .metric(
+                "agentloop_rpc_responses_total{service=\"agentloop.v1.OrchestratorService\",code=\"NOT_FOUND\"}",
+            )
+            .unwrap_or(0.0)
+    };
+    let before = not_found();
     assert_eq!(
         caller.get(unknown).await.unwrap_err().code(),
         Code::NotFound
     );
+    assert_eq!(not_found(), before + 1.0, "one NOT_FOUND answer counted");
     assert_eq!(
         caller.get("not-an-id").await.unwrap_err().code(),
         Code::InvalidArgument

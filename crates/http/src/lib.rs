@@ -12,8 +12,9 @@
 //!   the request is encoded as a gRPC request, with the caller's `Authorization` header,
 //!   and handed to the same tower service the gRPC listener serves. Authentication,
 //!   tenancy, roles, bounds and rate limits are therefore those of the gRPC API, by
-//!   construction. No other header is passed on, so an HTTP caller cannot set what only
-//!   the gRPC transport sets.
+//!   construction. No other header is passed on but the W3C trace context
+//!   (`traceparent`, `tracestate`), so an HTTP caller cannot set what only the gRPC
+//!   transport sets.
 //! - **Errors** are `google.rpc.Status` JSON objects, with the HTTP status that
 //!   `google.rpc.Code` maps each code to.
 //! - **A server stream** (WatchInvocation) is Server-Sent Events: one `data:` line of JSON
@@ -224,7 +225,7 @@ impl<S: Grpc> Gateway<S> {
 }
 
 /// The gRPC request of a call: its one frame, and of the HTTP request's headers only
-/// `Authorization`.
+/// `Authorization` and the W3C trace context.
 fn grpc_request(route: &Route, frame: Bytes, headers: &HeaderMap) -> Request<tonic::body::Body> {
     let mut request = Request::new(tonic::body::Body::new(
         Full::new(frame).map_err(|never| match never {}),
@@ -236,8 +237,11 @@ fn grpc_request(route: &Route, frame: Bytes, headers: &HeaderMap) -> Request<ton
     let grpc_headers = request.headers_mut();
     grpc_headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     grpc_headers.insert("te", HeaderValue::from_static("trailers"));
-    if let Some(authorization) = headers.get(AUTHORIZATION) {
-        grpc_headers.insert(AUTHORIZATION, authorization.clone());
+    // The caller's credentials, and its W3C trace context (the call continues its trace).
+    for name in [AUTHORIZATION.as_str(), "traceparent", "tracestate"] {
+        if let Some(value) = headers.get(name) {
+            grpc_headers.insert(name, value.clone());
+        }
     }
     request
 }

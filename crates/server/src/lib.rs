@@ -30,6 +30,7 @@ mod settings;
 mod start;
 mod tls;
 
+pub use observe::Observed;
 pub use settings::{CallerAuth, ClientSettings, ServerSettings, UnknownKeys};
 pub use start::{
     CommonFlags, Configured, Flags, Prepared, Service, ServiceConfig, StartError, Started,
@@ -298,6 +299,18 @@ fn caller_errors_are_not_failures() -> GrpcErrorsAsFailures {
         GrpcErrorsAsFailures::new(),
         GrpcErrorsAsFailures::with_success,
     )
+}
+
+/// `service` with what [`serve`] records of every RPC it answers, in `telemetry`: a server
+/// span that continues the caller's trace, and the count of answers by code. For callers
+/// that hand requests to a service themselves (the HTTP/JSON API), so that their calls
+/// are observed as the gRPC listener's are.
+pub fn observed<S: tonic::server::NamedService>(
+    telemetry: &agentloop_telemetry::Telemetry,
+    service: S,
+) -> Observed<S> {
+    use tower::Layer;
+    observe::Observe::new(telemetry.clone(), vec![S::NAME]).layer(service)
 }
 
 /// Serves `services` on `listener` until `shutdown` resolves, then drains.

@@ -56,11 +56,19 @@ impl<S> Layer<S> for Observe {
     }
 }
 
-/// One service behind [`Observe`].
+/// One service behind what [`crate::serve`] records of each RPC ([`crate::observed`]).
 #[derive(Clone)]
-pub(crate) struct Observed<S> {
+pub struct Observed<S> {
     inner: S,
     observe: Observe,
+}
+
+impl<S> std::fmt::Debug for Observed<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observed")
+            .field("services", &self.observe.names)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S, B, R> Service<Request<B>> for Observed<S>

@@ -17,6 +17,7 @@ mod service;
 use agentloop_auth::Authenticator;
 use agentloop_proto::v1 as pb;
 use agentloop_runtime::Runtime;
+use agentloop_server::Observed;
 
 pub use config::OrchestratorConfig;
 pub use error::OrchestratorError;
@@ -31,19 +32,21 @@ pub fn service(runtime: &Runtime, auth: Option<Authenticator>) -> OrchestratorAp
 
 /// The public API as HTTP/JSON ([`agentloop_http`]): every call goes through `service`,
 /// the gRPC API the orchestrator's listener serves, so both transports share one
-/// implementation, its authentication and its bounds.
+/// implementation, its authentication and its bounds; each call is recorded in
+/// `telemetry` as a gRPC one is (its server span, its answer's code).
 ///
 /// # Errors
 ///
 /// When the protos' `google.api.http` options cannot be served (a build defect).
 pub fn http_api(
     service: OrchestratorApi,
-) -> Result<agentloop_http::Gateway<OrchestratorApi>, agentloop_http::RouteError> {
+    telemetry: &agentloop_telemetry::Telemetry,
+) -> Result<agentloop_http::Gateway<Observed<OrchestratorApi>>, agentloop_http::RouteError> {
     use tonic::server::NamedService;
     agentloop_http::Gateway::new(
         agentloop_proto::FILE_DESCRIPTOR_SET,
         OrchestratorApi::NAME,
-        service,
+        agentloop_server::observed(telemetry, service),
     )
 }
 
@@ -65,7 +68,11 @@ pub async fn run(
 ) -> Result<(), RunError> {
     use futures::FutureExt;
     let api = service(&runtime, auth);
-    let gateway = http.is_some().then(|| http_api(api.clone())).transpose()?;
+    let telemetry = agentloop_server::process_telemetry();
+    let gateway = http
+        .is_some()
+        .then(|| http_api(api.clone(), &telemetry))
+        .transpose()?;
     let shutdown = shutdown.shared();
     let http = async {
         match (http, gateway) {
