@@ -198,18 +198,14 @@ impl<S: Grpc> Gateway<S> {
         };
         let body = match Limited::new(body, MAX_BODY_BYTES).collect().await {
             Ok(collected) => collected.to_bytes(),
-            Err(why) => {
-                let mut response = match why.downcast_ref::<http_body_util::LengthLimitError>() {
-                    Some(_) => error(&Status::resource_exhausted(format!(
-                        "the body is larger than {MAX_BODY_BYTES} bytes"
-                    ))),
-                    None => error(&Status::invalid_argument("the body could not be read")),
-                };
-                if why.is::<http_body_util::LengthLimitError>() {
-                    *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
-                }
+            Err(why) if why.is::<http_body_util::LengthLimitError>() => {
+                let mut response = error(&Status::resource_exhausted(format!(
+                    "the body is larger than {MAX_BODY_BYTES} bytes"
+                )));
+                *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
                 return response;
             }
+            Err(_) => return error(&Status::invalid_argument("the body could not be read")),
         };
         let message = match transcode::request(route, bound, parts.uri.query(), &body) {
             Ok(message) => message,
