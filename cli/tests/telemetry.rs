@@ -103,20 +103,23 @@ async fn an_embedded_run_is_one_trace_exported_before_it_exits() {
     assert_eq!(calls, ["p", "q", "r"], "an execute_tool span per call");
 }
 
+/// `agentloop dev` on a free port, without HTTP, over `data`.
+const DEV: [&str; 7] = [
+    "--data-dir",
+    "data",
+    "dev",
+    "--listen",
+    "127.0.0.1:0",
+    "--http",
+    "off",
+];
+
 #[test]
 fn dev_serves_metrics_where_told_and_they_move() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("s.json"), SCRIPT).unwrap();
     let mut child = agentloop(dir.path())
-        .args([
-            "--data-dir",
-            "data",
-            "dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--http",
-            "off",
-        ])
+        .args(DEV)
         .args(["--metrics", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -172,15 +175,7 @@ fn a_metrics_address_that_cannot_be_bound_is_a_bad_configuration() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = taken.local_addr().unwrap().to_string();
     let output = agentloop(dir.path())
-        .args([
-            "--data-dir",
-            "data",
-            "dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--http",
-            "off",
-        ])
+        .args(DEV)
         .args(["--metrics", &address])
         .stdin(Stdio::null())
         .output()
