@@ -16,7 +16,8 @@
 //! **Modes.** `embedded`: one process, the orchestrator calls decision, policy and the
 //! tool gateway in-process, and the gateway calls the demo executor in-process too
 //! (`agentloop-stack`, embedded wiring); the bench calls the orchestrator's API
-//! in-process. `distributed`: decision, policy, tool gateway, effect ledger and
+//! in-process. In both, the orchestrator serves its HTTP/JSON API too, as `agentloop
+//! dev` does; nothing calls it. `distributed`: decision, policy, tool gateway, effect ledger and
 //! orchestrator, plus the demo executor, are gRPC servers on distinct 127.0.0.1 ports,
 //! talking gRPC to each other with the shared client and server settings; the bench is
 //! a gRPC client. They share one process (and its two cores), so
