@@ -16,13 +16,13 @@
 //! **Modes.** `embedded`: one process, the orchestrator calls decision, policy and the
 //! tool gateway in-process, and the gateway calls the demo executor in-process too
 //! (`agentloop-stack`, embedded wiring); the bench calls the orchestrator's API
-//! in-process. In both, the orchestrator serves its HTTP/JSON API too, as `agentloop
-//! dev` does; nothing calls it. `distributed`: decision, policy, tool gateway, effect ledger and
+//! in-process. `distributed`: decision, policy, tool gateway, effect ledger and
 //! orchestrator, plus the demo executor, are gRPC servers on distinct 127.0.0.1 ports,
 //! talking gRPC to each other with the shared client and server settings; the bench is
 //! a gRPC client. They share one process (and its two cores), so
 //! loopback gRPC is measured, not a network. The workload only reads, so the ledger is
-//! wired but never written. `cluster`: the production overlay as processes
+//! wired but never written. In both, the orchestrator also serves its HTTP/JSON API, as
+//! `agentloop dev` does; nothing calls it. `cluster`: the production overlay as processes
 //! (`deploy/local/cluster`: every service binary with its manifest's file and variables,
 //! two orchestrators over PostgreSQL and Redis); the bench creates two databases of its
 //! own on the PostgreSQL server it is given, starts the cluster, sends half the
