@@ -3,8 +3,9 @@
 
 Nothing generated is committed. The first run of executor.py or client.py (or
 `python3 examples/python/stubs.py [OUT_DIR]`) runs grpcio-tools' protoc over
-proto/agentloop/v1/*.proto into OUT_DIR (default: examples/python/build/stubs), and
-runs it again whenever a .proto file is newer than the stubs. Copy this file as it is:
+proto/agentloop/v1/*.proto and proto/google/api/*.proto into OUT_DIR (default:
+examples/python/build/stubs), and runs it again whenever a .proto file is newer than
+the stubs. Copy this file as it is:
 it only needs grpcio-tools and the path to your checkout's proto/ directory.
 """
 
@@ -27,7 +28,10 @@ def generate(out_dir=DEFAULT_OUT):
     """Generates the stubs into out_dir unless they are newer than every .proto file;
     returns out_dir."""
     out_dir = pathlib.Path(out_dir).resolve()
-    protos = sorted(PROTO_ROOT.glob("agentloop/v1/*.proto"))
+    # The contracts, and the google.api.http option orchestrator.proto's routes use.
+    protos = sorted(PROTO_ROOT.glob("agentloop/v1/*.proto")) + sorted(
+        PROTO_ROOT.glob("google/api/*.proto")
+    )
     if not protos:
         raise SystemExit(f"stubs: no .proto files under {PROTO_ROOT}")
     stamp = out_dir / STAMP
