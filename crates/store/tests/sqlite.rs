@@ -94,9 +94,6 @@ async fn reopening_an_existing_database_does_not_rerun_migrations() {
     let listed = store
         .list(agentloop_store::ListRequest {
             limit: 10,
-            before: None,
-            state: None,
-            tenant: None,
             ..Default::default()
         })
         .await

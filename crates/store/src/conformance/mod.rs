@@ -530,9 +530,6 @@ pub async fn idempotent_create(store: Arc<dyn EventStore>) {
     let all = store
         .list(ListRequest {
             limit: 100,
-            before: None,
-            state: None,
-            tenant: None,
             ..Default::default()
         })
         .await
@@ -568,9 +565,6 @@ pub async fn concurrent_creates_one_key(store: Arc<dyn EventStore>) {
     let all = store
         .list(ListRequest {
             limit: 100,
-            before: None,
-            state: None,
-            tenant: None,
             ..Default::default()
         })
         .await
@@ -938,7 +932,6 @@ pub async fn list_paging(store: Arc<dyn EventStore>) {
                     limit,
                     before,
                     state,
-                    tenant: None,
                     ..Default::default()
                 })
                 .await
@@ -971,9 +964,7 @@ pub async fn list_paging(store: Arc<dyn EventStore>) {
     let records = store
         .list(ListRequest {
             limit: 1,
-            before: None,
             state: Some(InvocationState::Ended),
-            tenant: None,
             ..Default::default()
         })
         .await
@@ -1216,9 +1207,6 @@ pub async fn cancel_requests_are_durable(store: Arc<dyn EventStore>) {
     let listed = store
         .list(ListRequest {
             limit: 10,
-            before: None,
-            state: None,
-            tenant: None,
             ..Default::default()
         })
         .await
@@ -1304,9 +1292,7 @@ pub async fn waits_for_humans(store: Arc<dyn EventStore>) {
     let waiting = store
         .list(ListRequest {
             limit: 10,
-            before: None,
             state: Some(InvocationState::Waiting),
-            tenant: None,
             ..Default::default()
         })
         .await
