@@ -529,6 +529,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 running.stack().endpoint()
             );
             if let Some(endpoint) = running.stack().http_endpoint() {
+                println!("agentloop dev: the console on {endpoint}/");
                 println!("agentloop dev: the HTTP/JSON API on {endpoint}/v1/invocations");
             }
             if let Some(address) = running.metrics_address() {

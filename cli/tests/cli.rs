@@ -374,23 +374,41 @@ fn list_shows_each_run_and_watch_follows_one_to_its_end() {
 }
 
 #[test]
-fn dev_prints_where_it_serves_http_and_serves_the_api_there() {
+fn dev_prints_where_it_serves_the_console_and_http_and_serves_both_there() {
     let dir = tempfile::tempdir().unwrap();
     let (mut running, _grpc) = dev(dir.path(), &["--http", "127.0.0.1:0"]);
+    let line = running.line();
+    let console = line
+        .strip_prefix("agentloop dev: the console on http://")
+        .unwrap_or_else(|| panic!("no console URL in {line:?}"));
+    let console = console.strip_suffix('/').unwrap();
     let line = running.line();
     let url = line
         .strip_prefix("agentloop dev: the HTTP/JSON API on http://")
         .unwrap_or_else(|| panic!("no HTTP URL in {line:?}"));
     let address = url.strip_suffix("/v1/invocations").unwrap();
-    let mut stream = std::net::TcpStream::connect(address).unwrap();
-    use std::io::{Read, Write};
-    write!(
-        stream,
-        "GET /v1/invocations HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
+    assert_eq!(console, address, "one listener serves both");
+    let get = |path: &str| {
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        use std::io::{Read, Write};
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    let answer = get("/v1/invocations");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("application/json"), "{answer}");
+    let page = get("/");
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(
+        page.to_ascii_lowercase()
+            .contains("content-security-policy: default-src 'none'"),
+        "{page}"
+    );
+    assert!(page.contains("agentloop console"), "{page}");
 }

@@ -2,7 +2,7 @@
 //! over HTTP/JSON (`http_listen`), against the one implementation of each RPC, and must
 //! see the same answers, the same errors and the same tenancy. Then what only HTTP has:
 //! its own refusals (no route, wrong method, a body too large, another site's page),
-//! Server-Sent Events, and the OpenAPI document it serves.
+//! Server-Sent Events, and the OpenAPI document and the console it serves.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -151,6 +151,37 @@ impl Http {
         Ok(M::decode(dynamic.encode_to_vec().as_slice()).unwrap())
     }
 
+    /// A GET of `path` for the RPC `rpc`, each field of `request`'s JSON form a query
+    /// parameter.
+    async fn get<Q: Message, M: Message + Default>(
+        &self,
+        path: &str,
+        rpc: &str,
+        request: &Q,
+    ) -> Result<M, Status> {
+        let json: serde_json::Value =
+            serde_json::from_str(&self.json(&format!("agentloop.v1.{rpc}Request"), request))
+                .unwrap();
+        let mut url = reqwest::Url::parse(&format!("{}{path}", self.base)).unwrap();
+        for (name, value) in json.as_object().unwrap() {
+            let text = value
+                .as_str()
+                .map_or_else(|| value.to_string(), str::to_owned);
+            url.query_pairs_mut().append_pair(name, &text);
+        }
+        let path = match url.query() {
+            Some(query) => format!("{}?{query}", url.path()),
+            None => url.path().to_owned(),
+        };
+        self.call(
+            reqwest::Method::GET,
+            &path,
+            None,
+            &format!("agentloop.v1.{rpc}Response"),
+        )
+        .await
+    }
+
     async fn call<M: Message + Default>(
         &self,
         method: reqwest::Method,
@@ -256,30 +287,49 @@ impl Caller {
         let response: pb::ListInvocationsResponse = match self {
             Caller::Grpc(client) => client.list_invocations(request).await?.into_inner(),
             Caller::Http(http) => {
-                // Each field of the request's JSON form as a query parameter.
-                let json: serde_json::Value = serde_json::from_str(
-                    &http.json("agentloop.v1.ListInvocationsRequest", &request),
-                )
-                .unwrap();
-                let mut url =
-                    reqwest::Url::parse(&format!("{}/v1/invocations", http.base)).unwrap();
-                for (name, value) in json.as_object().unwrap() {
-                    let text = value
-                        .as_str()
-                        .map_or_else(|| value.to_string(), str::to_owned);
-                    url.query_pairs_mut().append_pair(name, &text);
-                }
-                let path = format!("{}?{}", url.path(), url.query().unwrap_or_default());
-                http.call(
-                    reqwest::Method::GET,
-                    &path,
-                    None,
-                    "agentloop.v1.ListInvocationsResponse",
+                http.get("/v1/invocations", "ListInvocations", &request)
+                    .await?
+            }
+        };
+        Ok(response.invocations)
+    }
+
+    async fn stats(
+        &mut self,
+        request: pb::GetInvocationStatsRequest,
+    ) -> Result<pb::GetInvocationStatsResponse, Status> {
+        match self {
+            Caller::Grpc(client) => Ok(client.get_invocation_stats(request).await?.into_inner()),
+            Caller::Http(http) => {
+                http.get("/v1/invocations:stats", "GetInvocationStats", &request)
+                    .await
+            }
+        }
+    }
+
+    /// Every ledger entry of an invocation.
+    async fn effects(&mut self, id: &str) -> Result<Vec<pb::EffectEntry>, Status> {
+        let request = pb::ListEffectsRequest {
+            invocation_id: id.into(),
+            ..Default::default()
+        };
+        let response: pb::ListEffectsResponse = match self {
+            Caller::Grpc(client) => client.list_effects(request).await?.into_inner(),
+            Caller::Http(http) => {
+                // The path carries the ID; the request's other fields are the query.
+                let rest = pb::ListEffectsRequest {
+                    invocation_id: String::new(),
+                    ..request
+                };
+                http.get(
+                    &format!("/v1/invocations/{id}/effects"),
+                    "ListEffects",
+                    &rest,
                 )
                 .await?
             }
         };
-        Ok(response.invocations)
+        Ok(response.entries)
     }
 
     async fn list_in(&mut self, state: pb::InvocationState) -> Result<Vec<pb::Invocation>, Status> {
@@ -560,6 +610,26 @@ async fn an_approved_write_is_applied_exactly_once(via: Via) {
     let applied = applied_for(system.executor(), &id);
     assert_eq!(applied.len(), 1, "the transfer once: {applied:?}");
     assert_eq!(applied[0].amount, 4200);
+    // The ledger's entry beside the call, with the executor's receipt.
+    let effects = caller.effects(&id).await.unwrap();
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    assert_eq!(
+        (effects[0].call_id.as_str(), effects[0].tool.as_str()),
+        ("t1", "transfer")
+    );
+    assert_eq!(effects[0].state(), pb::EffectState::Committed);
+    assert_eq!(effects[0].effect_key, applied[0].effect_key);
+    assert!(!effects[0].receipt.is_empty());
+    // The overview counts it: one completed run of two turns and one call.
+    let stats = caller.stats(Default::default()).await.unwrap();
+    assert_eq!((stats.invocations, stats.running, stats.waiting), (1, 0, 0));
+    assert_eq!(stats.by_reason.len(), 1, "{stats:?}");
+    assert_eq!(stats.by_reason[0].reason(), pb::TerminalReason::Completed);
+    assert_eq!(stats.by_reason[0].count, 1);
+    let completed = stats.completed.unwrap();
+    assert_eq!(completed.runs, 1);
+    assert!((completed.turns - 2.0).abs() < 1e-9, "{completed:?}");
+    assert!((completed.tool_calls - 1.0).abs() < 1e-9, "{completed:?}");
     system.stop().await;
 }
 
@@ -653,6 +723,38 @@ async fn tenants_and_roles_hold(via: Via) {
         as_mallory.watch(&id, 1).await.err().map(|s| s.code()),
         Some(Code::NotFound)
     );
+    assert_eq!(
+        as_mallory.effects(&id).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    // Naming alice's tenant does not widen what mallory reads.
+    let acme = pb::ListInvocationsRequest {
+        tenant: "acme".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        as_mallory.list(acme.clone()).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    assert_eq!(as_alice.list(acme).await.unwrap().len(), 1);
+    let acme_stats = pb::GetInvocationStatsRequest {
+        tenant: "acme".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        as_mallory.stats(acme_stats).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        as_mallory
+            .stats(Default::default())
+            .await
+            .unwrap()
+            .invocations,
+        0
+    );
+    let alices = as_alice.stats(Default::default()).await.unwrap();
+    assert_eq!((alices.invocations, alices.waiting), (1, 1));
     let digest = as_alice
         .get(&id)
         .await
@@ -779,5 +881,30 @@ async fn http_refuses_what_is_no_request_and_serves_its_openapi_document() {
         served, committed,
         "the served document is the committed one"
     );
+
+    // The console beside the API: its page and files, each under the content policy;
+    // a path that is neither is the API's 404, and only GET serves a page.
+    for (path, kind) in [("/", "text/html"), ("/console.js", "text/javascript")] {
+        let page = client.get(format!("{base}{path}")).send().await.unwrap();
+        assert_eq!(page.status(), 200, "{path}");
+        assert!(
+            page.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with(kind)
+        );
+        assert_eq!(
+            page.headers()["content-security-policy"],
+            agentloop_console::POLICY
+        );
+    }
+    let missing = client
+        .get(format!("{base}/nothing.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let posted = client.post(format!("{base}/")).send().await.unwrap();
+    assert_eq!(posted.status(), 404);
     system.stop().await;
 }

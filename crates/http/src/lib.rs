@@ -25,6 +25,8 @@
 //!   (DNS rebinding); with authentication off a page could otherwise drive the API.
 //! - **The OpenAPI 3 document** of the routes is generated from the same descriptors and
 //!   served at `/v1/openapi.json`.
+//! - **Pages** ([`Gateway::with_pages`]): a GET outside the API's routes may be answered
+//!   by fixed files, such as the orchestrator's console; they carry their own headers.
 
 mod openapi;
 mod origin;
@@ -89,6 +91,10 @@ pub enum RouteError {
     },
 }
 
+/// Fixed pages beside the API: the answer to a GET of a path, or `None` when the path
+/// is not a page.
+pub type Pages = fn(&str) -> Option<Response<Bytes>>;
+
 /// The body of every answer.
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -122,6 +128,8 @@ impl<S> Grpc for S where
 pub struct Gateway<S> {
     shared: Arc<Shared>,
     grpc: S,
+    /// Answers a GET of a path no route has, if it is one of its pages.
+    pages: Option<Pages>,
     /// Served on a loopback address: only loopback host names are answered.
     loopback: bool,
 }
@@ -150,8 +158,16 @@ impl<S: Grpc> Gateway<S> {
                 openapi: std::sync::OnceLock::new(),
             }),
             grpc,
+            pages: None,
             loopback: false,
         })
+    }
+
+    /// Serves `pages` too, on the paths they know that the API does not.
+    #[must_use]
+    pub fn with_pages(mut self, pages: Pages) -> Gateway<S> {
+        self.pages = Some(pages);
+        self
     }
 
     /// Answers one HTTP request. By value, so that the answer's future is `Send` with a
@@ -193,7 +209,14 @@ impl<S: Grpc> Gateway<S> {
                 return response;
             }
             Found::Nothing => {
-                return error(&Status::not_found(format!("no route {path}")));
+                let page = match (&parts.method, self.pages) {
+                    (&Method::GET | &Method::HEAD, Some(pages)) => pages(path),
+                    _ => None,
+                };
+                return match page {
+                    Some(page) => page.map(|body| Full::new(body).boxed_unsync()),
+                    None => error(&Status::not_found(format!("no route {path}"))),
+                };
             }
         };
         let body = match Limited::new(body, MAX_BODY_BYTES).collect().await {
@@ -358,6 +381,10 @@ fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Respo
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     response
 }
 

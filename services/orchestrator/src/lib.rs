@@ -13,6 +13,7 @@ mod config;
 mod error;
 pub mod grpc;
 mod service;
+mod stats;
 
 use agentloop_auth::Authenticator;
 use agentloop_proto::v1 as pb;
@@ -30,10 +31,11 @@ pub fn service(runtime: &Runtime, auth: Option<Authenticator>) -> OrchestratorAp
     agentloop_proto::server::orchestrator(Api::new(runtime.clone(), auth))
 }
 
-/// The public API as HTTP/JSON ([`agentloop_http`]): every call goes through `service`,
-/// the gRPC API the orchestrator's listener serves, so both transports share one
-/// implementation, its authentication and its bounds; each call is recorded in
-/// `telemetry` as a gRPC one is (its server span, its answer's code).
+/// The public API as HTTP/JSON ([`agentloop_http`]), with the operator console
+/// ([`agentloop_console`]) at `/`: every call goes through `service`, the gRPC API the
+/// orchestrator's listener serves, so both transports share one implementation, its
+/// authentication and its bounds; each call is recorded in `telemetry` as a gRPC one
+/// is (its server span, its answer's code).
 ///
 /// # Errors
 ///
@@ -43,11 +45,12 @@ pub fn http_api(
     telemetry: &agentloop_telemetry::Telemetry,
 ) -> Result<agentloop_http::Gateway<Observed<OrchestratorApi>>, agentloop_http::RouteError> {
     use tonic::server::NamedService;
-    agentloop_http::Gateway::new(
+    Ok(agentloop_http::Gateway::new(
         agentloop_proto::FILE_DESCRIPTOR_SET,
         OrchestratorApi::NAME,
         agentloop_server::observed(telemetry, service),
-    )
+    )?
+    .with_pages(agentloop_console::page))
 }
 
 /// The gRPC API as [`service`] serves it.

@@ -12,7 +12,7 @@ use agentloop_auth::{Authenticator, Identity};
 use agentloop_effects::EffectState;
 use agentloop_effects::entry::Outcome;
 use agentloop_effects::settle::Recorded;
-use agentloop_engine::{EventBody, Fingerprint, MicroUsd, Reply, TerminalReason};
+use agentloop_engine::{EventBody, Fingerprint, MicroUsd, Reply, TerminalReason, UnixMillis};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
 use agentloop_runtime::ports::FailureKind;
@@ -27,13 +27,13 @@ use uuid::Uuid;
 
 use agentloop_wire as wire;
 
-use crate::{OrchestratorError, calls};
+use crate::{OrchestratorError, calls, stats};
 
 /// Default page size of `ListInvocations`.
 const DEFAULT_PAGE: u32 = 50;
 /// Largest cancellation reason, in bytes.
 const MAX_REASON_BYTES: usize = 1024;
-/// Most unresolved effects one `ListUnresolvedEffects` page returns.
+/// Most entries one `ListUnresolvedEffects` or `ListEffects` page returns.
 const MAX_EFFECTS_PAGE: u32 = 500;
 
 /// The public API: the runtime as its callers reach it, each call authenticated when
@@ -237,6 +237,41 @@ fn named(
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchInvocationResponse, Status>> + Send>>;
+
+/// The tenant a list or an aggregate reads: the one the request names, or all with
+/// authentication off; a verified caller reads its own, and naming another is
+/// PERMISSION_DENIED.
+fn scope(caller: &Caller, requested: &str) -> Result<Option<String>, OrchestratorError> {
+    let tenant = named(
+        "tenant",
+        requested,
+        caller.tenant(),
+        "tenant names another tenant than the caller's",
+    )?;
+    Ok(Some(tenant).filter(|tenant| !tenant.is_empty()))
+}
+
+/// The creation window `[after, before)` a request names; either end may be open.
+fn window(
+    after: Option<prost_types::Timestamp>,
+    before: Option<prost_types::Timestamp>,
+) -> Result<(Option<UnixMillis>, Option<UnixMillis>), OrchestratorError> {
+    let instant = |name: &str, at: Option<prost_types::Timestamp>| {
+        at.map(|at| {
+            wire::unix_millis(&at)
+                .ok_or_else(|| invalid(format!("{name} is not an instant after 1970")))
+        })
+        .transpose()
+    };
+    let from = instant("created_after", after)?;
+    let before = instant("created_before", before)?;
+    if let (Some(from), Some(before)) = (from, before)
+        && from >= before
+    {
+        return Err(invalid("created_after must be before created_before"));
+    }
+    Ok((from, before))
+}
 
 fn invalid(message: impl Into<String>) -> OrchestratorError {
     RuntimeError::InvalidArgument(message.into()).into()
@@ -574,20 +609,8 @@ impl OrchestratorService for Api {
             ))
             .into());
         }
-        let instant = |name: &str, at: Option<prost_types::Timestamp>| {
-            at.map(|at| {
-                wire::unix_millis(&at)
-                    .ok_or_else(|| invalid(format!("{name} is not an instant after 1970")))
-            })
-            .transpose()
-        };
-        let created_from = instant("created_after", request.created_after)?;
-        let created_before = instant("created_before", request.created_before)?;
-        if let (Some(from), Some(before)) = (created_from, created_before)
-            && from >= before
-        {
-            return Err(invalid("created_after must be before created_before").into());
-        }
+        let tenant = scope(&caller, &request.tenant)?;
+        let (created_from, created_before) = window(request.created_after, request.created_before)?;
         let records = self
             .runtime
             .store()
@@ -595,7 +618,7 @@ impl OrchestratorService for Api {
                 limit,
                 before,
                 state,
-                tenant: caller.tenant().map(str::to_owned),
+                tenant,
                 reason,
                 created_from,
                 created_before,
@@ -614,6 +637,49 @@ impl OrchestratorService for Api {
             invocations,
             next_page_token,
         }))
+    }
+
+    async fn get_invocation_stats(
+        &self,
+        request: Request<pb::GetInvocationStatsRequest>,
+    ) -> Result<Response<pb::GetInvocationStatsResponse>, Status> {
+        let caller = self.caller(&request).await?;
+        let request = request.into_inner();
+        let tenant = scope(&caller, &request.tenant)?;
+        let (created_from, created_before) = window(request.created_after, request.created_before)?;
+        let mut tally = stats::Tally::default();
+        let (mut read, mut before) = (0, None);
+        // The newest first, a page at a time, and one more than the bound in all: that one
+        // tells whether the window holds more than was read.
+        let truncated = loop {
+            let wanted = (stats::MAX_INVOCATIONS + 1 - read).min(MAX_PAGE_SIZE as usize);
+            let page = self
+                .runtime
+                .store()
+                .list(ListRequest {
+                    limit: u32::try_from(wanted).unwrap_or(MAX_PAGE_SIZE),
+                    before,
+                    tenant: tenant.clone(),
+                    created_from,
+                    created_before,
+                    ..ListRequest::default()
+                })
+                .await
+                .map_err(OrchestratorError::from)?;
+            for record in page.iter().take(stats::MAX_INVOCATIONS - read) {
+                tally.add(record);
+            }
+            let seen = read + page.len();
+            read = seen.min(stats::MAX_INVOCATIONS);
+            if seen > stats::MAX_INVOCATIONS {
+                break true;
+            }
+            if page.len() < wanted {
+                break false;
+            }
+            before = page.last().map(|record| record.invocation_id);
+        };
+        Ok(Response::new(tally.response(truncated)))
     }
 
     type WatchInvocationStream = WatchStream;
@@ -773,6 +839,30 @@ impl OrchestratorService for Api {
             .await
             .map_err(|failure| ledger_status(&failure))?;
         Ok(Response::new(pb::ListUnresolvedEffectsResponse {
+            entries: listed.entries.iter().map(wire::entry).collect(),
+            next_page_token: listed.next_page_token,
+        }))
+    }
+
+    async fn list_effects(
+        &self,
+        request: Request<pb::ListEffectsRequest>,
+    ) -> Result<Response<pb::ListEffectsResponse>, Status> {
+        let caller = self.caller(&request).await?;
+        let request = request.into_inner();
+        let id = self.owned_id(&caller, &request.invocation_id).await?;
+        let listed = self
+            .runtime
+            .ports()
+            .ledger
+            .list_by_invocation(
+                id,
+                request.page_size.min(MAX_EFFECTS_PAGE),
+                &request.page_token,
+            )
+            .await
+            .map_err(|failure| ledger_status(&failure))?;
+        Ok(Response::new(pb::ListEffectsResponse {
             entries: listed.entries.iter().map(wire::entry).collect(),
             next_page_token: listed.next_page_token,
         }))

@@ -1,0 +1,228 @@
+//! The aggregates of a window of invocations (`GetInvocationStats`): what an operator's
+//! overview shows. Folded one stored record at a time, so that reading many invocations
+//! keeps only a duration per ended run, never the runs themselves.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use agentloop_engine::TerminalReason;
+use agentloop_proto::v1 as pb;
+use agentloop_store::{InvocationRecord, InvocationState};
+use agentloop_wire as wire;
+
+/// Most invocations one `GetInvocationStats` reads: the newest of its window.
+pub(crate) const MAX_INVOCATIONS: usize = 10_000;
+
+/// The running sums of the invocations read so far.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    read: u32,
+    running: u32,
+    waiting: u32,
+    /// The duration of each ended run, in milliseconds, by its reason.
+    ended: BTreeMap<TerminalReason, Vec<u64>>,
+    completed: Sums,
+}
+
+#[derive(Debug, Default)]
+struct Sums {
+    runs: u32,
+    turns: u64,
+    tool_calls: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+    cost_micro_usd: u64,
+}
+
+impl Tally {
+    pub(crate) fn add(&mut self, record: &InvocationRecord) {
+        self.read = self.read.saturating_add(1);
+        let reason = record.end.as_ref().map(|end| end.reason);
+        match (record.state, reason) {
+            (InvocationState::Running, _) => self.running = self.running.saturating_add(1),
+            (InvocationState::Waiting, _) => self.waiting = self.waiting.saturating_add(1),
+            // An ended record always has its end; one without is counted as running.
+            (InvocationState::Ended, None) => self.running = self.running.saturating_add(1),
+            (InvocationState::Ended, Some(reason)) => {
+                let took = record.updated_at.0.saturating_sub(record.created_at.0);
+                self.ended.entry(reason).or_default().push(took);
+                if reason == TerminalReason::Completed {
+                    let totals = &record.totals;
+                    let sums = &mut self.completed;
+                    sums.runs = sums.runs.saturating_add(1);
+                    sums.turns = sums.turns.saturating_add(u64::from(totals.steps));
+                    sums.tool_calls = sums.tool_calls.saturating_add(u64::from(totals.tool_calls));
+                    sums.input_tokens = sums.input_tokens.saturating_add(totals.input_tokens);
+                    sums.output_tokens = sums.output_tokens.saturating_add(totals.output_tokens);
+                    sums.cost_micro_usd = sums.cost_micro_usd.saturating_add(totals.cost.0);
+                }
+            }
+        }
+    }
+
+    /// The answer, `truncated` when the window held more than was read.
+    pub(crate) fn response(self, truncated: bool) -> pb::GetInvocationStatsResponse {
+        let ended: usize = self.ended.values().map(Vec::len).sum();
+        let no_progress = self
+            .ended
+            .get(&TerminalReason::NoProgress)
+            .map_or(0, Vec::len);
+        let mut by_reason: Vec<pb::ReasonStats> = self
+            .ended
+            .into_iter()
+            .map(|(reason, mut durations)| {
+                durations.sort_unstable();
+                let at = |percent| duration(percentile(&durations, percent));
+                pb::ReasonStats {
+                    reason: wire::terminal_reason(reason).into(),
+                    count: u32::try_from(durations.len()).unwrap_or(u32::MAX),
+                    p50: at(50),
+                    p95: at(95),
+                    p99: at(99),
+                }
+            })
+            .collect();
+        // Most frequent first; the reason's order among equals, so the answer is stable.
+        by_reason.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
+        let sums = self.completed;
+        let per_run = |sum: u64| match sums.runs {
+            0 => 0.0,
+            runs => sum as f64 / f64::from(runs),
+        };
+        pb::GetInvocationStatsResponse {
+            invocations: self.read,
+            truncated,
+            running: self.running,
+            waiting: self.waiting,
+            by_reason,
+            completed: Some(pb::RunCosts {
+                runs: sums.runs,
+                turns: per_run(sums.turns),
+                tool_calls: per_run(sums.tool_calls),
+                input_tokens: per_run(sums.input_tokens),
+                output_tokens: per_run(sums.output_tokens),
+                cost_micro_usd: per_run(sums.cost_micro_usd),
+            }),
+            no_progress_rate: match ended {
+                0 => 0.0,
+                ended => no_progress as f64 / ended as f64,
+            },
+        }
+    }
+}
+
+/// The nearest-rank percentile of sorted, non-empty `values`: the smallest value with at
+/// least `percent` of them at or below it.
+fn percentile(sorted: &[u64], percent: usize) -> u64 {
+    let rank = (sorted.len() * percent).div_ceil(100).max(1);
+    sorted
+        .get(rank - 1)
+        .or(sorted.last())
+        .copied()
+        .unwrap_or_default()
+}
+
+fn duration(millis: u64) -> Option<prost_types::Duration> {
+    prost_types::Duration::try_from(Duration::from_millis(millis)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentloop_engine::{EndRecord, Totals, UnixMillis};
+    use uuid::Uuid;
+
+    fn record(
+        state: InvocationState,
+        reason: Option<TerminalReason>,
+        took: u64,
+    ) -> InvocationRecord {
+        InvocationRecord {
+            invocation_id: Uuid::now_v7(),
+            tenant: "t".into(),
+            idempotency_key: None,
+            request_digest: String::new(),
+            spec: String::new(),
+            state,
+            version: 1,
+            lease_epoch: 1,
+            totals: Totals {
+                steps: 2,
+                tool_calls: 3,
+                input_tokens: 100,
+                output_tokens: 10,
+                turn_events: 2,
+                cost: agentloop_engine::MicroUsd(7),
+            },
+            end: reason.map(|reason| EndRecord {
+                reason,
+                detail: String::new(),
+                answer: None,
+                proposal: None,
+                wait: None,
+                accepted_by: Vec::new(),
+            }),
+            cancel_requested_at: None,
+            cancel_reason: String::new(),
+            created_at: UnixMillis(1_000),
+            updated_at: UnixMillis(1_000 + took),
+        }
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let values: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&values, 50), 50);
+        assert_eq!(percentile(&values, 95), 95);
+        assert_eq!(percentile(&values, 99), 99);
+        assert_eq!(percentile(&[7], 99), 7);
+        assert_eq!(percentile(&[1, 2, 3], 50), 2);
+        assert_eq!(percentile(&[1, 2, 3], 99), 3);
+    }
+
+    #[test]
+    fn a_window_is_counted_by_state_and_reason() {
+        let mut tally = Tally::default();
+        for took in [10, 20, 30, 40] {
+            tally.add(&record(
+                InvocationState::Ended,
+                Some(TerminalReason::Completed),
+                took,
+            ));
+        }
+        tally.add(&record(
+            InvocationState::Ended,
+            Some(TerminalReason::NoProgress),
+            500,
+        ));
+        tally.add(&record(
+            InvocationState::Waiting,
+            Some(TerminalReason::ApprovalRequired),
+            5,
+        ));
+        tally.add(&record(InvocationState::Running, None, 0));
+        let stats = tally.response(false);
+        assert_eq!((stats.invocations, stats.running, stats.waiting), (7, 1, 1));
+        let completed = &stats.by_reason[0];
+        assert_eq!(completed.reason(), pb::TerminalReason::Completed);
+        assert_eq!(completed.count, 4);
+        let millis = |d: &Option<prost_types::Duration>| d.as_ref().map(|d| d.nanos / 1_000_000);
+        assert_eq!(millis(&completed.p50), Some(20));
+        assert_eq!(millis(&completed.p99), Some(40));
+        assert_eq!(stats.by_reason[1].reason(), pb::TerminalReason::NoProgress);
+        assert_eq!(stats.by_reason.len(), 2, "waits are not ends");
+        assert!((stats.no_progress_rate - 0.2).abs() < 1e-9);
+        let costs = stats.completed.unwrap_or_default();
+        assert_eq!(costs.runs, 4);
+        assert!((costs.turns - 2.0).abs() < 1e-9 && (costs.cost_micro_usd - 7.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn nothing_read_is_zeros_not_a_division_by_zero() {
+        let stats = Tally::default().response(false);
+        assert_eq!(stats.invocations, 0);
+        assert!(stats.by_reason.is_empty());
+        assert!(stats.no_progress_rate.abs() < f64::EPSILON);
+        assert_eq!(stats.completed.unwrap_or_default().runs, 0);
+    }
+}
