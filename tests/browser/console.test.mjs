@@ -2,8 +2,9 @@
 //
 // 1. Without authentication (`agentloop dev` as a developer runs it): a run that waits
 //    for approval is found in the list, opened, approved by a click, and seen to
-//    complete, with the transfer applied once by the demo executor's own record; a run
-//    whose goal and answer hold HTML shows them as text and runs none of it.
+//    complete, with the transfer applied once by the demo executor's own record; a
+//    question is answered there too; a run whose goal and answer hold HTML shows them
+//    as text and runs none of it.
 // 2. With authentication: a token signs in through the form and never appears in a
 //    URL; one tenant's token never shows another tenant's run; a caller without the
 //    approver role is refused the approval the approver then gives.
@@ -32,6 +33,10 @@ const APPROVE_THEN_FINAL = JSON.stringify({
       { id: 't1', name: 'transfer', arguments: { from: 'alice', to: 'bob', amount: 4200 } }] } },
     { final: 'moved 42.00', evidence: ['t1'] },
   ],
+});
+
+const ASKS = JSON.stringify({
+  turns: [{ clarification: 'Which account should be refunded?' }, { final: 'noted' }],
 });
 
 const HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">';
@@ -185,6 +190,19 @@ async function withoutAuth(browser) {
     await card.waitFor({ state: 'detached' });
     await page.getByText('Nothing waits for a human.').waitFor();
 
+    // A question is answered in the inbox too, and the run goes on with the answer.
+    const asks = await start(base, ASKS, 'Refund the customer');
+    await until(base, asks, waits);
+    const question = page.locator(`article.card[data-id="${asks}"]`);
+    await question.getByText('Which account should be refunded?').waitFor();
+    await question.getByLabel('Answer').fill('acct-1');
+    await question.getByRole('button', { name: 'Answer' }).click();
+    await question.waitFor({ state: 'detached' });
+    const answered = await until(base, asks, ends);
+    assert.equal(answered.at(-1).ended.reason, 'TERMINAL_REASON_COMPLETED');
+    assert.ok(answered.some((event) => event.clarificationAnswered
+      && event.clarificationAnswered.answer === 'acct-1'), 'the answer is in the log');
+
     // It completes; the timeline shows who approved and the write's ledger state.
     await page.goto(`/#/invocations/${id}`);
     await page.getByText('Ended: completed').waitFor();
@@ -210,8 +228,8 @@ async function withoutAuth(browser) {
 
     await page.getByRole('link', { name: 'Overview' }).click();
     const completed = page.locator('tr', { has: page.getByRole('rowheader', { name: 'completed' }) });
-    await completed.getByRole('cell').first().filter({ hasText: '2' }).waitFor();
-    await page.getByText('Per completed run (2 runs)').waitFor();
+    await completed.getByRole('cell').first().filter({ hasText: '3' }).waitFor();
+    await page.getByText('Per completed run (3 runs)').waitFor();
     await labelled(page);
     await shot(page, '06-overview.png');
 
