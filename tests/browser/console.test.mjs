@@ -7,7 +7,8 @@
 //    as text and runs none of it.
 // 2. With authentication: a token signs in through the form and never appears in a
 //    URL; one tenant's token never shows another tenant's run; a caller without the
-//    approver role is refused the approval the approver then gives.
+//    approver role is refused the approval the approver then gives; a platform
+//    operator's token sees every tenant, and the tenant filter narrows it to one.
 //
 // Each page is photographed into SCREENSHOTS (default target/console-screenshots).
 // Run from the repository: `node tests/browser/console.test.mjs`, after
@@ -263,13 +264,14 @@ async function withAuth(browser) {
   writeFileSync(secret, 'a development secret of more than thirty-two bytes');
   const issuer = 'https://issuer.console.test';
   const config = join(data, 'orchestrator.toml');
-  writeFileSync(config, `[auth]\nmode = "jwt"\nhs256_secret_file = "${secret}"\nissuer = "${issuer}"\naudience = "agentloop"\n`);
+  writeFileSync(config, `[auth]\nmode = "jwt"\nhs256_secret_file = "${secret}"\nissuer = "${issuer}"\naudience = "agentloop"\nall_tenants_role = "platform"\n`);
   const token = (actor, tenant, roles) => execFileSync(BIN, ['token', '--secret-file', secret,
     '--issuer', issuer, '--audience', 'agentloop', '--actor', actor, '--tenant', tenant,
     ...roles.flatMap((role) => ['--role', role])], { encoding: 'utf8' }).trim();
   const alice = token('alice', 'acme', ['approver']);
   const carol = token('carol', 'acme', []);
   const mallory = token('mallory', 'other', ['approver', 'operator']);
+  const olga = token('olga', 'platform-ops', ['platform']);
   const server = await dev(join(data, 'data'), ['--config', config]);
   try {
     const { base } = server;
@@ -315,7 +317,19 @@ async function withAuth(browser) {
     await page.getByText('Ended: completed').waitFor();
     await page.getByText('Approved by alice').waitFor();
 
-    for (const secretToken of [alice, carol, mallory]) {
+    // A platform operator sees both tenants, and the tenant filter narrows the list.
+    await page.getByRole('button', { name: 'Sign out' }).click();
+    await signIn(olga);
+    await page.goto('/#/invocations');
+    await page.locator(`tr[data-id="${id}"]`).waitFor();
+    await page.locator(`tr[data-id="${theirs}"]`).waitFor();
+    await page.getByLabel('Tenant').fill('other');
+    await page.getByRole('button', { name: 'Apply' }).click();
+    await page.locator(`tr[data-id="${id}"]`).waitFor({ state: 'detached' });
+    await page.locator(`tr[data-id="${theirs}"]`).waitFor();
+    await shot(page, '10-all-tenants-filtered-by-tenant.png');
+
+    for (const secretToken of [alice, carol, mallory, olga]) {
       assert.ok(urls.every((url) => !url.includes(secretToken)), 'a token in a URL');
     }
     assert.equal(await page.evaluate(() => localStorage.length), 0, 'nothing kept beyond the tab');

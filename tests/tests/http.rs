@@ -694,6 +694,7 @@ async fn tenants_and_roles_hold(via: Via) {
     let keys = tempfile::tempdir().unwrap();
     let mut config = OrchestratorConfig::default();
     config.server.auth = issuer.write_key_source(keys.path());
+    config.server.auth.all_tenants_role = Some("platform".into());
     let system = system(config).await;
     let alice = issuer.token("alice", "acme", &[]);
     let mallory = issuer.token("mallory", "other", &["approver"]);
@@ -755,6 +756,34 @@ async fn tenants_and_roles_hold(via: Via) {
     );
     let alices = as_alice.stats(Default::default()).await.unwrap();
     assert_eq!((alices.invocations, alices.waiting), (1, 1));
+    // A platform operator (auth.all_tenants_role) reads every tenant, and narrows by one.
+    let mut platform = caller(
+        &system,
+        via,
+        Some(&issuer.token("olga", "platform-ops", &["platform"])),
+    )
+    .await;
+    assert_eq!(platform.get(&id).await.unwrap().tenant, "acme");
+    let everyone = platform
+        .list_in(pb::InvocationState::Unspecified)
+        .await
+        .unwrap();
+    assert_eq!(everyone.len(), 1);
+    let of = |tenant: &str| pb::ListInvocationsRequest {
+        tenant: tenant.into(),
+        ..Default::default()
+    };
+    assert_eq!(platform.list(of("acme")).await.unwrap().len(), 1);
+    assert!(platform.list(of("other")).await.unwrap().is_empty());
+    assert_eq!(
+        platform
+            .stats(Default::default())
+            .await
+            .unwrap()
+            .invocations,
+        1
+    );
+    assert_eq!(platform.effects(&id).await.unwrap().len(), 0);
     let digest = as_alice
         .get(&id)
         .await

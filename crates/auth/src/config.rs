@@ -50,6 +50,9 @@ pub struct AuthConfig {
     /// The role that may settle effects the runtime could not reconcile (default
     /// `operator`).
     pub operator_role: String,
+    /// The role whose holders read and answer every tenant's invocations: a platform's
+    /// operators. Unset (the default): every caller sees its own tenant only.
+    pub all_tenants_role: Option<String>,
     /// Clock skew allowed on `exp` and `nbf`, in seconds (default 30, at most 300).
     pub leeway_s: u64,
     /// How often a `jwks_url` is fetched again, in seconds (default 300, at least 10).
@@ -69,6 +72,7 @@ impl Default for AuthConfig {
             roles_claim: "roles".to_owned(),
             approver_role: "approver".to_owned(),
             operator_role: "operator".to_owned(),
+            all_tenants_role: None,
             leeway_s: 30,
             jwks_refresh_s: 300,
         }
@@ -135,6 +139,13 @@ impl AuthConfig {
                 return Err(format!("{key} must not be empty"));
             }
         }
+        if self
+            .all_tenants_role
+            .as_deref()
+            .is_some_and(|role| role.trim().is_empty())
+        {
+            return Err("auth.all_tenants_role must not be empty when set".to_owned());
+        }
         if self.leeway_s > MAX_LEEWAY_S {
             return Err(format!(
                 "auth.leeway_s must be at most {MAX_LEEWAY_S} (got {})",
@@ -174,6 +185,10 @@ mod tests {
         assert_eq!(config.roles_claim, "roles");
         assert_eq!(config.approver_role, "approver");
         assert_eq!(config.operator_role, "operator");
+        assert_eq!(
+            config.all_tenants_role, None,
+            "nobody sees every tenant by default"
+        );
         assert_eq!(config.leeway_s, 30);
         assert_eq!(config.jwks_refresh_s, 300);
         assert_eq!(config.validate(), Ok(()));

@@ -74,6 +74,7 @@ struct Rules {
     roles_claim: String,
     approver_role: String,
     operator_role: String,
+    all_tenants_role: Option<String>,
 }
 
 /// The keys tokens may be signed with.
@@ -226,6 +227,12 @@ impl Authenticator {
     pub fn operator_role(&self) -> &str {
         &self.inner.rules.operator_role
     }
+
+    /// The role whose holders read and answer every tenant's invocations
+    /// (`auth.all_tenants_role`), if one is set.
+    pub fn all_tenants_role(&self) -> Option<&str> {
+        self.inner.rules.all_tenants_role.as_deref()
+    }
 }
 
 impl Inner {
@@ -316,6 +323,7 @@ impl Rules {
             roles_claim: config.roles_claim.clone(),
             approver_role: config.approver_role.clone(),
             operator_role: config.operator_role.clone(),
+            all_tenants_role: config.all_tenants_role.clone(),
         }
     }
 

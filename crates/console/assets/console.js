@@ -9,6 +9,8 @@ const ACTOR_KEY = 'agentloop.actor';
 const LIST_REFRESH_MS = 2000;
 const STATS_REFRESH_MS = 5000;
 const RECONNECT_MS = 1000;
+// Reconnections of a timeline's event stream in a row, without an event, before it stops.
+const MAX_RECONNECTS = 30;
 // Most invocations the effects page checks for entries needing an operator.
 const EFFECTS_SCAN = 50;
 
@@ -123,6 +125,8 @@ function follow(id, onEvent, onError) {
     }
   }
   (async () => {
+    let failures = 0;
+    let seen = next;
     while (!stopped) {
       try {
         await once();
@@ -131,6 +135,13 @@ function follow(id, onEvent, onError) {
         if (stopped || error.name === 'AbortError') return;
         onError(error);
         if (error instanceof ApiError && error.status >= 400 && error.status < 500) return;
+        // Consecutive failures without a new event are bounded; then the page says so.
+        failures = next > seen ? 1 : failures + 1;
+        seen = next;
+        if (failures > MAX_RECONNECTS) {
+          onError(new Error('the event stream keeps failing: reload the page to try again'));
+          return;
+        }
         await new Promise((resolve) => setTimeout(resolve, RECONNECT_MS));
       }
     }
@@ -250,15 +261,17 @@ function actor() {
 
 let leave = () => {};
 
-/** Runs `load` now and every `ms` until the page is left. */
+/** Runs `load` now and every `ms` until the page is left; not while the tab is hidden. */
 function every(ms, load) {
   let timer = null;
   let gone = false;
   async function tick() {
-    try {
-      await load();
-    } catch (error) {
-      notice(explain(error));
+    if (!document.hidden) {
+      try {
+        await load();
+      } catch (error) {
+        notice(explain(error));
+      }
     }
     if (!gone) timer = setTimeout(tick, ms);
   }
@@ -364,7 +377,8 @@ function summary(inv) {
     ['Detail', inv.terminalDetail || ''],
     ['Answer', inv.answer === undefined ? '' : inv.answer],
     ['Goal', inv.goal || ''],
-    ['Tenant / actor', (inv.tenant || '') + ' / ' + (inv.actor || '')],
+    ['Tenant', inv.tenant || 'none'],
+    ['Actor', inv.actor || 'none'],
     ['Profile', inv.profile || 'default'],
     ['Turns', (usage.steps || 0) + (budget.maxSteps ? ' of ' + budget.maxSteps : '')],
     ['Tool calls', (usage.toolCalls || 0) + (budget.maxToolCalls ? ' of ' + budget.maxToolCalls : '')],
@@ -520,14 +534,19 @@ function invocationPage(root, id) {
     if (inv.state === 'INVOCATION_STATE_WAITING') waiting.append(replyForm(inv, load));
     return inv;
   }
-  let refreshing = null;
+  let refreshing = false;
+  let again = false;
   function refresh() {
-    // One refresh at a time; events that arrive meanwhile are shown by the next one.
-    if (refreshing) return;
-    refreshing = Promise.all([load(), loadEffects()])
+    // One refresh at a time; events that arrive meanwhile ask for one more after it.
+    if (refreshing) { again = true; return; }
+    refreshing = true;
+    Promise.all([load(), loadEffects()])
       .then(render)
       .catch((error) => notice(explain(error)))
-      .finally(() => { refreshing = null; });
+      .finally(() => {
+        refreshing = false;
+        if (again && !gone) { again = false; refresh(); }
+      });
   }
   load().catch((error) => notice(explain(error)));
   const stop = follow(id, (event) => {

@@ -3,8 +3,9 @@
 //! Identity is checked here and nowhere else in the orchestrator: with `auth` on, every
 //! call's bearer token is verified before anything is read, a start takes its actor
 //! and tenant from the token, and an invocation of another tenant is NOT_FOUND, the
-//! answer for an ID that does not exist, so that nobody learns which IDs exist. The
-//! runners, the store and the services behind the ports trust what was admitted here.
+//! answer for an ID that does not exist, so that nobody learns which IDs exist; only a
+//! token holding `auth.all_tenants_role` reads across tenants. The runners, the store
+//! and the services behind the ports trust what was admitted here.
 
 use std::pin::Pin;
 
@@ -60,13 +61,16 @@ enum Caller {
     Anyone,
     /// A verified token's identity.
     Verified(Identity),
+    /// A verified token holding `auth.all_tenants_role`: it reads and answers every
+    /// tenant's invocations, and what it starts is its own tenant's.
+    AllTenants(Identity),
 }
 
 impl Caller {
     /// The tenant whose invocations the caller sees; `None` for all.
     fn tenant(&self) -> Option<&str> {
         match self {
-            Caller::Anyone => None,
+            Caller::Anyone | Caller::AllTenants(_) => None,
             Caller::Verified(identity) => Some(&identity.tenant),
         }
     }
@@ -82,9 +86,13 @@ impl Api {
     async fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
         match &self.auth {
             None => Ok(Caller::Anyone),
-            Some(auth) => Ok(Caller::Verified(
-                auth.authenticate(request.metadata()).await?,
-            )),
+            Some(auth) => {
+                let identity = auth.authenticate(request.metadata()).await?;
+                match auth.all_tenants_role() {
+                    Some(role) if identity.has_role(role) => Ok(Caller::AllTenants(identity)),
+                    Some(_) | None => Ok(Caller::Verified(identity)),
+                }
+            }
         }
     }
 
@@ -111,7 +119,8 @@ impl Api {
         role: fn(&Authenticator) -> &str,
         doing: &str,
     ) -> Result<(), OrchestratorError> {
-        if let (Caller::Verified(identity), Some(auth)) = (caller, &self.auth)
+        if let (Caller::Verified(identity) | Caller::AllTenants(identity), Some(auth)) =
+            (caller, &self.auth)
             && !identity.has_role(role(auth))
         {
             return Err(RuntimeError::PermissionDenied(format!(
@@ -132,7 +141,9 @@ impl Api {
     ) -> Result<Uuid, OrchestratorError> {
         match caller {
             Caller::Anyone => parse_id(invocation_id),
-            Caller::Verified(_) => Ok(self.owned(caller, invocation_id).await?.invocation_id),
+            Caller::Verified(_) | Caller::AllTenants(_) => {
+                Ok(self.owned(caller, invocation_id).await?.invocation_id)
+            }
         }
     }
 }
@@ -148,12 +159,12 @@ fn principal(
     request: &pb::StartInvocationRequest,
 ) -> Result<(String, String, Vec<String>), OrchestratorError> {
     let roles = match caller {
-        Caller::Verified(identity)
+        Caller::Verified(identity) | Caller::AllTenants(identity)
             if request.roles.is_empty() || request.roles == identity.roles =>
         {
             identity.roles.clone()
         }
-        Caller::Verified(_) => {
+        Caller::Verified(_) | Caller::AllTenants(_) => {
             return Err(RuntimeError::PermissionDenied(
                 "roles name other roles than the caller's token grants".into(),
             )
@@ -175,8 +186,9 @@ fn principal(
             request.roles.clone()
         }
     };
+    // What a caller starts is its own tenant's, whatever it may read.
     let tenant = match caller {
-        Caller::Verified(identity) => Some(identity.tenant.as_str()),
+        Caller::Verified(identity) | Caller::AllTenants(identity) => Some(identity.tenant.as_str()),
         Caller::Anyone => None,
     };
     let tenant = named(
@@ -189,7 +201,7 @@ fn principal(
     // Which refusal a request wrong in both says: another tenant for a verified caller,
     // a malformed actor otherwise.
     match caller {
-        Caller::Verified(_) => {
+        Caller::Verified(_) | Caller::AllTenants(_) => {
             let tenant = tenant?;
             Ok((actor?, tenant, roles))
         }
@@ -204,7 +216,7 @@ fn principal(
 /// PERMISSION_DENIED), or, with `auth` off, the one it names (empty for none).
 fn acting_actor(caller: &Caller, actor: &str) -> Result<String, OrchestratorError> {
     let verified = match caller {
-        Caller::Verified(identity) => Some(identity.actor.as_str()),
+        Caller::Verified(identity) | Caller::AllTenants(identity) => Some(identity.actor.as_str()),
         Caller::Anyone => None,
     };
     named(
@@ -647,39 +659,21 @@ impl OrchestratorService for Api {
         let request = request.into_inner();
         let tenant = scope(&caller, &request.tenant)?;
         let (created_from, created_before) = window(request.created_after, request.created_before)?;
-        let mut tally = stats::Tally::default();
-        let (mut read, mut before) = (0, None);
-        // The newest first, a page at a time, and one more than the bound in all: that one
-        // tells whether the window holds more than was read.
-        let truncated = loop {
-            let wanted = (stats::MAX_INVOCATIONS + 1 - read).min(MAX_PAGE_SIZE as usize);
-            let page = self
-                .runtime
-                .store()
-                .list(ListRequest {
-                    limit: u32::try_from(wanted).unwrap_or(MAX_PAGE_SIZE),
-                    before,
-                    tenant: tenant.clone(),
-                    created_from,
-                    created_before,
-                    ..ListRequest::default()
-                })
-                .await
-                .map_err(OrchestratorError::from)?;
-            for record in page.iter().take(stats::MAX_INVOCATIONS - read) {
-                tally.add(record);
-            }
-            let seen = read + page.len();
-            read = seen.min(stats::MAX_INVOCATIONS);
-            if seen > stats::MAX_INVOCATIONS {
-                break true;
-            }
-            if page.len() < wanted {
-                break false;
-            }
-            before = page.last().map(|record| record.invocation_id);
+        let selected = ListRequest {
+            tenant,
+            created_from,
+            created_before,
+            ..ListRequest::default()
         };
-        Ok(Response::new(tally.response(truncated)))
+        let stats = stats::read(
+            self.runtime.store().as_ref(),
+            selected,
+            stats::MAX_INVOCATIONS,
+            stats::PAGE,
+        )
+        .await
+        .map_err(OrchestratorError::from)?;
+        Ok(Response::new(stats))
     }
 
     type WatchInvocationStream = WatchStream;
@@ -818,10 +812,12 @@ impl OrchestratorService for Api {
     ) -> Result<Response<pb::ListUnresolvedEffectsResponse>, Status> {
         let caller = self.caller(&request).await?;
         let request = request.into_inner();
-        // A local operator sees every entry, as the ledger keeps them; a verified caller
-        // names an invocation of its own tenant.
+        // A local operator, or one of every tenant, sees every entry, as the ledger keeps
+        // them; a verified caller names an invocation of its own tenant.
         let invocation_id = match (&caller, request.invocation_id.as_str()) {
+            (Caller::Anyone | Caller::AllTenants(_), "") => String::new(),
             (Caller::Anyone, id) => id.to_owned(),
+            (Caller::AllTenants(_), id) => self.owned(&caller, id).await?.invocation_id.to_string(),
             (Caller::Verified(_), "") => {
                 return Err(invalid("invocation_id is required").into());
             }

@@ -7,11 +7,50 @@ use std::time::Duration;
 
 use agentloop_engine::TerminalReason;
 use agentloop_proto::v1 as pb;
-use agentloop_store::{InvocationRecord, InvocationState};
+use agentloop_store::{EventStore, InvocationRecord, InvocationState, ListRequest, StoreError};
 use agentloop_wire as wire;
 
 /// Most invocations one `GetInvocationStats` reads: the newest of its window.
 pub(crate) const MAX_INVOCATIONS: usize = 10_000;
+/// Invocations read from the store at a time: what one read holds in memory.
+pub(crate) const PAGE: usize = 100;
+
+/// The aggregates of the invocations `scope` selects (its limit and cursor are set
+/// here): the newest `bound` of them, read `page` at a time, and whether the window
+/// held more.
+pub(crate) async fn read(
+    store: &dyn EventStore,
+    scope: ListRequest,
+    bound: usize,
+    page: usize,
+) -> Result<pb::GetInvocationStatsResponse, StoreError> {
+    let mut tally = Tally::default();
+    let (mut read, mut before) = (0, None);
+    // One more than the bound in all: that one tells whether there are more.
+    let truncated = loop {
+        let wanted = (bound + 1 - read).min(page.max(1));
+        let records = store
+            .list(ListRequest {
+                limit: u32::try_from(wanted).unwrap_or(u32::MAX),
+                before,
+                ..scope.clone()
+            })
+            .await?;
+        for record in records.iter().take(bound - read) {
+            tally.add(record);
+        }
+        let seen = read + records.len();
+        read = seen.min(bound);
+        if seen > bound {
+            break true;
+        }
+        if records.len() < wanted {
+            break false;
+        }
+        before = records.last().map(|record| record.invocation_id);
+    };
+    Ok(tally.response(truncated))
+}
 
 /// The running sums of the invocations read so far.
 #[derive(Debug, Default)]
@@ -215,6 +254,58 @@ mod tests {
         let costs = stats.completed.unwrap_or_default();
         assert_eq!(costs.runs, 4);
         assert!((costs.turns - 2.0).abs() < 1e-9 && (costs.cost_micro_usd - 7.0).abs() < 1e-9);
+    }
+
+    /// The newest `bound` of a window are read, page by page, and the answer says
+    /// whether the window held more; the scope's tenant is kept on every page.
+    #[tokio::test]
+    async fn a_window_is_read_up_to_its_bound_and_says_when_it_held_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = agentloop_store::SqliteStore::open_in(dir.path())
+            .await
+            .unwrap();
+        for (n, tenant) in ["a", "a", "b", "a", "a", "a"].into_iter().enumerate() {
+            let created = store
+                .create(agentloop_store::NewInvocation {
+                    invocation_id: Uuid::now_v7(),
+                    tenant: tenant.into(),
+                    idempotency_key: None,
+                    request_digest: format!("d{n}"),
+                    spec: "{}".into(),
+                    created_at: UnixMillis(1_000 + n as u64),
+                })
+                .await
+                .unwrap();
+            assert!(matches!(created, agentloop_store::Created::New(_)));
+        }
+        let scope = ListRequest {
+            tenant: Some("a".into()),
+            ..ListRequest::default()
+        };
+        for (bound, page, read, truncated) in [
+            (3, 2, 3, true),
+            (4, 2, 4, true),
+            (5, 2, 5, false),
+            (5, 5, 5, false),
+            (9, 2, 5, false),
+            (4, 100, 4, true),
+        ] {
+            let stats = read_window(&store, &scope, bound, page).await;
+            assert_eq!(
+                (stats.invocations, stats.truncated),
+                (read, truncated),
+                "bound {bound}, page {page}"
+            );
+        }
+    }
+
+    async fn read_window(
+        store: &agentloop_store::SqliteStore,
+        scope: &ListRequest,
+        bound: usize,
+        page: usize,
+    ) -> pb::GetInvocationStatsResponse {
+        read(store, scope.clone(), bound, page).await.unwrap()
     }
 
     #[test]
