@@ -25,6 +25,7 @@ import { chromium } from 'playwright-core';
 const BIN = resolve(process.env.AGENTLOOP_BIN || 'target/debug/agentloop');
 const BROWSER = process.env.CHROMIUM || '/usr/bin/chromium';
 const SHOTS = resolve(process.env.SCREENSHOTS || 'target/console-screenshots');
+const POLICIES = resolve('deploy/policies/demo.cedar');
 // How long any one wait may take before the test fails.
 const WAIT_MS = 30_000;
 
@@ -107,7 +108,9 @@ const waits = (event) => Boolean(event.ended && event.ended.waitUntil);
 const ends = (event) => Boolean(event.ended && !event.ended.waitUntil);
 
 async function start(base, script, goal, token) {
-  const started = await call(base, 'POST', '/v1/invocations', { goal, scriptedModelJson: script }, token);
+  // The demo policies let clerks move small amounts; a token's roles are its own.
+  const roles = token ? undefined : ['clerk'];
+  const started = await call(base, 'POST', '/v1/invocations', { goal, scriptedModelJson: script, roles }, token);
   return started.invocation.invocationId;
 }
 
@@ -147,7 +150,8 @@ async function labelled(page) {
 
 async function withoutAuth(browser) {
   const data = mkdtempSync(join(tmpdir(), 'agentloop-console-'));
-  const server = await dev(join(data, 'data'));
+  // Cedar policies judge every call, so the timeline names what permitted each one.
+  const server = await dev(join(data, 'data'), ['--policies', POLICIES]);
   try {
     const { base } = server;
     const id = await start(base, APPROVE_THEN_FINAL, 'Move 42.00 from alice to bob');
@@ -209,6 +213,7 @@ async function withoutAuth(browser) {
     await page.getByText('Ended: completed').waitFor();
     await page.getByText('Approved by console').waitFor();
     await page.locator('.effect .state', { hasText: 'committed' }).first().waitFor();
+    await page.getByText('permitted by small-transfers-for-clerks').first().waitFor();
     await shot(page, '04-invocation-completed.png');
 
     // Applied once, by the executor's own record.

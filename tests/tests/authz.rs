@@ -112,11 +112,26 @@ async fn a_refused_call_never_runs_and_repeated_refusals_end_naming_the_policy(w
 async fn a_small_transfer_runs_and_a_large_one_waits_for_a_human(wiring: Wiring) {
     let system = under(wiring, OrchestratorConfig::default(), demo_policies()).await;
     let mut client = system.client().await;
-    let (ended, _) = run_to_end(&mut client, as_clerk(&transfer_script("alice", 10_000, 1))).await;
+    let (ended, events) =
+        run_to_end(&mut client, as_clerk(&transfer_script("alice", 10_000, 1))).await;
     assert_eq!(reason(&ended), pb::TerminalReason::Completed);
     assert_eq!(
         applied_for(system.executor(), &ended.invocation_id).len(),
         1
+    );
+    // The turn that ran the transfer names the policy that permitted it.
+    let ran = turns(&events)
+        .into_iter()
+        .find(|t| !t.results.is_empty())
+        .unwrap();
+    let permits: Vec<(&str, &[String])> = ran
+        .permits
+        .iter()
+        .map(|p| (p.call_id.as_str(), p.policy_ids.as_slice()))
+        .collect();
+    assert_eq!(
+        permits,
+        [("t1", &["small-transfers-for-clerks".to_owned()][..])]
     );
 
     let (id, _, end) =
@@ -148,6 +163,12 @@ async fn a_small_transfer_runs_and_a_large_one_waits_for_a_human(wiring: Wiring)
         .find(|t| !t.results.is_empty())
         .unwrap();
     assert!(!reopened.policy_version.is_empty());
+    assert_eq!(reopened.permits.len(), 1);
+    assert_eq!(
+        reopened.permits[0].policy_ids,
+        ["large-transfers-need-approval"],
+        "the approval permit granted it, once approved"
+    );
     system.stop().await;
 }
 

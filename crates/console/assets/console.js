@@ -391,12 +391,14 @@ function summary(inv) {
     rows.filter(([, v]) => v !== '').map(([k, v]) => [el('dt', {}, k), el('dd', {}, String(v))]));
 }
 
-function callsList(calls, results, effects) {
+function callsList(calls, results, effects, permits) {
   return el('ol', { class: 'calls' }, (calls || []).map((call) => {
     const result = results ? results.get(call.callId) : undefined;
     const effect = effects ? effects.get(call.callId) : undefined;
+    const permit = permits ? permits.get(call.callId) : undefined;
     return el('li', { class: 'call', dataset: { call: call.callId } },
       el('div', {}, el('strong', {}, call.tool), ' ', el('span', { class: 'muted' }, 'call ' + call.callId)),
+      permit ? el('p', { class: 'permit' }, 'permitted by ' + (permit.length ? permit.join(', ') : 'no named policy')) : null,
       code(pretty(call.argumentsJson)),
       result ? resultView(result) : null,
       effect ? el('p', { class: 'effect' }, 'effect ', el('code', {}, effect.effectKey),
@@ -434,16 +436,16 @@ function checksView(checks) {
     (c.evidence || []).length ? ' evidence ' + c.evidence.join(', ') : '')));
 }
 
-function decisionView(decision, results, effects) {
+function decisionView(decision, results, effects, permits) {
   const d = decision || {};
   if (d.final) {
     return [el('p', {}, 'Final answer:'), code(d.final.answer || ''),
       (d.final.evidence || []).length ? el('p', {}, 'Evidence: ' + d.final.evidence.join(', ')) : null];
   }
-  if (d.toolCalls) return [el('p', {}, 'Tool calls:'), callsList(d.toolCalls.calls, results, effects)];
+  if (d.toolCalls) return [el('p', {}, 'Tool calls:'), callsList(d.toolCalls.calls, results, effects, permits)];
   if (d.requestApproval) {
     return [el('p', {}, 'Asks approval: ', d.requestApproval.summary || ''),
-      callsList(d.requestApproval.calls, results, effects)];
+      callsList(d.requestApproval.calls, results, effects, permits)];
   }
   if (d.clarification) return [el('p', {}, 'Asks: ', d.clarification.question || '')];
   if (d.cannotContinue) return [el('p', {}, 'Cannot continue: ', d.cannotContinue.reason || '')];
@@ -456,11 +458,12 @@ function eventView(event, effects) {
   if (event.turn || event.batchStarted) {
     const t = event.turn || event.batchStarted;
     const results = new Map((t.results || []).map((r) => [r.callId, r]));
+    const permits = new Map((t.permits || []).map((p) => [p.callId, p.policyIds || []]));
     const usage = t.usage || {};
     const rejection = t.rejection;
     return el('li', { class: 'event turn' },
       head('Turn ' + (t.turn || 0) + (event.batchStarted ? ': its writes are about to run' : '')),
-      decisionView(t.decision, results, effects),
+      decisionView(t.decision, results, effects, permits),
       rejection ? el('div', { class: 'rejection' },
         el('p', {}, 'Refused (' + short(rejection.kind, 'REJECTION_KIND_') + '): ', rejection.message || ''),
         el('ul', {}, (rejection.refusals || []).map((r) => el('li', {},

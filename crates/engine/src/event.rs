@@ -110,6 +110,10 @@ pub struct TurnRecord {
     /// know it without the gateway.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tools: BTreeMap<String, ToolDigest>,
+    /// The policies that permitted each call the policy set allowed, in call order:
+    /// what an audit reads beside the refusals.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub permits: Vec<Permit>,
 }
 
 impl TurnRecord {
@@ -139,6 +143,15 @@ pub struct Rejection {
     /// The calls policy refused, each with why, when it refused calls.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refusals: Vec<Refusal>,
+}
+
+/// The policies that permitted one call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Permit {
+    /// The call.
+    pub call_id: CallId,
+    /// The IDs of the satisfied permits (never their text).
+    pub policies: Vec<String>,
 }
 
 /// One call trusted code refused to run: in a rejected turn (nothing ran), or at

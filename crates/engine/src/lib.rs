@@ -51,8 +51,8 @@ pub use decision::{
     ToolCall, Usage, ValidBatch, validate,
 };
 pub use event::{
-    Answer, EndRecord, Event, EventBody, Refusal, Rejection, RejectionKind, Resolution, TurnRecord,
-    Wait,
+    Answer, EndRecord, Event, EventBody, Permit, Refusal, Rejection, RejectionKind, Resolution,
+    TurnRecord, Wait,
 };
 pub use human::{Reply, ReplyError, WaitEnd, end_wait, reply};
 pub use limits::{DEFAULT_MAX_WAIT_MS, Limits};

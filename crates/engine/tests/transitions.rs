@@ -1415,6 +1415,7 @@ fn a_denied_batch_is_committed_with_one_refusal_per_refused_call_and_the_policy_
             refusals: vec![refusal("t1", "no-transfers")],
         },
         policy: Some("v1".into()),
+        permits: Vec::new(),
     };
     let actions = invocation
         .step(Input::Authorized(denied), UnixMillis(0))
@@ -1429,6 +1430,42 @@ fn a_denied_batch_is_committed_with_one_refusal_per_refused_call_and_the_policy_
     assert_eq!(rejection.kind, RejectionKind::InvalidDecision);
     assert_eq!(rejection.refusals, vec![refusal("t1", "no-transfers")]);
     assert!(rejection.message.contains("no-transfers"));
+}
+
+/// The policies that permitted each call are committed with the turn that ran them.
+#[test]
+fn an_allowed_batch_is_committed_with_the_policies_that_permitted_each_call() {
+    let mut invocation = started(limits());
+    decide(&mut invocation, tools(vec![lookup("a", "profile")]), 0);
+    let permits = vec![Permit {
+        call_id: CallId::new("a"),
+        policies: vec!["lookups-for-everyone".into()],
+    }];
+    let allowed = Authorization {
+        verdict: Verdict::Allow,
+        policy: Some("v2".into()),
+        permits: permits.clone(),
+    };
+    let actions = invocation
+        .step(Input::Authorized(allowed), UnixMillis(0))
+        .unwrap();
+    assert!(matches!(actions.as_slice(), [Action::Execute { .. }]));
+    let actions = invocation
+        .step(
+            Input::CallFinished {
+                call_id: CallId::new("a"),
+                outcome: output("{}"),
+            },
+            UnixMillis(1),
+        )
+        .unwrap();
+    let events = commit_events(&actions);
+    let EventBody::Turn(turn) = &events[0].body else {
+        panic!("expected the turn, got {events:?}");
+    };
+    assert_eq!(turn.results.len(), 1, "the call ran");
+    assert_eq!(turn.policy.as_deref(), Some("v2"));
+    assert_eq!(turn.permits, permits);
 }
 
 #[test]
@@ -1459,6 +1496,7 @@ fn a_resumed_batch_refused_at_dispatch_sends_nothing_it_refuses() {
             reason: "permission denied by policy frozen".into(),
             refusals: vec![refusal("t1", "frozen")],
         },
+        permits: Vec::new(),
         policy: Some("v2".into()),
     };
     let actions = restored

@@ -9,9 +9,9 @@
 
 use agentloop_engine::{
     Authorization, CallId, CallOutcome, Check, CheckKind, CheckVerdict, EndRecord, ErrorType,
-    Event, EventBody, Judgement, Limits, MicroUsd, NextAction, ProposedCall, ProposedDecision,
-    Refusal, Rejection, RejectionKind, Ruling, SideEffect, TerminalReason, ToolCall, ToolError,
-    Totals, TurnRecord, UnixMillis, Usage,
+    Event, EventBody, Judgement, Limits, MicroUsd, NextAction, Permit, ProposedCall,
+    ProposedDecision, Refusal, Rejection, RejectionKind, Ruling, SideEffect, TerminalReason,
+    ToolCall, ToolError, Totals, TurnRecord, UnixMillis, Usage,
 };
 use std::time::SystemTime;
 
@@ -226,6 +226,23 @@ pub fn judgement(response: pb::EvaluateResponse) -> Judgement {
         violations,
         proposal: response.proposal_digest.parse().ok(),
         policy: Some(response.policy_version).filter(|v| !v.is_empty()),
+        permits: response.permits.into_iter().map(permit_from).collect(),
+    }
+}
+
+/// A permit on the wire -> the engine's.
+fn permit_from(permit: pb::Permit) -> Permit {
+    Permit {
+        call_id: CallId::new(permit.call_id),
+        policies: permit.policy_ids,
+    }
+}
+
+/// The engine's permit -> its wire form.
+fn permit(permit: &Permit) -> pb::Permit {
+    pb::Permit {
+        call_id: permit.call_id.as_str().to_owned(),
+        policy_ids: permit.policies.clone(),
     }
 }
 
@@ -253,6 +270,7 @@ pub fn evaluate_response(judgement: Judgement) -> pb::EvaluateResponse {
             .map(|digest| digest.to_string())
             .unwrap_or_default(),
         policy_version: judgement.policy.unwrap_or_default(),
+        permits: judgement.permits.iter().map(permit).collect(),
     }
 }
 
@@ -454,6 +472,7 @@ fn turn(record: &TurnRecord) -> pb::TurnCommitted {
             .iter()
             .map(|(tool, digest)| (tool.clone(), digest.to_string()))
             .collect(),
+        permits: record.permits.iter().map(permit).collect(),
     }
 }
 
@@ -808,6 +827,10 @@ mod tests {
                 ],
                 proposal: Some(Fingerprint::of_calls([("lookup", "{}")])),
                 policy: Some("v3".into()),
+                permits: vec![Permit {
+                    call_id: CallId::new("c2"),
+                    policies: vec!["p2".into(), "p3".into()],
+                }],
             };
             assert_eq!(judgement(evaluate_response(judged.clone())), judged);
         }
@@ -816,6 +839,7 @@ mod tests {
             violations: Vec::new(),
             proposal: None,
             policy: None,
+            permits: Vec::new(),
         };
         assert_eq!(judgement(evaluate_response(plain.clone())), plain);
     }

@@ -8,7 +8,7 @@ use std::fmt;
 
 use agentloop_authz::{Authorizer, BatchContext, CallRequest, Effect, Principal};
 use agentloop_engine::{
-    CallId, ErrorType, Fingerprint, Judgement, Refusal, Ruling, ToolCall, canonical_json,
+    CallId, ErrorType, Fingerprint, Judgement, Permit, Refusal, Ruling, ToolCall, canonical_json,
 };
 use agentloop_proto::v1;
 use agentloop_proto::v1::{EvaluateRequest, EvaluateResponse};
@@ -214,7 +214,11 @@ impl ToolPolicy {
         let approved = request
             .approved
             .is_some_and(|approved| approved == digest());
-        let (decisions, version) = authorize(request, &parsed, approved, policies);
+        let Authorized {
+            refused: decisions,
+            permits,
+            version,
+        } = authorize(request, &parsed, approved, policies);
         let mut gated: Vec<Refusal> = Vec::new();
         for (call, decision) in request.calls.iter().zip(&decisions) {
             match decision {
@@ -253,6 +257,7 @@ impl ToolPolicy {
                 violations: gated,
                 proposal: Some(digest()),
                 policy: version,
+                permits,
             });
         }
         Ok(Judgement {
@@ -260,6 +265,7 @@ impl ToolPolicy {
             violations: Vec::new(),
             proposal: None,
             policy: version,
+            permits,
         })
     }
 
@@ -350,6 +356,16 @@ struct Judged {
     violation: Refusal,
 }
 
+/// What the policies said of a batch.
+struct Authorized {
+    /// Per call, why it may not run as it is (none: allowed, or authorization is off).
+    refused: Vec<Option<Judged>>,
+    /// The policies that permitted each allowed call.
+    permits: Vec<Permit>,
+    /// The version of the set that decided (none when authorization is off).
+    version: Option<String>,
+}
+
 /// The policies' decision on each call (none when authorization is off), and the
 /// version of the set that decided.
 fn authorize(
@@ -357,7 +373,7 @@ fn authorize(
     arguments: &[Value],
     approved: bool,
     policies: &ProfilePolicies,
-) -> (Vec<Option<Judged>>, Option<String>) {
+) -> Authorized {
     let refuse_all = |message: String| {
         let decisions = request
             .calls
@@ -374,11 +390,19 @@ fn authorize(
                 })
             })
             .collect();
-        (decisions, None)
+        Authorized {
+            refused: decisions,
+            permits: Vec::new(),
+            version: None,
+        }
     };
     let set = match policies {
         ProfilePolicies::Off => {
-            return (request.calls.iter().map(|_| None).collect(), None);
+            return Authorized {
+                refused: request.calls.iter().map(|_| None).collect(),
+                permits: Vec::new(),
+                version: None,
+            };
         }
         ProfilePolicies::Missing => {
             return refuse_all(format!(
@@ -403,7 +427,8 @@ fn authorize(
             arguments,
         })
         .collect();
-    let decisions = set
+    let mut permits = Vec::new();
+    let refused = set
         .authorize(&batch, &calls)
         .into_iter()
         .zip(request.calls)
@@ -419,9 +444,16 @@ fn authorize(
             }
             let named = decision.policies.join(", ");
             let message = match decision.effect {
-                Effect::Allow => return None,
-                Effect::RequireApproval => {
+                Effect::RequireApproval if !approved => {
                     format!("calls to {} need a human approval (policy {named})", call.tool)
+                }
+                // Allowed, or gated and approved by a human: what permitted it is recorded.
+                Effect::Allow | Effect::RequireApproval => {
+                    permits.push(Permit {
+                        call_id: call.call_id.clone(),
+                        policies: decision.policies,
+                    });
+                    return None;
                 }
                 Effect::Deny if !decision.policies.is_empty() && decision.errors.is_empty() => {
                     format!("permission denied by policy {named}")
@@ -442,10 +474,11 @@ fn authorize(
             })
         })
         .collect();
-    (
-        decisions,
-        Some(set.version().to_owned()).filter(|v| !v.is_empty()),
-    )
+    Authorized {
+        refused,
+        permits,
+        version: Some(set.version().to_owned()).filter(|v| !v.is_empty()),
+    }
 }
 
 fn deny(violations: Vec<Refusal>, policy: Option<String>) -> Judgement {
@@ -454,6 +487,7 @@ fn deny(violations: Vec<Refusal>, policy: Option<String>) -> Judgement {
         violations,
         proposal: None,
         policy,
+        permits: Vec::new(),
     }
 }
 

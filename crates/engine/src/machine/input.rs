@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::canonical::Fingerprint;
 use crate::check::Check;
 use crate::decision::{CallId, ProposedDecision, Usage};
-use crate::event::Refusal;
+use crate::event::{Permit, Refusal};
 use crate::outcome::CallOutcome;
 
 /// What the shell tells the engine.
@@ -76,6 +76,9 @@ pub struct Authorization {
     /// The version of the policy set that judged the calls (none: no policies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
+    /// The policies that permitted each allowed call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub permits: Vec<Permit>,
 }
 
 impl From<Verdict> for Authorization {
@@ -83,6 +86,7 @@ impl From<Verdict> for Authorization {
         Authorization {
             verdict,
             policy: None,
+            permits: Vec::new(),
         }
     }
 }
@@ -101,6 +105,8 @@ pub struct Judgement {
     pub proposal: Option<Fingerprint>,
     /// The version of the policy set that judged (none: no policies).
     pub policy: Option<String>,
+    /// The policies that permitted each allowed call (none: no policies).
+    pub permits: Vec<Permit>,
 }
 
 /// What policy ruled of a batch.
@@ -146,6 +152,7 @@ impl Judgement {
         Authorization {
             verdict,
             policy: self.policy,
+            permits: self.permits,
         }
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::decision::{CallId, ProposedDecision, Usage, ValidBatch};
-use crate::event::{EndRecord, EventBody, Refusal, Rejection, RejectionKind, TurnRecord};
+use crate::event::{EndRecord, EventBody, Permit, Refusal, Rejection, RejectionKind, TurnRecord};
 use crate::outcome::{CallOutcome, Outcome};
 
 use super::{Protocol, StepError};
@@ -30,6 +30,8 @@ pub(super) struct Checked {
     pub(super) policy: Option<String>,
     /// Calls refused at dispatch.
     pub(super) refused: Vec<Refusal>,
+    /// The policies that permitted each allowed call.
+    pub(super) permits: Vec<Permit>,
 }
 
 impl Draft {
@@ -52,17 +54,23 @@ impl Draft {
     }
 
     pub(super) fn record(self, rejection: Option<Rejection>) -> TurnRecord {
-        TurnRecord {
+        let mut record = TurnRecord {
             turn: self.turn,
             decision: self.decision,
             usage: self.usage,
             plan: None,
             results: Vec::new(),
             rejection,
-            policy: self.checked.and_then(|checked| checked.policy),
             checks: Vec::new(),
             tools: BTreeMap::new(),
+            permits: Vec::new(),
+            policy: None,
+        };
+        if let Some(checked) = self.checked {
+            record.policy = checked.policy;
+            record.permits = checked.permits;
         }
+        record
     }
 
     pub(super) fn stopped(self, why: &str) -> EventBody {

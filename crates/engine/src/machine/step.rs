@@ -56,6 +56,9 @@ impl Invocation {
                 if let Some(policy) = authorization.policy {
                     draft.checked.get_or_insert_default().policy = Some(policy);
                 }
+                if !authorization.permits.is_empty() {
+                    draft.checked.get_or_insert_default().permits = authorization.permits;
+                }
                 let verdict = authorization.verdict;
                 if draft.at_dispatch() {
                     Ok(self.checked_at_dispatch(draft, batch, verdict, now))

@@ -173,6 +173,10 @@ pub fn lookup_turn(seq: u64, turn: u32) -> Event {
             checks: Vec::new(),
             // The contract version of the tool the calls ran under, kept as written.
             tools: [("lookup".to_owned(), agentloop_engine::ToolDigest([7; 16]))].into(),
+            permits: vec![agentloop_engine::Permit {
+                call_id: agentloop_engine::CallId::new("c1"),
+                policies: vec!["lookups-for-everyone".into()],
+            }],
         }),
     }
 }
@@ -190,6 +194,7 @@ fn turn(seq: u64, decision: ProposedDecision) -> Event {
             policy: None,
             checks: Vec::new(),
             tools: std::collections::BTreeMap::new(),
+            permits: Vec::new(),
         }),
     }
 }
@@ -269,6 +274,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
             policy: None,
             checks: Vec::new(),
             tools: std::collections::BTreeMap::new(),
+            permits: Vec::new(),
         }),
     });
     events.push(Event {
@@ -289,6 +295,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
             policy: None,
             checks: Vec::new(),
             tools: std::collections::BTreeMap::new(),
+            permits: Vec::new(),
         }),
     });
     let decisions = [
@@ -335,6 +342,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
             policy: None,
             checks: Vec::new(),
             tools: std::collections::BTreeMap::new(),
+            permits: Vec::new(),
         }),
     });
     let seq = events.len() as u64 + 1;
