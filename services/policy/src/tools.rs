@@ -358,7 +358,7 @@ struct Judged {
 
 /// What the policies said of a batch.
 struct Authorized {
-    /// Per call, why it may not run as it is (none: allowed, or authorization is off).
+    /// Per call, why it may not run as it is (none: it may, or authorization is off).
     refused: Vec<Option<Judged>>,
     /// The policies that permitted each allowed call.
     permits: Vec<Permit>,
@@ -366,8 +366,8 @@ struct Authorized {
     version: Option<String>,
 }
 
-/// The policies' decision on each call (none when authorization is off), and the
-/// version of the set that decided.
+/// The policies' decision on each call (none when authorization is off): what refused
+/// or gated it, or what permitted it; and the version of the set that decided.
 fn authorize(
     request: &Proposal<'_>,
     arguments: &[Value],
