@@ -619,7 +619,7 @@ function approvalsPage(root) {
       if (cards.has(key)) continue;
       const card = el('article', { class: 'card', dataset: { id: inv.invocationId } },
         el('h2', {}, el('a', { href: '#/invocations/' + inv.invocationId }, inv.goal || inv.invocationId)),
-        el('p', { class: 'muted' }, 'tenant ' + (inv.tenant || '') + ', actor ' + (inv.actor || '') +
+        el('p', { class: 'muted' }, 'tenant ' + (inv.tenant || 'none') + ', actor ' + (inv.actor || 'none') +
           ', waiting since ' + when(inv.waitingSince) + (inv.waitUntil ? ', until ' + when(inv.waitUntil) : '')),
         replyForm(inv, refresh));
       cards.set(key, card);
