@@ -603,25 +603,19 @@ function replyForm(inv, done) {
   return el('p', {}, 'Waits for a reply this console does not know.');
 }
 
-function approvalsPage(root) {
-  const list = el('div', { class: 'inbox' });
-  const empty = el('p', {}, 'Nothing waits for a human.');
-  append(root, [el('h1', {}, 'Approvals and questions'), empty, list]);
-  // Cards are kept while their wait is the same, so that a comment being typed is not
-  // wiped by the next refresh.
+/**
+ * Cards in `list` by key, kept while their key stays, so that what a person is typing
+ * into one survives the next refresh. `sync` takes the current [key, build] pairs,
+ * builds the new cards, removes the gone ones and shows `empty` when none is left.
+ */
+function keptCards(list, empty) {
   const cards = new Map();
-  async function refresh() {
-    const page = await api('GET', '/v1/invocations' + query({ state: 'INVOCATION_STATE_WAITING', pageSize: 100 }));
+  return (wanted) => {
     const seen = new Set();
-    for (const inv of page.invocations || []) {
-      const key = inv.invocationId + '/' + (inv.pendingApproval ? inv.pendingApproval.proposalDigest : 'q') + '/' + inv.lastSeq;
+    for (const [key, build] of wanted) {
       seen.add(key);
       if (cards.has(key)) continue;
-      const card = el('article', { class: 'card', dataset: { id: inv.invocationId } },
-        el('h2', {}, el('a', { href: '#/invocations/' + inv.invocationId }, inv.goal || inv.invocationId)),
-        el('p', { class: 'muted' }, 'tenant ' + (inv.tenant || 'none') + ', actor ' + (inv.actor || 'none') +
-          ', waiting since ' + when(inv.waitingSince) + (inv.waitUntil ? ', until ' + when(inv.waitUntil) : '')),
-        replyForm(inv, refresh));
+      const card = build();
       cards.set(key, card);
       list.append(card);
     }
@@ -629,6 +623,25 @@ function approvalsPage(root) {
       if (!seen.has(key)) { card.remove(); cards.delete(key); }
     }
     empty.hidden = cards.size > 0;
+  };
+}
+
+function approvalsPage(root) {
+  const list = el('div', { class: 'inbox' });
+  const empty = el('p', {}, 'Nothing waits for a human.');
+  append(root, [el('h1', {}, 'Approvals and questions'), empty, list]);
+  // A card is the same while its wait is: the same proposal, or the same question.
+  const sync = keptCards(list, empty);
+  async function refresh() {
+    const page = await api('GET', '/v1/invocations' + query({ state: 'INVOCATION_STATE_WAITING', pageSize: 100 }));
+    sync((page.invocations || []).map((inv) => [
+      inv.invocationId + '/' + (inv.pendingApproval ? inv.pendingApproval.proposalDigest : 'q') + '/' + inv.lastSeq,
+      () => el('article', { class: 'card', dataset: { id: inv.invocationId } },
+        el('h2', {}, el('a', { href: '#/invocations/' + inv.invocationId }, inv.goal || inv.invocationId)),
+        el('p', { class: 'muted' }, 'tenant ' + (inv.tenant || 'none') + ', actor ' + (inv.actor || 'none') +
+          ', waiting since ' + when(inv.waitingSince) + (inv.waitUntil ? ', until ' + when(inv.waitUntil) : '')),
+        replyForm(inv, refresh)),
+    ]));
   }
   return every(LIST_REFRESH_MS, refresh);
 }
@@ -641,28 +654,20 @@ function effectsPage(root) {
     el('p', { class: 'muted' }, 'Writes the runtime could not reconcile: check the executor\'s system, ' +
       'then settle each as applied (with its receipt) or not applied. Settling needs the operator role.'),
     empty, list]);
-  const cards = new Map();
+  const sync = keptCards(list, empty);
   async function refresh() {
     const page = await api('GET', '/v1/invocations' + query({
       terminalReason: 'TERMINAL_REASON_RECONCILIATION_REQUIRED', pageSize: EFFECTS_SCAN,
     }));
-    const seen = new Set();
+    const wanted = [];
     for (const inv of page.invocations || []) {
       const effects = await api('GET', '/v1/effects:unresolved' + query({ invocationId: inv.invocationId }));
       for (const entry of effects.entries || []) {
         if (entry.state !== 'EFFECT_STATE_RECONCILIATION_REQUIRED') continue;
-        seen.add(entry.effectKey);
-        if (!cards.has(entry.effectKey)) {
-          const card = settleCard(inv, entry, refresh);
-          cards.set(entry.effectKey, card);
-          list.append(card);
-        }
+        wanted.push([entry.effectKey, () => settleCard(inv, entry, refresh)]);
       }
     }
-    for (const [key, card] of cards) {
-      if (!seen.has(key)) { card.remove(); cards.delete(key); }
-    }
-    empty.hidden = cards.size > 0;
+    sync(wanted);
   }
   return every(LIST_REFRESH_MS, refresh);
 }

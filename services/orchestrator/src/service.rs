@@ -75,6 +75,14 @@ impl Caller {
         }
     }
 
+    /// The verified token's identity; `None` with authentication off.
+    fn identity(&self) -> Option<&Identity> {
+        match self {
+            Caller::Anyone => None,
+            Caller::Verified(identity) | Caller::AllTenants(identity) => Some(identity),
+        }
+    }
+
     fn sees(&self, record: &InvocationRecord) -> bool {
         self.tenant().is_none_or(|tenant| tenant == record.tenant)
     }
@@ -119,8 +127,7 @@ impl Api {
         role: fn(&Authenticator) -> &str,
         doing: &str,
     ) -> Result<(), OrchestratorError> {
-        if let (Caller::Verified(identity) | Caller::AllTenants(identity), Some(auth)) =
-            (caller, &self.auth)
+        if let (Some(identity), Some(auth)) = (caller.identity(), &self.auth)
             && !identity.has_role(role(auth))
         {
             return Err(RuntimeError::PermissionDenied(format!(
@@ -139,11 +146,9 @@ impl Api {
         caller: &Caller,
         invocation_id: &str,
     ) -> Result<Uuid, OrchestratorError> {
-        match caller {
-            Caller::Anyone => parse_id(invocation_id),
-            Caller::Verified(_) | Caller::AllTenants(_) => {
-                Ok(self.owned(caller, invocation_id).await?.invocation_id)
-            }
+        match caller.identity() {
+            None => parse_id(invocation_id),
+            Some(_) => Ok(self.owned(caller, invocation_id).await?.invocation_id),
         }
     }
 }
@@ -158,22 +163,20 @@ fn principal(
     caller: &Caller,
     request: &pb::StartInvocationRequest,
 ) -> Result<(String, String, Vec<String>), OrchestratorError> {
-    let roles = match caller {
-        Caller::Verified(identity) | Caller::AllTenants(identity)
-            if request.roles.is_empty() || request.roles == identity.roles =>
-        {
+    let roles = match caller.identity() {
+        Some(identity) if request.roles.is_empty() || request.roles == identity.roles => {
             identity.roles.clone()
         }
-        Caller::Verified(_) | Caller::AllTenants(_) => {
+        Some(_) => {
             return Err(RuntimeError::PermissionDenied(
                 "roles name other roles than the caller's token grants".into(),
             )
             .into());
         }
-        Caller::Anyone if request.roles.len() > MAX_ROLES => {
+        None if request.roles.len() > MAX_ROLES => {
             return Err(invalid(format!("at most {MAX_ROLES} roles may be named")));
         }
-        Caller::Anyone => {
+        None => {
             if !request
                 .roles
                 .iter()
@@ -187,25 +190,21 @@ fn principal(
         }
     };
     // What a caller starts is its own tenant's, whatever it may read.
-    let tenant = match caller {
-        Caller::Verified(identity) | Caller::AllTenants(identity) => Some(identity.tenant.as_str()),
-        Caller::Anyone => None,
-    };
     let tenant = named(
         "tenant",
         &request.tenant,
-        tenant,
+        caller.identity().map(|identity| identity.tenant.as_str()),
         "tenant names another tenant than the caller's",
     );
     let actor = acting_actor(caller, &request.actor);
     // Which refusal a request wrong in both says: another tenant for a verified caller,
     // a malformed actor otherwise.
-    match caller {
-        Caller::Verified(_) | Caller::AllTenants(_) => {
+    match caller.identity() {
+        Some(_) => {
             let tenant = tenant?;
             Ok((actor?, tenant, roles))
         }
-        Caller::Anyone => {
+        None => {
             let actor = actor?;
             Ok((actor, tenant?, roles))
         }
@@ -215,14 +214,10 @@ fn principal(
 /// The actor a request acts as: the verified caller's (a body naming another actor is
 /// PERMISSION_DENIED), or, with `auth` off, the one it names (empty for none).
 fn acting_actor(caller: &Caller, actor: &str) -> Result<String, OrchestratorError> {
-    let verified = match caller {
-        Caller::Verified(identity) | Caller::AllTenants(identity) => Some(identity.actor.as_str()),
-        Caller::Anyone => None,
-    };
     named(
         "actor",
         actor,
-        verified,
+        caller.identity().map(|identity| identity.actor.as_str()),
         "actor names another actor than the caller",
     )
 }
@@ -816,12 +811,13 @@ impl OrchestratorService for Api {
         // them; a verified caller names an invocation of its own tenant.
         let invocation_id = match (&caller, request.invocation_id.as_str()) {
             (Caller::Anyone | Caller::AllTenants(_), "") => String::new(),
-            (Caller::Anyone, id) => id.to_owned(),
-            (Caller::AllTenants(_), id) => self.owned(&caller, id).await?.invocation_id.to_string(),
             (Caller::Verified(_), "") => {
                 return Err(invalid("invocation_id is required").into());
             }
-            (Caller::Verified(_), id) => self.owned(&caller, id).await?.invocation_id.to_string(),
+            (Caller::Anyone, id) => id.to_owned(),
+            (Caller::Verified(_) | Caller::AllTenants(_), id) => {
+                self.owned(&caller, id).await?.invocation_id.to_string()
+            }
         };
         let listed = self
             .runtime
