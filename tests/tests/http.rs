@@ -440,6 +440,12 @@ impl Watch {
                             data = value;
                         }
                     }
+                    let fields = serde_json::json!({"event": kind, "data": data});
+                    if let Err(error) = event_schema().validate(&fields) {
+                        panic!(
+                            "an event the OpenAPI document does not describe: {error}: {fields}"
+                        );
+                    }
                     if kind == "error" {
                         let status: serde_json::Value = serde_json::from_str(data).unwrap();
                         return Some(Err(Status::new(
@@ -484,6 +490,23 @@ impl Watch {
         .await
         .expect("the event looked for never came")
     }
+}
+
+/// The committed OpenAPI document's schema of one Server-Sent Event (read as its fields,
+/// as clients such as schemathesis read it), which every event the tests receive over
+/// HTTP must match.
+fn event_schema() -> &'static jsonschema::Validator {
+    static SCHEMA: std::sync::OnceLock<jsonschema::Validator> = std::sync::OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        let document: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json"))
+                .unwrap(),
+        )
+        .unwrap();
+        let schema = &document["paths"]["/v1/invocations/{invocation_id}/events"]["get"]
+            ["responses"]["200"]["content"]["text/event-stream"]["schema"];
+        jsonschema::validator_for(schema).unwrap()
+    })
 }
 
 fn pool() -> DescriptorPool {

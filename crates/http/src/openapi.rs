@@ -128,7 +128,26 @@ fn operation(route: &Route, schemas: &mut Schemas) -> Value {
                  stream with an `error` event whose data is a google.rpc.Status.",
                 rpc.output().name()
             ),
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            // Before OpenAPI 3.2 (which adds `itemSchema`), a stream's `schema` describes
+            // one event, read as its fields.
+            "content": {"text/event-stream": {"schema": {
+                "type": "object",
+                "required": ["data"],
+                "properties": {
+                    "event": {
+                        "type": "string",
+                        "enum": ["message", "error"],
+                        "description": "`message` (no `event:` line) for an event, `error` for the status that ends a failed stream.",
+                    },
+                    "data": {
+                        "type": "string",
+                        "description": format!(
+                            "A {} in JSON, or for `error` a google.rpc.Status in JSON.",
+                            rpc.output().name()
+                        ),
+                    },
+                },
+            }}},
         }),
         false => json!({
             "description": rpc.output().name(),
