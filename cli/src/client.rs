@@ -185,24 +185,8 @@ pub struct Follow {
 pub async fn run(server: Server<'_>, options: RunOptions, follow: Follow) -> anyhow::Result<u8> {
     let started = Instant::now();
     let mut orchestrator = client(server).await?;
-    let overrides = pb::BudgetOverrides {
-        max_steps: options.max_steps,
-        max_tool_calls: options.max_tool_calls,
-        max_tokens: None,
-        max_repeated_plan: options.max_repeated_plan,
-        deadline: options.deadline.map(prost_types_duration),
-        max_cost_micro_usd: options.max_cost.map(|max| max.0),
-        max_wait: options.max_wait.map(prost_types_duration),
-    };
     let response = orchestrator
-        .start_invocation(pb::StartInvocationRequest {
-            idempotency_key: options.idempotency_key.clone().unwrap_or_default(),
-            goal: options.goal.clone(),
-            scripted_model_json: options.script.clone(),
-            budget_overrides: Some(overrides),
-            roles: options.roles.clone(),
-            ..Default::default()
-        })
+        .start_invocation(start_request(options))
         .await
         .map_err(|s| status("the orchestrator refused the invocation", s))?
         .into_inner();
@@ -217,6 +201,26 @@ pub async fn run(server: Server<'_>, options: RunOptions, follow: Follow) -> any
         &follow,
     )
     .await
+}
+
+/// The start request `options` describe.
+pub fn start_request(options: RunOptions) -> pb::StartInvocationRequest {
+    pb::StartInvocationRequest {
+        idempotency_key: options.idempotency_key.unwrap_or_default(),
+        goal: options.goal,
+        scripted_model_json: options.script,
+        budget_overrides: Some(pb::BudgetOverrides {
+            max_steps: options.max_steps,
+            max_tool_calls: options.max_tool_calls,
+            max_tokens: None,
+            max_repeated_plan: options.max_repeated_plan,
+            deadline: options.deadline.map(prost_types_duration),
+            max_cost_micro_usd: options.max_cost.map(|max| max.0),
+            max_wait: options.max_wait.map(prost_types_duration),
+        }),
+        roles: options.roles,
+        ..Default::default()
+    }
 }
 
 /// Follows invocation `id` from event `from_seq` until it ends (or waits, when

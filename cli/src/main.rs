@@ -23,6 +23,7 @@ use clap::{Args, Parser, Subcommand};
 use embedded::{Embedded, HttpAt, HttpFlag, MetricsAt, Serving};
 
 mod embedded;
+mod eval;
 mod model;
 
 /// Where the embedded default keeps its data, unless told otherwise.
@@ -95,6 +96,31 @@ enum Command {
     },
     /// Starts an invocation with a scripted model or a real one and follows it to its end.
     Run(RunArgs),
+    /// Runs a suite of evaluation cases, each embedded on a stack of its own, and judges
+    /// every run by its trajectory, its effects and its end; prints a verdict per run and
+    /// the aggregate. Exits 0 when every run passed (or `--min-pass-rate` was reached),
+    /// 1 otherwise, 2 for a suite that cannot be read.
+    Eval {
+        /// Case files, and folders of them (`*.json`, in subfolders too; `*.script.json`
+        /// files are scripts the cases name).
+        #[arg(required_unless_present = "schema")]
+        suites: Vec<PathBuf>,
+        /// Prints the JSON Schema of a case file, and exits.
+        #[arg(long, conflicts_with = "suites")]
+        schema: bool,
+        /// The verdicts and the aggregate as one JSON document.
+        #[arg(long)]
+        json: bool,
+        /// Also writes a JUnit XML report here.
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
+        /// Exits 0 when at least this share of the runs passed (0 to 1).
+        #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+        min_pass_rate: Option<f64>,
+        /// Runs at once.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+        jobs: u16,
+    },
     /// Shows an invocation's committed event log as a timeline.
     Show {
         /// The invocation.
@@ -629,6 +655,30 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 }
             }
         }
+        Command::Eval {
+            suites,
+            schema,
+            json,
+            junit,
+            min_pass_rate,
+            jobs,
+        } => {
+            if schema {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&agentloop_eval::case::schema())?
+                );
+                return Ok(0);
+            }
+            eval::eval(eval::Eval {
+                suites,
+                json,
+                junit,
+                min_pass_rate,
+                jobs: usize::from(jobs),
+            })
+            .await
+        }
         Command::Show {
             id,
             server: endpoint,
@@ -918,6 +968,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
 }
 
 /// `list --reason`: a terminal reason by its name.
+/// `eval --min-pass-rate`: a share from 0 to 1.
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if (0.0..=1.0).contains(&rate) => Ok(rate),
+        Ok(_) | Err(_) => Err(format!("{text:?} is not a rate from 0 to 1")),
+    }
+}
+
 fn parse_reason(text: &str) -> Result<agentloop_engine::TerminalReason, String> {
     text.parse()
         .map_err(|_| format!("{text:?} is not a terminal reason (see the exit codes)"))

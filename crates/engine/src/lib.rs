@@ -64,4 +64,4 @@ pub use money::{BadUsd, MicroUsd};
 pub use outcome::{CallOutcome, CallResult, ErrorType, NextAction, Outcome, ToolError, Totals};
 pub use plan::ExecutionPlan;
 pub use terminal::{TerminalReason, UnknownTerminalReason};
-pub use time::{Clock, SystemClock, UnixMillis};
+pub use time::{Clock, SystemClock, UnixMillis, nearest_rank};

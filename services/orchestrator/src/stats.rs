@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use agentloop_engine::TerminalReason;
+use agentloop_engine::{TerminalReason, nearest_rank};
 use agentloop_proto::v1 as pb;
 use agentloop_store::{EventStore, InvocationRecord, InvocationState, ListRequest, StoreError};
 use agentloop_wire as wire;
@@ -111,7 +111,7 @@ impl Tally {
             .into_iter()
             .map(|(reason, mut durations)| {
                 durations.sort_unstable();
-                let at = |percent| duration(percentile(&durations, percent));
+                let at = |percent| duration(nearest_rank(&durations, percent));
                 pb::ReasonStats {
                     reason: wire::terminal_reason(reason).into(),
                     count: u32::try_from(durations.len()).unwrap_or(u32::MAX),
@@ -148,17 +148,6 @@ impl Tally {
             },
         }
     }
-}
-
-/// The nearest-rank percentile of sorted, non-empty `values`: the smallest value with at
-/// least `percent` of them at or below it.
-fn percentile(sorted: &[u64], percent: usize) -> u64 {
-    let rank = (sorted.len() * percent).div_ceil(100).max(1);
-    sorted
-        .get(rank - 1)
-        .or(sorted.last())
-        .copied()
-        .unwrap_or_default()
 }
 
 fn duration(millis: u64) -> Option<prost_types::Duration> {
@@ -206,17 +195,6 @@ mod tests {
             created_at: UnixMillis(1_000),
             updated_at: UnixMillis(1_000 + took),
         }
-    }
-
-    #[test]
-    fn percentiles_are_nearest_rank() {
-        let values: Vec<u64> = (1..=100).collect();
-        assert_eq!(percentile(&values, 50), 50);
-        assert_eq!(percentile(&values, 95), 95);
-        assert_eq!(percentile(&values, 99), 99);
-        assert_eq!(percentile(&[7], 99), 7);
-        assert_eq!(percentile(&[1, 2, 3], 50), 2);
-        assert_eq!(percentile(&[1, 2, 3], 99), 3);
     }
 
     #[test]

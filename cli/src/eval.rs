@@ -1,0 +1,369 @@
+//! `agentloop eval`: runs a suite of cases, each on an embedded stack of its own (its own
+//! data directory, tools, policies and acceptance rules), concurrently, and judges each
+//! run by its committed log and its effect ledger (`agentloop-eval`).
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use agentloop::client::{self, RunOptions, Server};
+use agentloop::exit;
+use agentloop_engine::{MicroUsd, TerminalReason};
+use agentloop_eval::case::{self, Human, Loaded};
+use agentloop_eval::report::{self, Aggregate, Verdict};
+use agentloop_eval::run::{Call, Effect, Outcome, Run};
+use agentloop_proto::client::Transport;
+use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
+use futures::StreamExt;
+
+use crate::embedded::{self, Serving};
+
+/// The longest one run may take before it is judged not run: a case without a deadline
+/// whose model never stops must not hold the suite forever.
+const RUN_TIMEOUT: Duration = Duration::from_secs(600);
+/// Most pages of the effect ledger read per run (of 100 entries).
+const MAX_EFFECT_PAGES: usize = 100;
+/// Who replies for the case's humans.
+const ACTOR: &str = "agentloop-eval";
+
+type Orchestrator = OrchestratorServiceClient<Transport>;
+
+/// What `eval` was asked.
+#[derive(Debug)]
+pub(crate) struct Eval {
+    /// Case files and folders of them.
+    pub(crate) suites: Vec<PathBuf>,
+    /// The verdicts and the aggregate as one JSON document.
+    pub(crate) json: bool,
+    /// Where to write a JUnit XML report.
+    pub(crate) junit: Option<PathBuf>,
+    /// The pass rate (0 to 1) at which the command still exits 0.
+    pub(crate) min_pass_rate: Option<f64>,
+    /// Runs at once.
+    pub(crate) jobs: usize,
+}
+
+/// Runs the suite; the exit code is 0 when every run passed or the pass rate reached
+/// `min_pass_rate`, 1 otherwise, 2 for a suite that cannot be read.
+pub(crate) async fn eval(request: Eval) -> anyhow::Result<u8> {
+    let started = Instant::now();
+    let cases = match load(&request.suites) {
+        Ok(cases) => cases,
+        Err(problems) => {
+            for problem in problems {
+                eprintln!("agentloop eval: {problem}");
+            }
+            return Ok(exit::USAGE);
+        }
+    };
+    let runs: Vec<(&Loaded, u32)> = cases
+        .iter()
+        .flat_map(|case| (1..=case.case.repeat).map(move |run| (case, run)))
+        .collect();
+    let mut verdicts = Vec::with_capacity(runs.len());
+    let mut judged = futures::stream::iter(runs)
+        .map(|(case, run)| async move { Verdict::of(case, run, run_case(case).await) })
+        .buffered(request.jobs.max(1));
+    while let Some(verdict) = judged.next().await {
+        if !request.json {
+            println!("{}", report::line(&verdict));
+        }
+        verdicts.push(verdict);
+    }
+    let aggregate = Aggregate::of(&verdicts);
+    if request.json {
+        let document = serde_json::json!({"runs": verdicts, "aggregate": aggregate});
+        println!("{}", serde_json::to_string_pretty(&document)?);
+    } else {
+        print!("\n{}", aggregate.text());
+    }
+    if let Some(path) = &request.junit {
+        let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        std::fs::write(path, report::junit(&verdicts, elapsed))
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    }
+    let enough = request
+        .min_pass_rate
+        .is_some_and(|minimum| aggregate.pass_rate >= minimum);
+    Ok(if aggregate.passed == aggregate.runs || enough {
+        0
+    } else {
+        exit::FAILURE
+    })
+}
+
+/// Every case of the suites, or every problem found in them.
+fn load(suites: &[PathBuf]) -> Result<Vec<Loaded>, Vec<String>> {
+    let files = case::files(suites).map_err(|e| vec![e.to_string()])?;
+    if files.is_empty() {
+        return Err(vec![
+            "no case files (*.json) in the suites given".to_owned(),
+        ]);
+    }
+    let mut problems = Vec::new();
+    let mut cases = Vec::new();
+    let mut names = BTreeSet::new();
+    for file in files {
+        match case::load(&file) {
+            Ok(loaded) if !names.insert(loaded.case.name.clone()) => problems.push(format!(
+                "{}: another case is named {:?}",
+                file.display(),
+                loaded.case.name
+            )),
+            Ok(loaded) => cases.push(loaded),
+            Err(error) => problems.push(error.to_string()),
+        }
+    }
+    if problems.is_empty() {
+        Ok(cases)
+    } else {
+        Err(problems)
+    }
+}
+
+/// One run of `case` on an embedded stack of its own, read back from its log and ledger.
+async fn run_case(case: &Loaded) -> Result<Run, String> {
+    let data = tempfile::tempdir().map_err(|e| format!("no data directory: {e}"))?;
+    let options = crate::embedded(
+        data.path().to_owned(),
+        case.case.tools.as_deref(),
+        case.case.policies.clone(),
+        case.case.acceptance.as_deref(),
+    )
+    .map_err(|e| format!("{e:#}"))?;
+    let configuration = embedded::configure(Serving::local()).map_err(|e| format!("{e:#}"))?;
+    let running = configuration
+        .start(options)
+        .await
+        .map_err(|e| format!("the stack did not start: {e:#}"))?;
+    let endpoint = running.stack().endpoint();
+    let observed = tokio::time::timeout(RUN_TIMEOUT, drive(&endpoint, case))
+        .await
+        .unwrap_or_else(|_| Err(format!("it did not end within {} s", RUN_TIMEOUT.as_secs())));
+    let stopped = running.stop().await;
+    let observed = observed?;
+    stopped.map_err(|e| format!("the stack did not stop: {e:#}"))?;
+    Ok(observed)
+}
+
+fn refused(what: &str) -> impl Fn(tonic::Status) -> String + '_ {
+    move |status| format!("{what}: {:?}: {}", status.code(), status.message())
+}
+
+/// Starts the case's invocation, follows it to its end (giving the humans' replies as it
+/// waits), and reads what it did.
+async fn drive(endpoint: &str, case: &Loaded) -> Result<Run, String> {
+    let started = Instant::now();
+    let mut orchestrator = client::client(Server {
+        endpoint,
+        token: None,
+    })
+    .await
+    .map_err(|e| format!("{e:#}"))?;
+    let budgets = &case.case.budgets;
+    let request = client::start_request(RunOptions {
+        goal: case.case.goal.clone(),
+        script: case.script.clone(),
+        json: false,
+        idempotency_key: None,
+        max_steps: budgets.max_steps,
+        max_tool_calls: budgets.max_tool_calls,
+        max_repeated_plan: budgets.max_repeated_plan,
+        deadline: budgets.deadline_ms.map(Duration::from_millis),
+        max_cost: budgets.max_cost_usd.and_then(case::micro_usd).map(MicroUsd),
+        max_wait: None,
+        roles: Vec::new(),
+    });
+    let id = orchestrator
+        .start_invocation(request)
+        .await
+        .map_err(refused("the orchestrator refused the invocation"))?
+        .into_inner()
+        .invocation
+        .ok_or("the orchestrator answered without an invocation")?
+        .invocation_id;
+    let mut events = orchestrator
+        .watch_invocation(pb::WatchInvocationRequest {
+            invocation_id: id.clone(),
+            from_seq: 1,
+        })
+        .await
+        .map_err(refused("cannot watch the invocation"))?
+        .into_inner();
+    let mut humans = case.case.humans.iter();
+    let mut log = Log::default();
+    let end = loop {
+        let event = events
+            .next()
+            .await
+            .ok_or("the watch ended before the invocation did")?
+            .map_err(refused("the watch failed"))?
+            .event;
+        let Some(body) = event.and_then(|event| event.body) else {
+            continue;
+        };
+        let pb::event::Body::Ended(end) = body else {
+            log.add(body);
+            continue;
+        };
+        let reason = agentloop_wire::terminal_reason_from(end.reason())
+            .ok_or("the invocation ended without a reason")?;
+        if end.wait_until.is_none() {
+            break (reason, end);
+        }
+        let Some(human) = humans.next() else {
+            break (reason, end);
+        };
+        reply(&mut orchestrator, &id, reason, &end, human).await?;
+    };
+    let invocation = client::get(&mut orchestrator, &id)
+        .await
+        .map_err(|e| format!("{e:#}"))?;
+    let usage = invocation.usage.unwrap_or_default();
+    let (reason, end) = end;
+    Ok(Run {
+        reason,
+        detail: end.detail,
+        answer: end.answer,
+        evidence: log.evidence,
+        calls: log.calls,
+        turns: usage.steps,
+        tokens: usage.input_tokens.saturating_add(usage.output_tokens),
+        cost_micro_usd: usage.cost_micro_usd,
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        effects: effects(&mut orchestrator, &id).await?,
+    })
+}
+
+/// Gives a human's reply to the wait the run is in.
+async fn reply(
+    orchestrator: &mut Orchestrator,
+    id: &str,
+    reason: TerminalReason,
+    end: &pb::InvocationEnded,
+    human: &Human,
+) -> Result<(), String> {
+    match (reason, human) {
+        (
+            TerminalReason::ApprovalRequired,
+            Human::Approve { comment } | Human::Deny { comment },
+        ) => {
+            let verdict = match human {
+                Human::Deny { .. } => pb::ApprovalVerdict::Deny,
+                Human::Approve { .. } | Human::Answer(_) => pb::ApprovalVerdict::Approve,
+            };
+            orchestrator
+                .resolve_approval(pb::ResolveApprovalRequest {
+                    invocation_id: id.to_owned(),
+                    proposal_digest: end.proposal_digest.clone(),
+                    verdict: verdict.into(),
+                    actor: ACTOR.to_owned(),
+                    comment: comment.clone(),
+                })
+                .await
+                .map_err(refused("the approval was refused"))?;
+        }
+        (TerminalReason::ClarificationRequired, Human::Answer(answer)) => {
+            orchestrator
+                .answer_clarification(pb::AnswerClarificationRequest {
+                    invocation_id: id.to_owned(),
+                    answer: answer.clone(),
+                    actor: ACTOR.to_owned(),
+                })
+                .await
+                .map_err(refused("the answer was refused"))?;
+        }
+        (reason, human) => {
+            return Err(format!(
+                "the run waits with {reason}, and the next human reply is {human:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The calls and the final answer's evidence, as the log shows them.
+#[derive(Default)]
+struct Log {
+    calls: Vec<Call>,
+    evidence: Vec<String>,
+}
+
+impl Log {
+    fn add(&mut self, body: pb::event::Body) {
+        let turn = match body {
+            pb::event::Body::Turn(turn) | pb::event::Body::BatchStarted(turn) => turn,
+            pb::event::Body::Ended(_)
+            | pb::event::Body::ApprovalResolved(_)
+            | pb::event::Body::ClarificationAnswered(_) => return,
+        };
+        let proposed = match turn.decision.and_then(|decision| decision.kind) {
+            Some(pb::decision::Kind::ToolCalls(batch)) => batch.calls,
+            Some(pb::decision::Kind::RequestApproval(request)) => request.calls,
+            Some(pb::decision::Kind::Final(answer)) => {
+                self.evidence = answer.evidence;
+                Vec::new()
+            }
+            Some(pb::decision::Kind::Clarification(_) | pb::decision::Kind::CannotContinue(_))
+            | None => Vec::new(),
+        };
+        for call in proposed {
+            if self.calls.iter().any(|known| known.id == call.call_id) {
+                continue;
+            }
+            self.calls.push(Call {
+                arguments: serde_json::from_str(&call.arguments_json)
+                    .unwrap_or(serde_json::Value::Null),
+                id: call.call_id,
+                name: call.tool,
+                outcome: Outcome::NotRun,
+            });
+        }
+        for result in turn.results {
+            let outcome = match result.outcome {
+                Some(pb::tool_result::Outcome::Output(_)) => Outcome::Output,
+                Some(pb::tool_result::Outcome::Error(_)) => Outcome::Error,
+                Some(
+                    pb::tool_result::Outcome::Cancelled(_)
+                    | pb::tool_result::Outcome::NotStarted(_),
+                ) => Outcome::Cancelled,
+                Some(pb::tool_result::Outcome::Unknown(_)) => Outcome::Unknown,
+                None => Outcome::NotRun,
+            };
+            if let Some(call) = self.calls.iter_mut().find(|call| call.id == result.call_id) {
+                call.outcome = outcome;
+            }
+        }
+    }
+}
+
+/// The invocation's entries in the effect ledger.
+async fn effects(orchestrator: &mut Orchestrator, id: &str) -> Result<Vec<Effect>, String> {
+    let mut effects = Vec::new();
+    let mut page_token = String::new();
+    for _ in 0..MAX_EFFECT_PAGES {
+        let page = orchestrator
+            .list_effects(pb::ListEffectsRequest {
+                invocation_id: id.to_owned(),
+                page_size: 100,
+                page_token,
+            })
+            .await
+            .map_err(refused("cannot read the effect ledger"))?
+            .into_inner();
+        effects.extend(page.entries.into_iter().map(|entry| Effect {
+            applied: entry.state() == pb::EffectState::Committed,
+            call_id: entry.call_id,
+            tool: entry.tool,
+            key: entry.effect_key,
+        }));
+        if page.next_page_token.is_empty() {
+            return Ok(effects);
+        }
+        page_token = page.next_page_token;
+    }
+    Err(format!(
+        "the effect ledger holds more than {MAX_EFFECT_PAGES} pages for the run"
+    ))
+}
