@@ -25,6 +25,7 @@ use embedded::{Embedded, HttpAt, HttpFlag, MetricsAt, Serving};
 mod embedded;
 mod eval;
 mod model;
+mod replay;
 
 /// Where the embedded default keeps its data, unless told otherwise.
 const DEFAULT_DATA_DIR: &str = ".agentloop";
@@ -120,6 +121,39 @@ enum Command {
         /// Runs at once.
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
         jobs: u16,
+    },
+    /// Judges committed invocations of the data directory again under today's tools,
+    /// policies and acceptance rules, without running a tool or writing anything: which
+    /// calls would now be refused or need approval, which refused ones would now run,
+    /// which accepted answers would now fail. A dry run of a policy change over real
+    /// history.
+    Replay {
+        /// The invocations.
+        #[arg(required_unless_present = "all")]
+        ids: Vec<String>,
+        /// Every invocation instead, newest first (at most `--limit`).
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+        /// With `--all`: only those created within this long before now (`24h`, `7d`
+        /// is `168h`).
+        #[arg(long, requires = "all", value_parser = client::parse_duration)]
+        since: Option<std::time::Duration>,
+        /// With `--all`: the most invocations replayed.
+        #[arg(long, default_value_t = 1_000, requires = "all",
+              value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        limit: u32,
+        /// The tools config (TOML) to judge against; without it the demo executor's.
+        #[arg(long)]
+        tools: Option<PathBuf>,
+        /// The Cedar policy files to judge against (the default profile's).
+        #[arg(long = "policies", value_name = "FILE")]
+        policies: Vec<PathBuf>,
+        /// The acceptance rules to check final answers against (the default profile's).
+        #[arg(long, value_name = "FILE")]
+        acceptance: Option<PathBuf>,
+        /// One JSON document instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Shows an invocation's committed event log as a timeline.
     Show {
@@ -678,6 +712,39 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 jobs: usize::from(jobs),
             })
             .await
+        }
+        Command::Replay {
+            ids,
+            all,
+            since,
+            limit,
+            tools,
+            policies,
+            acceptance,
+            json,
+        } => {
+            let options = embedded(
+                cli.data_dir,
+                tools.as_deref(),
+                policies,
+                acceptance.as_deref(),
+            )?;
+            let replaying = if all {
+                agentloop_stack::Replaying::All {
+                    since: since.map(|ago| {
+                        use agentloop_engine::Clock as _;
+                        let now = agentloop_engine::SystemClock.now().0;
+                        let ago = u64::try_from(ago.as_millis()).unwrap_or(u64::MAX);
+                        agentloop_engine::UnixMillis(now.saturating_sub(ago))
+                    }),
+                    limit: usize::try_from(limit).unwrap_or(usize::MAX),
+                }
+            } else {
+                agentloop_stack::Replaying::Ids(ids)
+            };
+            let replayed = agentloop_stack::replay(options.services, replaying).await?;
+            replay::print(&replayed, json)?;
+            Ok(0)
         }
         Command::Show {
             id,

@@ -725,6 +725,87 @@ fn lock(data_dir: &Path) -> anyhow::Result<File> {
     }
 }
 
+/// Which committed invocations a replay reads.
+#[derive(Debug, Clone)]
+pub enum Replaying {
+    /// These, in this order.
+    Ids(Vec<String>),
+    /// Every invocation created at or after this instant (all of them for none), newest
+    /// first, at most this many.
+    All {
+        /// The earliest creation.
+        since: Option<agentloop_engine::UnixMillis>,
+        /// The most invocations read.
+        limit: usize,
+    },
+}
+
+/// Replays invocations of the embedded data directory `services.data_dir` against the
+/// tools, policies and acceptance rules `services` names, as an embedded stack would
+/// judge them today ([`agentloop_runtime::replay`]). The log and the ledger are read; no
+/// tool runs, no verifier is asked and nothing is written. It needs no lock on the
+/// directory: a running `dev` may go on writing to it.
+///
+/// # Errors
+///
+/// When the directory holds no agentloop data, an ID is not an invocation's, or the
+/// store, the ledger or the configuration fails.
+pub async fn replay(
+    services: ServicesOptions,
+    replaying: Replaying,
+) -> anyhow::Result<Vec<agentloop_runtime::replay::Replayed>> {
+    let data_dir = services.data_dir.clone();
+    if !data_dir.join(agentloop_store::DATABASE_FILE).exists() {
+        bail!(
+            "no agentloop data in {} (use --data-dir)",
+            data_dir.display()
+        );
+    }
+    let store = SqliteStore::open_in(&data_dir).await?;
+    let ids = match replaying {
+        Replaying::Ids(ids) => ids
+            .iter()
+            .map(|id| {
+                Uuid::parse_str(id).with_context(|| format!("{id:?} is not an invocation ID"))
+            })
+            .collect::<anyhow::Result<Vec<Uuid>>>()?,
+        Replaying::All { since, limit } => {
+            let mut ids = Vec::new();
+            let mut before = None;
+            while ids.len() < limit {
+                let page = store
+                    .list(agentloop_store::ListRequest {
+                        limit: agentloop_store::MAX_PAGE_SIZE,
+                        before,
+                        created_from: since,
+                        ..Default::default()
+                    })
+                    .await?;
+                let Some(last) = page.last() else { break };
+                before = Some(last.invocation_id);
+                ids.extend(page.iter().map(|record| record.invocation_id));
+            }
+            ids.truncate(limit);
+            ids
+        }
+    };
+    let services = Services::start(Wiring::Embedded, services).await?;
+    let ports = services.ports();
+    let mut replayed = Vec::with_capacity(ids.len());
+    for id in ids {
+        let one = agentloop_runtime::replay::replay(
+            &store,
+            ports.policy.as_ref(),
+            ports.ledger.as_ref(),
+            id,
+        )
+        .await
+        .with_context(|| format!("invocation {id}"))?;
+        replayed.push(one);
+    }
+    Ok(replayed)
+}
+
 /// The committed events of an invocation in an embedded data directory.
 ///
 /// # Errors

@@ -21,6 +21,7 @@ mod hub;
 mod instruments;
 mod intern;
 pub mod ports;
+pub mod replay;
 mod requests;
 mod runner;
 mod spec;

@@ -454,7 +454,7 @@ impl Runner {
                 profile: &spec.profile,
                 actor: &spec.actor,
                 tenant: &spec.tenant,
-                roles: spec.roles.as_deref().map_or(&[], Vec::as_slice),
+                roles: spec.roles(),
                 calls: &calls,
                 approved,
             };

@@ -62,6 +62,11 @@ impl InvocationSpec {
         })
     }
 
+    /// The actor's roles as the invocation started.
+    pub fn roles(&self) -> &[String] {
+        self.roles.as_deref().map_or(&[], Vec::as_slice)
+    }
+
     /// Swaps its tools for the copy `catalogs` holds of the same tools, if any.
     pub(crate) fn share_tools(mut self, catalogs: &Interner<ToolCatalog>) -> InvocationSpec {
         self.tools = catalogs.intern(Arc::unwrap_or_clone(self.tools));

@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::Shared;
 use crate::context::cite;
-use crate::ports::Claim;
+use crate::ports::{Claim, Effect, LedgerPort};
 
 /// Events read per page when cited results lie before the runner's window.
 const LOG_PAGE: u32 = 256;
@@ -116,26 +116,8 @@ impl Verify {
 
     /// Every ledger entry of the invocation, into the claim.
     async fn effects(&mut self) -> Result<(), String> {
-        let mut page_token = String::new();
-        loop {
-            let page = self
-                .shared
-                .ports
-                .ledger
-                .list_by_invocation(self.id, LEDGER_PAGE, &page_token)
-                .await
-                .map_err(|failure| format!("the effect ledger could not be asked: {failure}"))?;
-            self.claim.effects.extend(page.entries);
-            if self.claim.effects.len() > MAX_CLAIM_EFFECTS {
-                return Err(format!(
-                    "the invocation has more than {MAX_CLAIM_EFFECTS} writes in the effect ledger, more than an answer can be checked against"
-                ));
-            }
-            if page.next_page_token.is_empty() {
-                return Ok(());
-            }
-            page_token = page.next_page_token;
-        }
+        self.claim.effects = ledger_entries(self.shared.ports.ledger.as_ref(), self.id).await?;
+        Ok(())
     }
 
     /// One verifier's verdict; a verifier that cannot be asked has not accepted.
@@ -155,6 +137,32 @@ impl Verify {
             Ok(None) => undecided(name, "the tool gateway gave no verdict".to_owned()),
             Err(failure) => undecided(name, format!("it could not be asked: {failure}")),
         }
+    }
+}
+
+/// Every ledger entry of invocation `id`, as many as an answer can be checked against
+/// ([`MAX_CLAIM_EFFECTS`]); why not, otherwise.
+pub(crate) async fn ledger_entries(
+    ledger: &dyn LedgerPort,
+    id: Uuid,
+) -> Result<Vec<Effect>, String> {
+    let mut entries = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = ledger
+            .list_by_invocation(id, LEDGER_PAGE, &page_token)
+            .await
+            .map_err(|failure| format!("the effect ledger could not be asked: {failure}"))?;
+        entries.extend(page.entries);
+        if entries.len() > MAX_CLAIM_EFFECTS {
+            return Err(format!(
+                "the invocation has more than {MAX_CLAIM_EFFECTS} writes in the effect ledger, more than an answer can be checked against"
+            ));
+        }
+        if page.next_page_token.is_empty() {
+            return Ok(entries);
+        }
+        page_token = page.next_page_token;
     }
 }
 
