@@ -4,10 +4,12 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentloop::client::{self, RunOptions, Server};
 use agentloop::exit;
+use agentloop_decision::cassette::{Cassette, Replaying};
 use agentloop_engine::{MicroUsd, TerminalReason};
 use agentloop_eval::case::{self, Human, Loaded};
 use agentloop_eval::report::{self, Aggregate, Verdict};
@@ -125,14 +127,20 @@ fn load(suites: &[PathBuf]) -> Result<Vec<Loaded>, Vec<String>> {
 /// One run of `case` on an embedded stack of its own, read back from its log and ledger.
 async fn run_case(case: &Loaded) -> Result<Run, String> {
     let data = tempfile::tempdir().map_err(|e| format!("no data directory: {e}"))?;
-    let options = crate::embedded(
+    let mut options = crate::embedded(
         data.path().to_owned(),
         case.case.tools.as_deref(),
         case.case.policies.clone(),
         case.case.acceptance.as_deref(),
     )
     .map_err(|e| format!("{e:#}"))?;
-    let configuration = embedded::configure(Serving::local()).map_err(|e| format!("{e:#}"))?;
+    let mut configuration = embedded::configure(Serving::local()).map_err(|e| format!("{e:#}"))?;
+    if let Some(path) = &case.case.cassette {
+        let cassette = Cassette::load(path)?;
+        options.services.model = Some(Arc::new(Replaying::new(cassette)));
+        // As `run` sets it for the real model the cassette recorded.
+        configuration.config.limits.decision_repairs = 1;
+    }
     let running = configuration
         .start(options)
         .await

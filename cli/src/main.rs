@@ -11,11 +11,13 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use agentloop::client::{self, RunOptions};
 use agentloop::{effects, exit, humans, policy};
 use agentloop_bench as bench;
+use agentloop_decision::cassette;
 use agentloop_proto::v1 as pb;
 use agentloop_stack::StackOptions;
 use agentloop_tools::ToolsConfig;
@@ -459,8 +461,17 @@ struct BenchArgs {
 #[derive(Debug, Args)]
 struct RunArgs {
     /// The scripted-model file (JSON).
-    #[arg(long, required_unless_present = "model", conflicts_with = "model")]
+    #[arg(long, required_unless_present_any = ["model", "cassette"], conflicts_with_all = ["model", "cassette"])]
     script: Option<PathBuf>,
+    /// Replays a cassette `--record` wrote instead of calling a model: the same decisions,
+    /// usage and response IDs, turn by turn, as long as the run asks what the recorded one
+    /// asked (otherwise it ends `model_error` naming the turn). Embedded runs only.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["model", "server"])]
+    cassette: Option<PathBuf>,
+    /// Records every decision of `--model` into this cassette file, with its usage and
+    /// response ID.
+    #[arg(long, value_name = "FILE", requires = "model")]
+    record: Option<PathBuf>,
     /// A real model instead of a script: `openai:MODEL` (any OpenAI-compatible server;
     /// `OPENAI_BASE_URL`, `OPENAI_API_KEY`) or `anthropic:MODEL` (`ANTHROPIC_API_KEY`,
     /// `ANTHROPIC_BASE_URL`). Embedded runs only.
@@ -607,21 +618,30 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 );
                 return Ok(exit::USAGE);
             }
-            let (script, model, goal) = match (&args.script, &args.model) {
-                (Some(path), None) => (
+            let (script, model, goal) = match (&args.script, &args.model, &args.cassette) {
+                (Some(path), None, None) => (
                     client::read_script(path)?,
                     None,
                     args.goal
                         .unwrap_or_else(|| format!("Run the scripted scenario {}", path.display())),
                 ),
-                (None, Some(spec)) => (
-                    String::new(),
-                    Some(model::from_spec(spec, args.price)?),
-                    args.goal.unwrap_or_default(),
-                ),
-                (Some(_), Some(_)) | (None, None) => {
-                    anyhow::bail!("give exactly one of --script and --model")
+                (None, Some(spec), None) => {
+                    let model = model::from_spec(spec, args.price)?;
+                    let model: Arc<dyn agentloop_decision::Model> = match args.record {
+                        Some(path) => Arc::new(cassette::Recording::new(model, path)),
+                        None => model,
+                    };
+                    (String::new(), Some(model), args.goal.unwrap_or_default())
                 }
+                (None, None, Some(path)) => {
+                    let cassette =
+                        cassette::Cassette::load(path).map_err(|why| anyhow::anyhow!(why))?;
+                    let goal = args.goal.unwrap_or_else(|| cassette.goal.clone());
+                    let model: Arc<dyn agentloop_decision::Model> =
+                        Arc::new(cassette::Replaying::new(cassette));
+                    (String::new(), Some(model), goal)
+                }
+                _ => anyhow::bail!("give exactly one of --script, --model and --cassette"),
             };
             let options = RunOptions {
                 goal,

@@ -33,7 +33,12 @@ pub struct Case {
     pub goal: String,
     /// The scripted model: its decisions inline (`{"turns": [...]}`), or the path of a
     /// script file. The format is the one `agentloop run --script` reads.
-    pub script: Script,
+    #[serde(default)]
+    pub script: Option<Script>,
+    /// Instead of a script: a cassette that `agentloop run --record` wrote, replayed
+    /// without calling the model.
+    #[serde(default)]
+    pub cassette: Option<PathBuf>,
     /// A tools configuration (TOML) for the run; without it, the demo executor's tools.
     #[serde(default)]
     pub tools: Option<PathBuf>,
@@ -234,7 +239,7 @@ pub struct Loaded {
     pub path: PathBuf,
     /// The case, its paths resolved against the case file's folder.
     pub case: Case,
-    /// The script's JSON text.
+    /// The script's JSON text; empty for a cassette.
     pub script: String,
     /// `expect.answer`'s regular expression, compiled.
     pub answer_pattern: Option<Regex>,
@@ -312,10 +317,17 @@ pub fn load(path: &Path) -> Result<Loaded, CaseError> {
         }
     }
     let base = path.parent().unwrap_or(Path::new("."));
-    let script = match &case.script {
-        Script::Inline(script) => Value::Object(script.clone()).to_string(),
-        Script::File(file) => read_bounded(&base.join(file))?,
+    let script = match (&case.script, &case.cassette) {
+        (Some(Script::Inline(script)), None) => Value::Object(script.clone()).to_string(),
+        (Some(Script::File(file)), None) => read_bounded(&base.join(file))?,
+        (None, Some(_)) => String::new(),
+        (Some(_), Some(_)) | (None, None) => {
+            return Err(invalid(
+                "give exactly one of `script` and `cassette`".to_owned(),
+            ));
+        }
     };
+    case.cassette = case.cassette.map(|cassette| base.join(cassette));
     case.tools = case.tools.map(|tools| base.join(tools));
     case.acceptance = case.acceptance.map(|rules| base.join(rules));
     case.policies = case.policies.iter().map(|file| base.join(file)).collect();

@@ -38,6 +38,7 @@
 
 mod adapter;
 mod cache;
+pub mod cassette;
 mod model;
 mod observe;
 mod price;

@@ -135,6 +135,11 @@ pub enum ModelError {
         /// Turns in the script.
         turns: usize,
     },
+    /// A cassette has no decision for what the runtime asks now (a tool answered
+    /// differently than when it was recorded): FAILED_PRECONDITION, so the invocation
+    /// ends `model_error` with the turn named.
+    #[error("the replay diverges at {0}")]
+    Diverged(String),
     /// The provider failed (a scripted `model_error`, later: unreachable, quota, an
     /// error response): UNAVAILABLE.
     #[error("model provider failed: {0}")]
@@ -148,7 +153,7 @@ impl From<ModelError> for tonic::Status {
             ModelError::InvalidRequest(_) | ModelError::Script(_) => {
                 tonic::Status::invalid_argument(message)
             }
-            ModelError::NoModel | ModelError::NoSuchTurn { .. } => {
+            ModelError::NoModel | ModelError::NoSuchTurn { .. } | ModelError::Diverged(_) => {
                 tonic::Status::failed_precondition(message)
             }
             ModelError::Provider(_) => tonic::Status::unavailable(message),

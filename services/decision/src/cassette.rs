@@ -1,0 +1,338 @@
+//! Cassettes: every decision a model gave one invocation, recorded turn by turn with its
+//! usage and response ID, and replayed later without calling the model.
+//!
+//! Each recorded turn carries a digest of what the model was asked: the goal and, in the
+//! window of history it was shown, the results of the calls and the humans' replies (not
+//! the invocation's ID, sequence numbers or times, which differ from run to run). A replay
+//! answers a turn only when the runtime asks the same: when a tool now answers
+//! differently, the replay **diverges** and the turn ends `model_error` naming it,
+//! instead of going on with decisions made for another history.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use agentloop_engine::{ProposedDecision, Usage};
+use agentloop_proto::v1::{ToolDescriptor, event};
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::model::{Model, ModelError, ModelReply, Proposal, Question, Reads};
+
+/// The cassette format's version.
+pub const CASSETTE_VERSION: u32 = 1;
+/// Most turns a cassette holds.
+pub const MAX_CASSETTE_TURNS: usize = 10_000;
+/// Largest cassette file read.
+pub const MAX_CASSETTE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// A recorded run of a model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cassette {
+    /// [`CASSETTE_VERSION`].
+    pub version: u32,
+    /// The model that was recorded, as `provider:model`.
+    pub model: String,
+    /// The invocation's goal.
+    pub goal: String,
+    /// Each turn's decision, in order.
+    pub turns: Vec<Recorded>,
+}
+
+/// One recorded turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recorded {
+    /// The turn.
+    pub turn: u32,
+    /// The digest (SHA-256, hex) of what the model was asked ([`asked`]).
+    pub asked: String,
+    /// What the model answered.
+    pub reply: RecordedReply,
+    /// What the call consumed.
+    pub usage: Usage,
+    /// The model that answered, as the provider names it.
+    pub model: String,
+    /// The provider's response ID.
+    #[serde(default)]
+    pub response_id: String,
+}
+
+/// A recorded answer: a decision, or output that was none.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordedReply {
+    /// A decision.
+    Decision(ProposedDecision),
+    /// Output that is no decision.
+    Invalid {
+        /// Why.
+        reason: String,
+        /// The output, bounded.
+        raw: String,
+    },
+}
+
+impl Cassette {
+    /// Reads a cassette file.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the file when it cannot be read, is too large, or is not a
+    /// cassette of this version.
+    pub fn load(path: &Path) -> Result<Cassette, String> {
+        let fail = |why: String| format!("cassette {}: {why}", path.display());
+        let size = std::fs::metadata(path)
+            .map_err(|e| fail(e.to_string()))?
+            .len();
+        if size > MAX_CASSETTE_BYTES {
+            return Err(fail(format!(
+                "{size} bytes, more than {MAX_CASSETTE_BYTES}"
+            )));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+        let cassette: Cassette = serde_json::from_str(&text).map_err(|e| fail(e.to_string()))?;
+        if cassette.version != CASSETTE_VERSION {
+            return Err(fail(format!(
+                "version {}, this build reads {CASSETTE_VERSION}",
+                cassette.version
+            )));
+        }
+        if cassette.turns.len() > MAX_CASSETTE_TURNS {
+            return Err(fail(format!("more than {MAX_CASSETTE_TURNS} turns")));
+        }
+        Ok(cassette)
+    }
+}
+
+/// The digest of what `question` asks beside its IDs and times: its goal, and in its
+/// window the results of the calls and the humans' replies, each with its turn.
+pub fn asked(question: &Question<'_>) -> String {
+    let mut digest = Sha256::new();
+    digest.update(question.goal.as_bytes());
+    for event in question.history {
+        match &event.body {
+            Some(event::Body::Turn(turn) | event::Body::BatchStarted(turn)) => {
+                digest.update(b"results");
+                digest.update(turn.turn.to_be_bytes());
+                for result in &turn.results {
+                    digest.update(result.encode_to_vec());
+                }
+            }
+            Some(event::Body::ApprovalResolved(resolved)) => {
+                digest.update(b"approval");
+                digest.update(resolved.encode_to_vec());
+            }
+            Some(event::Body::ClarificationAnswered(answered)) => {
+                digest.update(b"answer");
+                digest.update(answered.encode_to_vec());
+            }
+            Some(event::Body::Ended(_)) | None => {}
+        }
+    }
+    hex::encode(digest.finalize())
+}
+
+/// A model that records every reply of another into a cassette file, rewritten after
+/// each turn (so a crash keeps the turns recorded so far). Meant for one invocation.
+#[derive(Debug)]
+pub struct Recording {
+    inner: Arc<dyn Model>,
+    path: PathBuf,
+    cassette: Mutex<Cassette>,
+}
+
+impl Recording {
+    /// Records `inner` into `path`.
+    pub fn new(inner: Arc<dyn Model>, path: PathBuf) -> Recording {
+        let model = format!("{}:{}", inner.provider(), inner.request_model());
+        Recording {
+            inner,
+            path,
+            cassette: Mutex::new(Cassette {
+                version: CASSETTE_VERSION,
+                model,
+                goal: String::new(),
+                turns: Vec::new(),
+            }),
+        }
+    }
+
+    fn keep(&self, question: &Question<'_>, reply: &ModelReply) -> Result<(), ModelError> {
+        let mut cassette = self.cassette.lock().unwrap_or_else(PoisonError::into_inner);
+        if cassette.turns.len() >= MAX_CASSETTE_TURNS {
+            return Err(ModelError::Provider(format!(
+                "the cassette holds {MAX_CASSETTE_TURNS} turns already"
+            )));
+        }
+        question.goal.clone_into(&mut cassette.goal);
+        cassette.turns.push(Recorded {
+            turn: question.turn,
+            asked: asked(question),
+            reply: match &reply.proposal {
+                Proposal::Decision(decision) => RecordedReply::Decision(decision.clone()),
+                Proposal::Invalid { reason, raw } => RecordedReply::Invalid {
+                    reason: reason.clone(),
+                    raw: raw.clone(),
+                },
+            },
+            usage: reply.usage,
+            model: reply.model.clone(),
+            response_id: reply.response_id.clone(),
+        });
+        let text = serde_json::to_string_pretty(&*cassette)
+            .map_err(|e| ModelError::Provider(format!("cannot encode the cassette: {e}")))?;
+        let partial = self.path.with_extension("partial");
+        std::fs::write(&partial, text)
+            .and_then(|()| std::fs::rename(&partial, &self.path))
+            .map_err(|e| {
+                ModelError::Provider(format!(
+                    "cannot write the cassette {}: {e}",
+                    self.path.display()
+                ))
+            })
+    }
+}
+
+#[async_trait::async_trait]
+impl Model for Recording {
+    async fn decide_with(
+        &self,
+        question: &Question<'_>,
+        tools: &[ToolDescriptor],
+    ) -> Result<ModelReply, ModelError> {
+        let reply = self.inner.decide_with(question, tools).await?;
+        self.keep(question, &reply)?;
+        Ok(reply)
+    }
+
+    /// The whole window: what is new in it is digested.
+    fn reads(&self) -> Reads {
+        Reads::ALL
+    }
+
+    fn provider(&self) -> &'static str {
+        self.inner.provider()
+    }
+
+    fn request_model(&self) -> &str {
+        self.inner.request_model()
+    }
+}
+
+/// A model that answers from a cassette, never calling one.
+#[derive(Debug)]
+pub struct Replaying {
+    cassette: Cassette,
+}
+
+impl Replaying {
+    /// Replays `cassette`.
+    pub fn new(cassette: Cassette) -> Replaying {
+        Replaying { cassette }
+    }
+}
+
+#[async_trait::async_trait]
+impl Model for Replaying {
+    async fn decide_with(
+        &self,
+        question: &Question<'_>,
+        _tools: &[ToolDescriptor],
+    ) -> Result<ModelReply, ModelError> {
+        let turn = question.turn;
+        let recorded = self
+            .cassette
+            .turns
+            .iter()
+            .find(|recorded| recorded.turn == turn)
+            .ok_or_else(|| {
+                ModelError::Diverged(format!(
+                    "turn {turn}: the cassette has no decision for it (it recorded {} turns)",
+                    self.cassette.turns.len()
+                ))
+            })?;
+        if recorded.asked != asked(question) {
+            return Err(ModelError::Diverged(format!(
+                "turn {turn}: the model is asked something else than when it was recorded (a goal, a tool's result or a human's reply differs)"
+            )));
+        }
+        Ok(ModelReply {
+            proposal: match &recorded.reply {
+                RecordedReply::Decision(decision) => Proposal::Decision(decision.clone()),
+                RecordedReply::Invalid { reason, raw } => Proposal::Invalid {
+                    reason: reason.clone(),
+                    raw: raw.clone(),
+                },
+            },
+            usage: recorded.usage,
+            model: recorded.model.clone(),
+            response_id: recorded.response_id.clone(),
+        })
+    }
+
+    /// The whole window: what is new in it is compared with the recording.
+    fn reads(&self) -> Reads {
+        Reads::ALL
+    }
+
+    fn provider(&self) -> &'static str {
+        "cassette"
+    }
+
+    fn request_model(&self) -> &str {
+        &self.cassette.model
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentloop_proto::v1::{Event, ToolOutput, ToolResult, TurnCommitted, tool_result};
+
+    fn question<'a>(goal: &'a str, invocation_id: &'a str, history: &'a [Event]) -> Question<'a> {
+        Question {
+            invocation_id,
+            turn: 2,
+            goal,
+            summary: "",
+            context_from_seq: 1,
+            history,
+        }
+    }
+
+    fn looked_up(invocation_id: &str, at: i64, value: &str) -> Vec<Event> {
+        vec![Event {
+            invocation_id: invocation_id.to_owned(),
+            seq: 1,
+            committed_at: Some(prost_types::Timestamp {
+                seconds: at,
+                nanos: 0,
+            }),
+            body: Some(event::Body::Turn(TurnCommitted {
+                turn: 1,
+                results: vec![ToolResult {
+                    call_id: "a".to_owned(),
+                    outcome: Some(tool_result::Outcome::Output(ToolOutput {
+                        output_json: format!("{{\"value\":\"{value}\"}}"),
+                        receipt: String::new(),
+                    })),
+                }],
+                ..Default::default()
+            })),
+        }]
+    }
+
+    /// Another run of the same history asks the same; another result or goal does not.
+    #[test]
+    fn the_digest_ignores_ids_and_times_and_sees_results_and_goals() {
+        let first = looked_up("inv-1", 1, "active");
+        let again = looked_up("inv-2", 99, "active");
+        let other = looked_up("inv-1", 1, "closed");
+        let asked_first = asked(&question("check", "inv-1", &first));
+        assert_eq!(asked_first, asked(&question("check", "inv-2", &again)));
+        assert_ne!(asked_first, asked(&question("check", "inv-1", &other)));
+        assert_ne!(asked_first, asked(&question("check it", "inv-1", &first)));
+    }
+}
