@@ -11,7 +11,7 @@ use agentloop::client::{self, RunOptions, Server};
 use agentloop::exit;
 use agentloop_decision::cassette::{Cassette, Replaying};
 use agentloop_engine::{MicroUsd, TerminalReason};
-use agentloop_eval::case::{self, Human, Loaded};
+use agentloop_eval::case::{self, Cancel, Human, Loaded};
 use agentloop_eval::report::{self, Aggregate, Verdict};
 use agentloop_eval::run::{Call, Effect, Outcome, Run};
 use agentloop_proto::client::Transport;
@@ -26,6 +26,8 @@ use crate::embedded::{self, Serving};
 const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 /// Most pages of the effect ledger read per run (of 100 entries).
 const MAX_EFFECT_PAGES: usize = 100;
+/// How often a case that cancels while calls run asks whether one is in flight.
+const CANCEL_POLL: Duration = Duration::from_millis(10);
 /// Who replies for the case's humans.
 const ACTOR: &str = "agentloop-eval";
 
@@ -199,6 +201,9 @@ async fn drive(endpoint: &str, case: &Loaded) -> Result<Run, String> {
         .await
         .map_err(refused("cannot watch the invocation"))?
         .into_inner();
+    if case.case.cancel == Some(Cancel::WhileCallsRun) {
+        cancel_while_calls_run(&mut orchestrator, &id).await?;
+    }
     let mut humans = case.case.humans.iter();
     let mut log = Log::default();
     let end = loop {
@@ -242,6 +247,35 @@ async fn drive(endpoint: &str, case: &Loaded) -> Result<Run, String> {
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         effects: effects(&mut orchestrator, &id).await?,
     })
+}
+
+/// Cancels invocation `id` once the orchestrator reports a call of it in flight,
+/// asking every [`CANCEL_POLL`] up to [`RUN_TIMEOUT`].
+async fn cancel_while_calls_run(orchestrator: &mut Orchestrator, id: &str) -> Result<(), String> {
+    let until = Instant::now() + RUN_TIMEOUT;
+    loop {
+        let invocation = client::get(orchestrator, id)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        if invocation.calls_in_flight > 0 {
+            break;
+        }
+        if invocation.state() == pb::InvocationState::Ended {
+            return Err("the run ended before a call was in flight to cancel".to_owned());
+        }
+        if Instant::now() > until {
+            return Err("no call was in flight to cancel".to_owned());
+        }
+        tokio::time::sleep(CANCEL_POLL).await;
+    }
+    orchestrator
+        .cancel_invocation(pb::CancelInvocationRequest {
+            invocation_id: id.to_owned(),
+            reason: "cancelled by the evaluation case".to_owned(),
+        })
+        .await
+        .map_err(refused("the cancel was refused"))?;
+    Ok(())
 }
 
 /// Gives a human's reply to the wait the run is in.

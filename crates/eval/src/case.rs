@@ -59,6 +59,9 @@ pub struct Case {
     /// The replies of humans, in order, each given when the run next waits for one.
     #[serde(default)]
     pub humans: Vec<Human>,
+    /// Cancels the run, as a caller would, at the moment given.
+    #[serde(default)]
+    pub cancel: Option<Cancel>,
     /// What the run must show.
     #[serde(default)]
     pub expect: Expect,
@@ -112,6 +115,15 @@ pub enum Human {
     },
     /// Answers the question the run waits on.
     Answer(String),
+}
+
+/// When a case cancels its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Cancel {
+    /// As soon as the orchestrator reports a call in flight: the cancel reaches a
+    /// running tool.
+    WhileCallsRun,
 }
 
 /// What a run must show. Every expectation given is checked; none given passes any run
