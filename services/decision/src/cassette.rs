@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use agentloop_engine::{ProposedDecision, Usage};
+use agentloop_engine::Usage;
 use agentloop_proto::v1::{ToolDescriptor, event};
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
@@ -49,7 +49,7 @@ pub struct Recorded {
     /// The digest (SHA-256, hex) of what the model was asked ([`asked`]).
     pub asked: String,
     /// What the model answered.
-    pub reply: RecordedReply,
+    pub reply: Proposal,
     /// What the call consumed.
     pub usage: Usage,
     /// The model that answered, as the provider names it.
@@ -57,21 +57,6 @@ pub struct Recorded {
     /// The provider's response ID.
     #[serde(default)]
     pub response_id: String,
-}
-
-/// A recorded answer: a decision, or output that was none.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RecordedReply {
-    /// A decision.
-    Decision(ProposedDecision),
-    /// Output that is no decision.
-    Invalid {
-        /// Why.
-        reason: String,
-        /// The output, bounded.
-        raw: String,
-    },
 }
 
 impl Cassette {
@@ -170,13 +155,7 @@ impl Recording {
         cassette.turns.push(Recorded {
             turn: question.turn,
             asked: asked(question),
-            reply: match &reply.proposal {
-                Proposal::Decision(decision) => RecordedReply::Decision(decision.clone()),
-                Proposal::Invalid { reason, raw } => RecordedReply::Invalid {
-                    reason: reason.clone(),
-                    raw: raw.clone(),
-                },
-            },
+            reply: reply.proposal.clone(),
             usage: reply.usage,
             model: reply.model.clone(),
             response_id: reply.response_id.clone(),
@@ -259,13 +238,7 @@ impl Model for Replaying {
             )));
         }
         Ok(ModelReply {
-            proposal: match &recorded.reply {
-                RecordedReply::Decision(decision) => Proposal::Decision(decision.clone()),
-                RecordedReply::Invalid { reason, raw } => Proposal::Invalid {
-                    reason: reason.clone(),
-                    raw: raw.clone(),
-                },
-            },
+            proposal: recorded.reply.clone(),
             usage: recorded.usage,
             model: recorded.model.clone(),
             response_id: recorded.response_id.clone(),

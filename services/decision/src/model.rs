@@ -43,8 +43,9 @@ impl<'a> From<&'a DecideRequest> for Question<'a> {
     }
 }
 
-/// What a model proposed for one turn, in the engine's terms.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a model proposed for one turn, in the engine's terms (and in a cassette).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Proposal {
     /// A decision, which the engine judges.
     Decision(ProposedDecision),
