@@ -18,6 +18,7 @@ use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use futures::StreamExt;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::embedded::{self, Serving};
 
@@ -201,9 +202,13 @@ async fn drive(endpoint: &str, case: &Loaded) -> Result<Run, String> {
         .await
         .map_err(refused("cannot watch the invocation"))?
         .into_inner();
-    if case.case.cancel == Some(Cancel::WhileCallsRun) {
-        cancel_while_calls_run(&mut orchestrator, &id).await?;
-    }
+    // Beside the watch, which must keep reading: a watcher that stops holds the run back.
+    let canceller = (case.case.cancel == Some(Cancel::WhileCallsRun)).then(|| {
+        AbortOnDropHandle::new(tokio::spawn(cancel_while_calls_run(
+            orchestrator.clone(),
+            id.clone(),
+        )))
+    });
     let mut humans = case.case.humans.iter();
     let mut log = Log::default();
     let end = loop {
@@ -230,6 +235,11 @@ async fn drive(endpoint: &str, case: &Loaded) -> Result<Run, String> {
         };
         reply(&mut orchestrator, &id, reason, &end, human).await?;
     };
+    if let Some(canceller) = canceller {
+        canceller
+            .await
+            .map_err(|e| format!("the cancel did not run: {e}"))??;
+    }
     let invocation = client::get(&mut orchestrator, &id)
         .await
         .map_err(|e| format!("{e:#}"))?;
@@ -251,10 +261,10 @@ async fn drive(endpoint: &str, case: &Loaded) -> Result<Run, String> {
 
 /// Cancels invocation `id` once the orchestrator reports a call of it in flight,
 /// asking every [`CANCEL_POLL`] up to [`RUN_TIMEOUT`].
-async fn cancel_while_calls_run(orchestrator: &mut Orchestrator, id: &str) -> Result<(), String> {
+async fn cancel_while_calls_run(mut orchestrator: Orchestrator, id: String) -> Result<(), String> {
     let until = Instant::now() + RUN_TIMEOUT;
     loop {
-        let invocation = client::get(orchestrator, id)
+        let invocation = client::get(&mut orchestrator, &id)
             .await
             .map_err(|e| format!("{e:#}"))?;
         if invocation.calls_in_flight > 0 {
@@ -270,7 +280,7 @@ async fn cancel_while_calls_run(orchestrator: &mut Orchestrator, id: &str) -> Re
     }
     orchestrator
         .cancel_invocation(pb::CancelInvocationRequest {
-            invocation_id: id.to_owned(),
+            invocation_id: id,
             reason: "cancelled by the evaluation case".to_owned(),
         })
         .await
@@ -286,25 +296,25 @@ async fn reply(
     end: &pb::InvocationEnded,
     human: &Human,
 ) -> Result<(), String> {
+    let resolve = |verdict: pb::ApprovalVerdict, comment: &str| pb::ResolveApprovalRequest {
+        invocation_id: id.to_owned(),
+        proposal_digest: end.proposal_digest.clone(),
+        verdict: verdict.into(),
+        actor: ACTOR.to_owned(),
+        comment: comment.to_owned(),
+    };
     match (reason, human) {
-        (
-            TerminalReason::ApprovalRequired,
-            Human::Approve { comment } | Human::Deny { comment },
-        ) => {
-            let verdict = match human {
-                Human::Deny { .. } => pb::ApprovalVerdict::Deny,
-                Human::Approve { .. } | Human::Answer(_) => pb::ApprovalVerdict::Approve,
-            };
+        (TerminalReason::ApprovalRequired, Human::Approve { comment }) => {
             orchestrator
-                .resolve_approval(pb::ResolveApprovalRequest {
-                    invocation_id: id.to_owned(),
-                    proposal_digest: end.proposal_digest.clone(),
-                    verdict: verdict.into(),
-                    actor: ACTOR.to_owned(),
-                    comment: comment.clone(),
-                })
+                .resolve_approval(resolve(pb::ApprovalVerdict::Approve, comment))
                 .await
                 .map_err(refused("the approval was refused"))?;
+        }
+        (TerminalReason::ApprovalRequired, Human::Deny { comment }) => {
+            orchestrator
+                .resolve_approval(resolve(pb::ApprovalVerdict::Deny, comment))
+                .await
+                .map_err(refused("the denial was refused"))?;
         }
         (TerminalReason::ClarificationRequired, Human::Answer(answer)) => {
             orchestrator
@@ -340,6 +350,7 @@ impl Log {
             | pb::event::Body::ApprovalResolved(_)
             | pb::event::Body::ClarificationAnswered(_) => return,
         };
+        let number = turn.turn;
         let proposed = match turn.decision.and_then(|decision| decision.kind) {
             Some(pb::decision::Kind::ToolCalls(batch)) => batch.calls,
             Some(pb::decision::Kind::RequestApproval(request)) => request.calls,
@@ -350,11 +361,17 @@ impl Log {
             Some(pb::decision::Kind::Clarification(_) | pb::decision::Kind::CannotContinue(_))
             | None => Vec::new(),
         };
+        // A turn reopened by an approval is committed again with the same calls.
         for call in proposed {
-            if self.calls.iter().any(|known| known.id == call.call_id) {
+            if self
+                .calls
+                .iter()
+                .any(|known| known.turn == number && known.id == call.call_id)
+            {
                 continue;
             }
             self.calls.push(Call {
+                turn: number,
                 arguments: serde_json::from_str(&call.arguments_json)
                     .unwrap_or(serde_json::Value::Null),
                 id: call.call_id,
@@ -373,7 +390,11 @@ impl Log {
                 Some(pb::tool_result::Outcome::Unknown(_)) => Outcome::Unknown,
                 None => Outcome::NotRun,
             };
-            if let Some(call) = self.calls.iter_mut().find(|call| call.id == result.call_id) {
+            if let Some(call) = self
+                .calls
+                .iter_mut()
+                .find(|call| call.turn == number && call.id == result.call_id)
+            {
                 call.outcome = outcome;
             }
         }

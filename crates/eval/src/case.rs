@@ -216,9 +216,11 @@ pub enum Match {
     InOrder,
     /// The same calls in any order, and no others.
     AnyOrder,
-    /// Every call made is one of the expected (some may not be made).
+    /// Every call made is one of the expected, any number of times (some expected may
+    /// not be made).
     Subset,
-    /// Every expected call is made, in any order (others may be made too).
+    /// Every expected call is made, each by a call of its own, in any order (others may
+    /// be made too).
     Superset,
 }
 

@@ -5,8 +5,8 @@
 //! calls that ran and would now be refused or held for a human, the calls refused then
 //! that would now run, the answers accepted then that would now fail.
 //!
-//! A batch is judged as the runner judged it: validated against the tools the invocation
-//! started with, then authorized for its actor, tenant and roles, with the digest a
+//! A batch is judged as the runner judged it: validated against the tools and bounds the
+//! invocation started with, then authorized for its actor, tenant and roles, with the digest a
 //! human approved it under, if one did.
 
 use agentloop_engine::{
