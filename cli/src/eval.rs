@@ -11,7 +11,7 @@ use agentloop::client::{self, RunOptions, Server};
 use agentloop::exit;
 use agentloop_decision::cassette::{Cassette, Replaying};
 use agentloop_engine::{MicroUsd, TerminalReason};
-use agentloop_eval::case::{self, Cancel, Human, Loaded};
+use agentloop_eval::case::{self, Cancel, Human, Loaded, TransferFault};
 use agentloop_eval::report::{self, Aggregate, Verdict};
 use agentloop_eval::run::{Call, Effect, Outcome, Run};
 use agentloop_proto::client::Transport;
@@ -29,6 +29,9 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 const MAX_EFFECT_PAGES: usize = 100;
 /// How often a case that cancels while calls run asks whether one is in flight.
 const CANCEL_POLL: Duration = Duration::from_millis(10);
+/// A `transfer` that times out: its timeout, and how long its reply is held.
+const TIMED_OUT_AFTER_MS: u64 = 200;
+const TIMED_OUT_REPLY_MS: u64 = 5_000;
 /// Who replies for the case's humans.
 const ACTOR: &str = "agentloop-eval";
 
@@ -138,6 +141,20 @@ async fn run_case(case: &Loaded) -> Result<Run, String> {
     )
     .map_err(|e| format!("{e:#}"))?;
     let mut configuration = embedded::configure(Serving::local()).map_err(|e| format!("{e:#}"))?;
+    if let Some(fault) = case.case.faults.transfer {
+        let faults = &mut options.services.demo.faults;
+        match fault {
+            TransferFault::FailsBeforeApply => faults.fail_before_apply = 1.0,
+            TransferFault::LosesReply => faults.drop_reply_after_apply = 1.0,
+            TransferFault::TimesOut => {
+                faults.reply_delay_ms = TIMED_OUT_REPLY_MS;
+                options
+                    .services
+                    .demo_timeouts_ms
+                    .insert("transfer".to_owned(), TIMED_OUT_AFTER_MS);
+            }
+        }
+    }
     if let Some(path) = &case.case.cassette {
         let cassette = Cassette::load(path)?;
         options.services.model = Some(Arc::new(Replaying::new(cassette)));

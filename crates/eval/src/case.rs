@@ -62,6 +62,9 @@ pub struct Case {
     /// Cancels the run, as a caller would, at the moment given.
     #[serde(default)]
     pub cancel: Option<Cancel>,
+    /// Faults the embedded stack injects.
+    #[serde(default)]
+    pub faults: Faults,
     /// What the run must show.
     #[serde(default)]
     pub expect: Expect,
@@ -115,6 +118,27 @@ pub enum Human {
     },
     /// Answers the question the run waits on.
     Answer(String),
+}
+
+/// Faults the embedded stack injects into a run.
+#[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Faults {
+    /// What the demo executor's `transfer` does to every call.
+    pub transfer: Option<TransferFault>,
+}
+
+/// A fault of the demo executor's `transfer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TransferFault {
+    /// It fails (UNAVAILABLE) before applying anything.
+    FailsBeforeApply,
+    /// It applies the write, then its reply is lost (UNAVAILABLE): the runtime cannot
+    /// know the write happened until it asks the executor.
+    LosesReply,
+    /// It applies the write and holds its reply past the call's timeout.
+    TimesOut,
 }
 
 /// When a case cancels its run.
