@@ -11,7 +11,7 @@ use agentloop::client::{self, RunOptions, Server};
 use agentloop::exit;
 use agentloop_decision::cassette::{Cassette, Replaying};
 use agentloop_engine::{MicroUsd, TerminalReason};
-use agentloop_eval::case::{self, Cancel, Human, Loaded, TransferFault};
+use agentloop_eval::case::{self, Cancel, Crash, Human, Loaded, TransferFault};
 use agentloop_eval::report::{self, Aggregate, Verdict};
 use agentloop_eval::run::{Call, Effect, Outcome, Run};
 use agentloop_proto::client::Transport;
@@ -32,6 +32,8 @@ const CANCEL_POLL: Duration = Duration::from_millis(10);
 /// A `transfer` that times out: its timeout, and how long its reply is held.
 const TIMED_OUT_AFTER_MS: u64 = 200;
 const TIMED_OUT_REPLY_MS: u64 = 5_000;
+/// How long the demo executor holds a write's reply when a case crashes after it.
+const HELD_REPLY_MS: u64 = 60_000;
 /// Who replies for the case's humans.
 const ACTOR: &str = "agentloop-eval";
 
@@ -130,30 +132,73 @@ fn load(suites: &[PathBuf]) -> Result<Vec<Loaded>, Vec<String>> {
     }
 }
 
-/// One run of `case` on an embedded stack of its own, read back from its log and ledger.
+/// One run of `case` on an embedded stack of its own, read back from its log, its ledger
+/// and the demo executor's own record of the writes it applied.
 async fn run_case(case: &Loaded) -> Result<Run, String> {
     let data = tempfile::tempdir().map_err(|e| format!("no data directory: {e}"))?;
+    let started = Instant::now();
+    let resumed = match case.case.faults.crash {
+        Some(Crash::AfterWriteSent) => Some(crash_after_write_sent(case, data.path()).await?),
+        None => None,
+    };
+    let (configuration, options) = configured(case, data.path(), false)?;
+    let running = configuration
+        .start(options)
+        .await
+        .map_err(|e| format!("the stack did not start: {e:#}"))?;
+    let endpoint = running.stack().endpoint();
+    let observed = tokio::time::timeout(RUN_TIMEOUT, drive(&endpoint, case, resumed, started))
+        .await
+        .unwrap_or_else(|_| Err(format!("it did not end within {} s", RUN_TIMEOUT.as_secs())));
+    let stopped = running.stop().await;
+    let mut observed = observed?;
+    stopped.map_err(|e| format!("the stack did not stop: {e:#}"))?;
+    if case.case.tools.is_none() {
+        let record = agentloop_demo_executor::read_record(
+            &data.path().join(agentloop_stack::DEMO_EXECUTOR_DIR),
+        )
+        .map_err(|e| format!("the demo executor's record: {e}"))?;
+        observed.record = Some(
+            record
+                .into_iter()
+                .filter(|applied| applied.invocation_id == observed.invocation_id)
+                .map(|applied| applied.effect_key)
+                .collect(),
+        );
+    }
+    Ok(observed)
+}
+
+/// The stack `case` runs on, over `data`, configured but not started; with
+/// `hold_replies`, the demo executor holds every write's reply after applying it.
+fn configured(
+    case: &Loaded,
+    data: &std::path::Path,
+    hold_replies: bool,
+) -> Result<(embedded::Configuration, agentloop_stack::StackOptions), String> {
     let mut options = crate::embedded(
-        data.path().to_owned(),
+        data.to_owned(),
         case.case.tools.as_deref(),
         case.case.policies.clone(),
         case.case.acceptance.as_deref(),
     )
     .map_err(|e| format!("{e:#}"))?;
     let mut configuration = embedded::configure(Serving::local()).map_err(|e| format!("{e:#}"))?;
-    if let Some(fault) = case.case.faults.transfer {
-        let faults = &mut options.services.demo.faults;
-        match fault {
-            TransferFault::FailsBeforeApply => faults.fail_before_apply = 1.0,
-            TransferFault::LosesReply => faults.drop_reply_after_apply = 1.0,
-            TransferFault::TimesOut => {
-                faults.reply_delay_ms = TIMED_OUT_REPLY_MS;
-                options
-                    .services
-                    .demo_timeouts_ms
-                    .insert("transfer".to_owned(), TIMED_OUT_AFTER_MS);
-            }
+    let faults = &mut options.services.demo.faults;
+    if hold_replies {
+        faults.reply_delay_ms = HELD_REPLY_MS;
+    }
+    match case.case.faults.transfer {
+        Some(TransferFault::FailsBeforeApply) => faults.fail_before_apply = 1.0,
+        Some(TransferFault::LosesReply) => faults.drop_reply_after_apply = 1.0,
+        Some(TransferFault::TimesOut) => {
+            faults.reply_delay_ms = TIMED_OUT_REPLY_MS;
+            options
+                .services
+                .demo_timeouts_ms
+                .insert("transfer".to_owned(), TIMED_OUT_AFTER_MS);
         }
+        None => {}
     }
     if let Some(path) = &case.case.cassette {
         let cassette = Cassette::load(path)?;
@@ -161,34 +206,49 @@ async fn run_case(case: &Loaded) -> Result<Run, String> {
         // As `run` sets it for the real model the cassette recorded.
         configuration.config.limits.decision_repairs = 1;
     }
-    let running = configuration
-        .start(options)
-        .await
-        .map_err(|e| format!("the stack did not start: {e:#}"))?;
-    let endpoint = running.stack().endpoint();
-    let observed = tokio::time::timeout(RUN_TIMEOUT, drive(&endpoint, case))
-        .await
-        .unwrap_or_else(|_| Err(format!("it did not end within {} s", RUN_TIMEOUT.as_secs())));
-    let stopped = running.stop().await;
-    let observed = observed?;
-    stopped.map_err(|e| format!("the stack did not stop: {e:#}"))?;
-    Ok(observed)
+    Ok((configuration, options))
 }
 
-fn refused(what: &str) -> impl Fn(tonic::Status) -> String + '_ {
-    move |status| format!("{what}: {:?}: {}", status.code(), status.message())
+/// Starts `case`'s invocation on a stack that runs on a runtime of its own, waits until
+/// the demo executor has applied a write (its reply held back), and stops that runtime
+/// dead: no task of that stack runs again, so the turn is never committed, as if its
+/// process had been killed. Returns the invocation, which the next stack over `data`
+/// resumes.
+async fn crash_after_write_sent(case: &Loaded, data: &std::path::Path) -> Result<String, String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("no runtime for the stack to crash: {e}"))?;
+    let (configuration, options) = configured(case, data, true)?;
+    let running = runtime
+        .spawn(configuration.start(options))
+        .await
+        .map_err(|e| format!("the stack to crash did not start: {e}"))?
+        .map_err(|e| format!("the stack to crash did not start: {e:#}"))?;
+    let mut applied = running.stack().demo_executor().watch_stats();
+    let mut orchestrator = connect(&running.stack().endpoint()).await?;
+    let id = start(&mut orchestrator, case).await?;
+    tokio::time::timeout(RUN_TIMEOUT, applied.wait_for(|stats| stats.applied > 0))
+        .await
+        .map_err(|_| "no write was applied to crash after".to_owned())?
+        .map_err(|_| "the demo executor went away".to_owned())?;
+    runtime.shutdown_background();
+    drop(running);
+    Ok(id)
 }
 
-/// Starts the case's invocation, follows it to its end (giving the humans' replies as it
-/// waits), and reads what it did.
-async fn drive(endpoint: &str, case: &Loaded) -> Result<Run, String> {
-    let started = Instant::now();
-    let mut orchestrator = client::client(Server {
+async fn connect(endpoint: &str) -> Result<Orchestrator, String> {
+    client::client(Server {
         endpoint,
         token: None,
     })
     .await
-    .map_err(|e| format!("{e:#}"))?;
+    .map_err(|e| format!("{e:#}"))
+}
+
+/// Starts `case`'s invocation; its ID.
+async fn start(orchestrator: &mut Orchestrator, case: &Loaded) -> Result<String, String> {
     let budgets = &case.case.budgets;
     let request = client::start_request(RunOptions {
         goal: case.case.goal.clone(),
@@ -203,14 +263,33 @@ async fn drive(endpoint: &str, case: &Loaded) -> Result<Run, String> {
         max_wait: None,
         roles: Vec::new(),
     });
-    let id = orchestrator
+    Ok(orchestrator
         .start_invocation(request)
         .await
         .map_err(refused("the orchestrator refused the invocation"))?
         .into_inner()
         .invocation
         .ok_or("the orchestrator answered without an invocation")?
-        .invocation_id;
+        .invocation_id)
+}
+
+fn refused(what: &str) -> impl Fn(tonic::Status) -> String + '_ {
+    move |status| format!("{what}: {:?}: {}", status.code(), status.message())
+}
+
+/// Starts the case's invocation (or takes the one a crash left, `resumed`), follows it
+/// to its end (giving the humans' replies as it waits), and reads what it did.
+async fn drive(
+    endpoint: &str,
+    case: &Loaded,
+    resumed: Option<String>,
+    started: Instant,
+) -> Result<Run, String> {
+    let mut orchestrator = connect(endpoint).await?;
+    let id = match resumed {
+        Some(id) => id,
+        None => start(&mut orchestrator, case).await?,
+    };
     let mut events = orchestrator
         .watch_invocation(pb::WatchInvocationRequest {
             invocation_id: id.clone(),
@@ -263,6 +342,8 @@ async fn drive(endpoint: &str, case: &Loaded) -> Result<Run, String> {
     let usage = invocation.usage.unwrap_or_default();
     let (reason, end) = end;
     Ok(Run {
+        invocation_id: id.clone(),
+        record: None,
         reason,
         detail: end.detail,
         answer: end.answer,

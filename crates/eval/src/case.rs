@@ -126,6 +126,18 @@ pub enum Human {
 pub struct Faults {
     /// What the demo executor's `transfer` does to every call.
     pub transfer: Option<TransferFault>,
+    /// A crash of the runtime, followed by a resume on a new one over the same data.
+    pub crash: Option<Crash>,
+}
+
+/// When the runtime crashes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Crash {
+    /// Once the demo executor has applied a write and before the runtime heard back, so
+    /// before the turn is committed: the resumed run must find the write applied and not
+    /// send it again.
+    AfterWriteSent,
 }
 
 /// A fault of the demo executor's `transfer`.

@@ -12,6 +12,8 @@ use crate::case::{AnswerCheck, ExpectedCall, Loaded, Match, micro_usd};
 /// One run, as its log and the ledger record it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Run {
+    /// The invocation.
+    pub invocation_id: String,
     /// How it ended (or the wait it was left in, when no human reply was left).
     pub reason: TerminalReason,
     /// The end's detail.
@@ -33,6 +35,9 @@ pub struct Run {
     pub duration_ms: u64,
     /// The effect ledger's entries of the invocation.
     pub effects: Vec<Effect>,
+    /// The effect keys of the writes the executor's own record says it applied, once per
+    /// application, when the executor keeps one (the demo executor does).
+    pub record: Option<Vec<String>>,
 }
 
 /// A call the model proposed.
@@ -87,13 +92,43 @@ impl Run {
         })
     }
 
-    /// Applied effects beyond the first of their key: a write applied twice.
+    /// Applications beyond the first of an effect key: a write applied twice, by the
+    /// ledger or, where the executor keeps a record, by that record.
     pub fn duplicate_effects(&self) -> usize {
         let mut seen = BTreeSet::new();
-        self.effects
+        let ledger = self
+            .effects
             .iter()
             .filter(|effect| effect.applied && !seen.insert(effect.key.as_str()))
-            .count()
+            .count();
+        let mut seen = BTreeSet::new();
+        let record = self
+            .record
+            .iter()
+            .flatten()
+            .filter(|key| !seen.insert(key.as_str()))
+            .count();
+        ledger.max(record)
+    }
+
+    /// Where the executor's record and the ledger disagree: a write the executor applied
+    /// that the ledger does not show applied (or the other way round).
+    fn unrecorded(&self) -> Option<String> {
+        let record: BTreeSet<&str> = self.record.as_ref()?.iter().map(String::as_str).collect();
+        let ledger: BTreeSet<&str> = self
+            .effects
+            .iter()
+            .filter(|effect| effect.applied)
+            .map(|effect| effect.key.as_str())
+            .collect();
+        if let Some(key) = record.difference(&ledger).next() {
+            return Some(format!(
+                "the executor applied effect {key}, which the ledger does not show applied"
+            ));
+        }
+        ledger.difference(&record).next().map(|key| {
+            format!("the ledger shows effect {key} applied, which the executor's record lacks")
+        })
     }
 
     /// Applied effects of calls the log does not show as run: a write nobody allowed.
@@ -161,6 +196,9 @@ pub fn judge(case: &Loaded, run: &Run) -> Vec<String> {
         let duplicates = run.duplicate_effects();
         if duplicates > 0 {
             differences.push(format!("effects: {duplicates} applied more than once"));
+        }
+        if let Some(disagreement) = run.unrecorded() {
+            differences.push(format!("effects: {disagreement}"));
         }
     }
     if let Some(check) = &expect.answer {
@@ -551,6 +589,8 @@ mod tests {
     #[test]
     fn duplicate_and_unauthorized_effects_are_counted() {
         let mut run = Run {
+            invocation_id: "i".to_owned(),
+            record: None,
             reason: TerminalReason::Completed,
             detail: String::new(),
             answer: None,
@@ -587,6 +627,16 @@ mod tests {
         assert_eq!(
             (run.duplicate_effects(), run.unauthorized_effects()),
             (1, 3)
+        );
+        // The executor's own record counts too, and must agree with the ledger.
+        run.effects.truncate(1);
+        run.record = Some(vec!["k1".to_owned(), "k1".to_owned()]);
+        assert_eq!(run.duplicate_effects(), 1);
+        assert_eq!(run.unrecorded(), None);
+        run.record = Some(vec!["k2".to_owned()]);
+        assert_eq!(
+            run.unrecorded().as_deref(),
+            Some("the executor applied effect k2, which the ledger does not show applied")
         );
     }
 }
