@@ -34,7 +34,7 @@ const TIMED_OUT_AFTER_MS: u64 = 200;
 const TIMED_OUT_REPLY_MS: u64 = 5_000;
 /// How long the demo executor holds a write's reply when a case crashes after it.
 const HELD_REPLY_MS: u64 = 60_000;
-/// Who replies for the case's humans.
+/// Who replies for the case's humans, unless a token says.
 const ACTOR: &str = "agentloop-eval";
 
 type Orchestrator = OrchestratorServiceClient<Transport>;
@@ -52,13 +52,15 @@ pub(crate) struct Eval {
     pub(crate) min_pass_rate: Option<f64>,
     /// Runs at once.
     pub(crate) jobs: usize,
+    /// A running orchestrator and the caller's token, instead of a stack per case.
+    pub(crate) server: Option<(String, Option<String>)>,
 }
 
 /// Runs the suite; the exit code is 0 when every run passed or the pass rate reached
 /// `min_pass_rate`, 1 otherwise, 2 for a suite that cannot be read.
 pub(crate) async fn eval(request: Eval) -> anyhow::Result<u8> {
     let started = Instant::now();
-    let cases = match load(&request.suites) {
+    let cases = match load(&request.suites, request.server.is_some()) {
         Ok(cases) => cases,
         Err(problems) => {
             for problem in problems {
@@ -73,7 +75,16 @@ pub(crate) async fn eval(request: Eval) -> anyhow::Result<u8> {
         .collect();
     let mut verdicts = Vec::with_capacity(runs.len());
     let mut judged = futures::stream::iter(runs)
-        .map(|(case, run)| async move { Verdict::of(case, run, run_case(case).await) })
+        .map(|(case, run)| {
+            let server = request.server.as_ref();
+            async move {
+                let observed = match server {
+                    Some((endpoint, token)) => on_server(endpoint, token.as_deref(), case).await,
+                    None => run_case(case).await,
+                };
+                Verdict::of(case, run, observed)
+            }
+        })
         .buffered(request.jobs.max(1));
     while let Some(verdict) = judged.next().await {
         if !request.json {
@@ -103,8 +114,9 @@ pub(crate) async fn eval(request: Eval) -> anyhow::Result<u8> {
     })
 }
 
-/// Every case of the suites, or every problem found in them.
-fn load(suites: &[PathBuf]) -> Result<Vec<Loaded>, Vec<String>> {
+/// Every case of the suites, or every problem found in them; on a `server`, a case that
+/// needs the embedded stack is one.
+fn load(suites: &[PathBuf], server: bool) -> Result<Vec<Loaded>, Vec<String>> {
     let files = case::files(suites).map_err(|e| vec![e.to_string()])?;
     if files.is_empty() {
         return Err(vec![
@@ -121,6 +133,10 @@ fn load(suites: &[PathBuf]) -> Result<Vec<Loaded>, Vec<String>> {
                 file.display(),
                 loaded.case.name
             )),
+            Ok(loaded) if server && needs_embedded(&loaded.case) => problems.push(format!(
+                "{}: it names tools, policies, acceptance rules, a cassette or faults, which only the embedded stack of each case can take (not --server)",
+                file.display()
+            )),
             Ok(loaded) => cases.push(loaded),
             Err(error) => problems.push(error.to_string()),
         }
@@ -130,6 +146,27 @@ fn load(suites: &[PathBuf]) -> Result<Vec<Loaded>, Vec<String>> {
     } else {
         Err(problems)
     }
+}
+
+/// Whether `case` configures the stack it runs on.
+fn needs_embedded(case: &case::Case) -> bool {
+    case.tools.is_some()
+        || !case.policies.is_empty()
+        || case.acceptance.is_some()
+        || case.cassette.is_some()
+        || case.faults.transfer.is_some()
+        || case.faults.crash.is_some()
+}
+
+/// One run of `case` on the orchestrator at `endpoint`.
+async fn on_server(endpoint: &str, token: Option<&str>, case: &Loaded) -> Result<Run, String> {
+    let started = Instant::now();
+    let orchestrator = connect(endpoint, token).await?;
+    // With a token, the orchestrator takes the replying actor from it.
+    let actor = if token.is_some() { "" } else { ACTOR };
+    tokio::time::timeout(RUN_TIMEOUT, drive(orchestrator, case, None, actor, started))
+        .await
+        .unwrap_or_else(|_| Err(format!("it did not end within {} s", RUN_TIMEOUT.as_secs())))
 }
 
 /// One run of `case` on an embedded stack of its own, read back from its log, its ledger
@@ -146,10 +183,13 @@ async fn run_case(case: &Loaded) -> Result<Run, String> {
         .start(options)
         .await
         .map_err(|e| format!("the stack did not start: {e:#}"))?;
-    let endpoint = running.stack().endpoint();
-    let observed = tokio::time::timeout(RUN_TIMEOUT, drive(&endpoint, case, resumed, started))
-        .await
-        .unwrap_or_else(|_| Err(format!("it did not end within {} s", RUN_TIMEOUT.as_secs())));
+    let orchestrator = connect(&running.stack().endpoint(), None).await?;
+    let observed = tokio::time::timeout(
+        RUN_TIMEOUT,
+        drive(orchestrator, case, resumed, ACTOR, started),
+    )
+    .await
+    .unwrap_or_else(|_| Err(format!("it did not end within {} s", RUN_TIMEOUT.as_secs())));
     let stopped = running.stop().await;
     let mut observed = observed?;
     stopped.map_err(|e| format!("the stack did not stop: {e:#}"))?;
@@ -227,7 +267,7 @@ async fn crash_after_write_sent(case: &Loaded, data: &std::path::Path) -> Result
         .map_err(|e| format!("the stack to crash did not start: {e}"))?
         .map_err(|e| format!("the stack to crash did not start: {e:#}"))?;
     let mut applied = running.stack().demo_executor().watch_stats();
-    let mut orchestrator = connect(&running.stack().endpoint()).await?;
+    let mut orchestrator = connect(&running.stack().endpoint(), None).await?;
     let id = start(&mut orchestrator, case).await?;
     tokio::time::timeout(RUN_TIMEOUT, applied.wait_for(|stats| stats.applied > 0))
         .await
@@ -238,13 +278,10 @@ async fn crash_after_write_sent(case: &Loaded, data: &std::path::Path) -> Result
     Ok(id)
 }
 
-async fn connect(endpoint: &str) -> Result<Orchestrator, String> {
-    client::client(Server {
-        endpoint,
-        token: None,
-    })
-    .await
-    .map_err(|e| format!("{e:#}"))
+async fn connect(endpoint: &str, token: Option<&str>) -> Result<Orchestrator, String> {
+    client::client(Server { endpoint, token })
+        .await
+        .map_err(|e| format!("{e:#}"))
 }
 
 /// Starts `case`'s invocation; its ID.
@@ -280,12 +317,12 @@ fn refused(what: &str) -> impl Fn(tonic::Status) -> String + '_ {
 /// Starts the case's invocation (or takes the one a crash left, `resumed`), follows it
 /// to its end (giving the humans' replies as it waits), and reads what it did.
 async fn drive(
-    endpoint: &str,
+    mut orchestrator: Orchestrator,
     case: &Loaded,
     resumed: Option<String>,
+    actor: &str,
     started: Instant,
 ) -> Result<Run, String> {
-    let mut orchestrator = connect(endpoint).await?;
     let id = match resumed {
         Some(id) => id,
         None => start(&mut orchestrator, case).await?,
@@ -329,7 +366,7 @@ async fn drive(
         let Some(human) = humans.next() else {
             break (reason, end);
         };
-        reply(&mut orchestrator, &id, reason, &end, human).await?;
+        reply(&mut orchestrator, &id, actor, reason, &end, human).await?;
     };
     if let Some(canceller) = canceller {
         canceller
@@ -390,6 +427,7 @@ async fn cancel_while_calls_run(mut orchestrator: Orchestrator, id: String) -> R
 async fn reply(
     orchestrator: &mut Orchestrator,
     id: &str,
+    actor: &str,
     reason: TerminalReason,
     end: &pb::InvocationEnded,
     human: &Human,
@@ -398,7 +436,7 @@ async fn reply(
         invocation_id: id.to_owned(),
         proposal_digest: end.proposal_digest.clone(),
         verdict: verdict.into(),
-        actor: ACTOR.to_owned(),
+        actor: actor.to_owned(),
         comment: comment.to_owned(),
     };
     match (reason, human) {
@@ -419,7 +457,7 @@ async fn reply(
                 .answer_clarification(pb::AnswerClarificationRequest {
                     invocation_id: id.to_owned(),
                     answer: answer.clone(),
-                    actor: ACTOR.to_owned(),
+                    actor: actor.to_owned(),
                 })
                 .await
                 .map_err(refused("the answer was refused"))?;

@@ -123,6 +123,11 @@ enum Command {
         /// Runs at once.
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
         jobs: u16,
+        /// A running orchestrator to run every case on (with `--token` if it
+        /// authenticates); cases that name tools, policies, acceptance rules, a cassette or
+        /// faults need the embedded stack and are refused.
+        #[arg(long)]
+        server: Option<String>,
     },
     /// Judges committed invocations of the data directory again under today's tools,
     /// policies and acceptance rules, without running a tool or writing anything: which
@@ -716,6 +721,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             junit,
             min_pass_rate,
             jobs,
+            server,
         } => {
             if schema {
                 println!(
@@ -730,6 +736,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 junit,
                 min_pass_rate,
                 jobs: usize::from(jobs),
+                server: server.map(|endpoint| (endpoint, cli.token)),
             })
             .await
         }

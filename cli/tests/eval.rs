@@ -219,3 +219,48 @@ fn the_printed_schema_accepts_the_shipped_cases_and_refuses_unknown_keys() {
     case["expect"]["trajectory"] = serde_json::json!({"match": "sideways", "calls": []});
     assert!(!validator.is_valid(&case));
 }
+
+#[test]
+fn cases_run_on_a_server_and_those_that_need_their_own_stack_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_dev, endpoint) = common::dev(dir.path(), &[]);
+    let shipped = shipped();
+    let output = agentloop(dir.path())
+        .arg("eval")
+        .arg(shipped.join("one-call.json"))
+        .arg(shipped.join("approval-approved.json"))
+        .args(["--server", &endpoint])
+        .output()
+        .unwrap();
+    let printed = stdout(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{printed}{}",
+        stderr(&output)
+    );
+    assert!(printed.contains("pass one call\n"), "{printed}");
+    assert!(
+        printed.contains("pass a write that needs approval, approved\n"),
+        "{printed}"
+    );
+    // The runs are the server's: its list holds both.
+    let listed = agentloop(dir.path())
+        .args(["list", "--json", "--server", &endpoint])
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&listed).lines().count(), 2, "{}", stdout(&listed));
+
+    let refused = agentloop(dir.path())
+        .arg("eval")
+        .arg(shipped.join("write-reply-lost.json"))
+        .args(["--server", &endpoint])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        stderr(&refused).contains("only the embedded stack of each case can take (not --server)"),
+        "{}",
+        stderr(&refused)
+    );
+}
