@@ -134,7 +134,7 @@ fn load(suites: &[PathBuf], server: bool) -> Result<Vec<Loaded>, Vec<String>> {
                 loaded.case.name
             )),
             Ok(loaded) if server && needs_embedded(&loaded.case) => problems.push(format!(
-                "{}: it names tools, policies, acceptance rules, a cassette or faults, which only the embedded stack of each case can take (not --server)",
+                "{}: it names tools, policies, acceptance rules, a model, a cassette or faults, which only the embedded stack of each case can take (not --server)",
                 file.display()
             )),
             Ok(loaded) => cases.push(loaded),
@@ -154,6 +154,7 @@ fn needs_embedded(case: &case::Case) -> bool {
         || !case.policies.is_empty()
         || case.acceptance.is_some()
         || case.cassette.is_some()
+        || case.model.is_some()
         || case.faults.transfer.is_some()
         || case.faults.crash.is_some()
 }
@@ -240,11 +241,26 @@ fn configured(
         }
         None => {}
     }
-    if let Some(path) = &case.case.cassette {
-        let cassette = Cassette::load(path)?;
-        options.services.model = Some(Arc::new(Replaying::new(cassette)));
-        // As `run` sets it for the real model the cassette recorded.
+    let model: Option<Arc<dyn agentloop_decision::Model>> =
+        match (&case.case.cassette, &case.case.model) {
+            (Some(path), _) => Some(Arc::new(Replaying::new(Cassette::load(path)?))),
+            (None, Some(spec)) => {
+                let price = match case.case.price {
+                    Some([input, output]) => Some(
+                        format!("{input},{output}")
+                            .parse::<agentloop_decision::Price>()
+                            .map_err(|e| format!("`price`: {e}"))?,
+                    ),
+                    None => None,
+                };
+                Some(crate::model::from_spec(spec, price).map_err(|e| format!("{e:#}"))?)
+            }
+            (None, None) => None,
+        };
+    if model.is_some() {
+        // As `run` sets it for a real model (and for the one a cassette recorded).
         configuration.config.limits.decision_repairs = 1;
+        options.services.model = model;
     }
     Ok((configuration, options))
 }

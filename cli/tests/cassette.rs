@@ -255,4 +255,41 @@ async fn a_recorded_run_replays_without_the_model_and_a_diverging_replay_names_i
         2,
         "still no model call"
     );
+
+    // A case may name the real model instead, and price it: two requests more.
+    std::fs::write(
+        path.join("live.json"),
+        json!({
+            "name": "the live lookup",
+            "goal": "Check the profile",
+            "model": "openai:gpt-test",
+            "price": [1.0, 2.0],
+            "expect": {
+                "reason": "completed",
+                "trajectory": {"match": "exact", "calls": [{"name": "lookup"}]},
+                "max_cost_usd": 0.001
+            }
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let live = {
+        let (path, base) = (path.clone(), base.clone());
+        tokio::task::spawn_blocking(move || {
+            agentloop(&path)
+                .env("OPENAI_BASE_URL", base)
+                .env("OPENAI_API_KEY", KEY)
+                .args(["eval", "live.json", "--json"])
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap()
+    };
+    let report: Value = serde_json::from_slice(&live.stdout)
+        .unwrap_or_else(|_| panic!("{}{}", stdout(&live), stderr(&live)));
+    assert_eq!(report["aggregate"]["passed"], 1, "{report:#}");
+    // 280 input tokens at $1 and 21 output tokens at $2 per million.
+    assert_eq!(report["runs"][0]["observed"]["cost_micro_usd"], 322);
+    assert_eq!(server.received_requests().await.unwrap().len(), 4);
 }

@@ -39,6 +39,15 @@ pub struct Case {
     /// without calling the model.
     #[serde(default)]
     pub cassette: Option<PathBuf>,
+    /// Instead of a script: a real model, `openai:MODEL` or `anthropic:MODEL`, reached
+    /// as `agentloop run --model` reaches it (its base URL and key from the usual
+    /// variables).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The price of `model` in US dollars per million input and output tokens, so its
+    /// runs have a cost: `[2.5, 10]`.
+    #[serde(default)]
+    pub price: Option<[f64; 2]>,
     /// A tools configuration (TOML) for the run; without it, the demo executor's tools.
     #[serde(default)]
     pub tools: Option<PathBuf>,
@@ -367,16 +376,19 @@ pub fn load(path: &Path) -> Result<Loaded, CaseError> {
         }
     }
     let base = path.parent().unwrap_or(Path::new("."));
-    let script = match (&case.script, &case.cassette) {
-        (Some(Script::Inline(script)), None) => Value::Object(script.clone()).to_string(),
-        (Some(Script::File(file)), None) => read_bounded(&base.join(file))?,
-        (None, Some(_)) => String::new(),
-        (Some(_), Some(_)) | (None, None) => {
+    let script = match (&case.script, &case.cassette, &case.model) {
+        (Some(Script::Inline(script)), None, None) => Value::Object(script.clone()).to_string(),
+        (Some(Script::File(file)), None, None) => read_bounded(&base.join(file))?,
+        (None, Some(_), None) | (None, None, Some(_)) => String::new(),
+        _ => {
             return Err(invalid(
-                "give exactly one of `script` and `cassette`".to_owned(),
+                "give exactly one of `script`, `cassette` and `model`".to_owned(),
             ));
         }
     };
+    if case.price.is_some() && case.model.is_none() {
+        return Err(invalid("`price` is the price of `model`".to_owned()));
+    }
     case.cassette = case.cassette.map(|cassette| base.join(cassette));
     case.tools = case.tools.map(|tools| base.join(tools));
     case.acceptance = case.acceptance.map(|rules| base.join(rules));
