@@ -119,39 +119,86 @@ pub fn asked(question: &Question<'_>) -> String {
     hex::encode(digest.finalize())
 }
 
-/// A model that records every reply of another into a cassette file, rewritten after
-/// each turn (so a crash keeps the turns recorded so far). Meant for one invocation.
+/// A model that records every reply of another into cassettes: one file
+/// (`run --record`), or one file per invocation in a folder (the decision service's
+/// `record_dir`). A cassette is rewritten after each turn, so a crash keeps the turns
+/// recorded so far; an invocation's first turn starts it afresh.
 #[derive(Debug)]
 pub struct Recording {
     inner: Arc<dyn Model>,
-    path: PathBuf,
-    cassette: Mutex<Cassette>,
+    destination: Destination,
+    /// One write at a time.
+    writing: Mutex<()>,
+}
+
+/// Where a [`Recording`] writes.
+#[derive(Debug)]
+enum Destination {
+    File(PathBuf),
+    Folder(PathBuf),
 }
 
 impl Recording {
-    /// Records `inner` into `path`.
+    /// Records `inner` into the cassette `path` (one invocation).
     pub fn new(inner: Arc<dyn Model>, path: PathBuf) -> Recording {
-        let model = format!("{}:{}", inner.provider(), inner.request_model());
         Recording {
             inner,
-            path,
-            cassette: Mutex::new(Cassette {
-                version: CASSETTE_VERSION,
-                model,
-                goal: String::new(),
-                turns: Vec::new(),
-            }),
+            destination: Destination::File(path),
+            writing: Mutex::new(()),
+        }
+    }
+
+    /// Records `inner` into `folder`, the cassette of invocation `ID` as
+    /// `ID.cassette.json`.
+    pub fn into_folder(inner: Arc<dyn Model>, folder: PathBuf) -> Recording {
+        Recording {
+            inner,
+            destination: Destination::Folder(folder),
+            writing: Mutex::new(()),
+        }
+    }
+
+    fn path(&self, invocation_id: &str) -> Result<PathBuf, ModelError> {
+        match &self.destination {
+            Destination::File(path) => Ok(path.clone()),
+            Destination::Folder(folder) => {
+                // An ID becomes a file name: nothing that could leave the folder.
+                let plain = !invocation_id.is_empty()
+                    && invocation_id
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+                if !plain {
+                    return Err(ModelError::InvalidRequest(
+                        "the invocation ID cannot name a cassette file".to_owned(),
+                    ));
+                }
+                std::fs::create_dir_all(folder).map_err(|e| {
+                    ModelError::Provider(format!("cannot record into {}: {e}", folder.display()))
+                })?;
+                Ok(folder.join(format!("{invocation_id}.cassette.json")))
+            }
         }
     }
 
     fn keep(&self, question: &Question<'_>, reply: &ModelReply) -> Result<(), ModelError> {
-        let mut cassette = self.cassette.lock().unwrap_or_else(PoisonError::into_inner);
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let path = self.path(question.invocation_id)?;
+        let failed =
+            |e: String| ModelError::Provider(format!("cannot record into {}: {e}", path.display()));
+        let mut cassette = match question.turn {
+            1 => Cassette {
+                version: CASSETTE_VERSION,
+                model: format!("{}:{}", self.inner.provider(), self.inner.request_model()),
+                goal: question.goal.to_owned(),
+                turns: Vec::new(),
+            },
+            _ => Cassette::load(&path).map_err(failed)?,
+        };
         if cassette.turns.len() >= MAX_CASSETTE_TURNS {
-            return Err(ModelError::Provider(format!(
-                "the cassette holds {MAX_CASSETTE_TURNS} turns already"
+            return Err(failed(format!(
+                "it holds {MAX_CASSETTE_TURNS} turns already"
             )));
         }
-        question.goal.clone_into(&mut cassette.goal);
         cassette.turns.push(Recorded {
             turn: question.turn,
             asked: asked(question),
@@ -160,17 +207,11 @@ impl Recording {
             model: reply.model.clone(),
             response_id: reply.response_id.clone(),
         });
-        let text = serde_json::to_string_pretty(&*cassette)
-            .map_err(|e| ModelError::Provider(format!("cannot encode the cassette: {e}")))?;
-        let partial = self.path.with_extension("partial");
+        let text = serde_json::to_string_pretty(&cassette).map_err(|e| failed(e.to_string()))?;
+        let partial = path.with_extension("partial");
         std::fs::write(&partial, text)
-            .and_then(|()| std::fs::rename(&partial, &self.path))
-            .map_err(|e| {
-                ModelError::Provider(format!(
-                    "cannot write the cassette {}: {e}",
-                    self.path.display()
-                ))
-            })
+            .and_then(|()| std::fs::rename(&partial, &path))
+            .map_err(|e| failed(e.to_string()))
     }
 }
 
@@ -221,22 +262,27 @@ impl Model for Replaying {
         _tools: &[ToolDescriptor],
     ) -> Result<ModelReply, ModelError> {
         let turn = question.turn;
-        let recorded = self
+        let mut of_turn = self
             .cassette
             .turns
             .iter()
-            .find(|recorded| recorded.turn == turn)
-            .ok_or_else(|| {
-                ModelError::Diverged(format!(
-                    "turn {turn}: the cassette has no decision for it (it recorded {} turns)",
-                    self.cassette.turns.len()
-                ))
-            })?;
-        if recorded.asked != asked(question) {
+            .filter(|recorded| recorded.turn == turn)
+            .peekable();
+        if of_turn.peek().is_none() {
             return Err(ModelError::Diverged(format!(
-                "turn {turn}: the model is asked something else than when it was recorded (a goal, a tool's result or a human's reply differs)"
+                "turn {turn}: the cassette has no decision for it (it recorded {} turns)",
+                self.cassette.turns.len()
             )));
         }
+        // A turn asked again (a repair) was recorded again, with what it was asked then.
+        let asked = asked(question);
+        let recorded = of_turn
+            .find(|recorded| recorded.asked == asked)
+            .ok_or_else(|| {
+                ModelError::Diverged(format!(
+                    "turn {turn}: the model is asked something else than when it was recorded (a goal, a tool's result or a human's reply differs)"
+                ))
+            })?;
         Ok(ModelReply {
             proposal: recorded.reply.clone(),
             usage: recorded.usage,
@@ -295,6 +341,69 @@ mod tests {
                 ..Default::default()
             })),
         }]
+    }
+
+    /// Answers every question with the same final answer.
+    #[derive(Debug)]
+    struct Answers;
+
+    #[async_trait::async_trait]
+    impl Model for Answers {
+        async fn decide_with(
+            &self,
+            question: &Question<'_>,
+            _tools: &[ToolDescriptor],
+        ) -> Result<ModelReply, ModelError> {
+            Ok(ModelReply {
+                proposal: Proposal::Decision(agentloop_engine::ProposedDecision::Final {
+                    answer: format!("turn {}", question.turn),
+                    evidence: Vec::new(),
+                }),
+                usage: Usage::default(),
+                model: "answers-1".to_owned(),
+                response_id: format!("r{}", question.turn),
+            })
+        }
+
+        fn provider(&self) -> &'static str {
+            "test"
+        }
+
+        fn request_model(&self) -> &str {
+            "answers"
+        }
+    }
+
+    /// The service's folder holds one cassette per invocation, each started afresh by
+    /// its first turn, and no ID names a file outside it.
+    #[tokio::test]
+    async fn a_folder_records_a_cassette_per_invocation() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("cassettes");
+        let recording = Recording::into_folder(Arc::new(Answers), folder.clone());
+        for (id, turns) in [("inv-a", 2), ("inv-b", 1), ("inv-a", 1)] {
+            for turn in 1..=turns {
+                let mut asking = question("goal", id, &[]);
+                asking.turn = turn;
+                recording.decide_with(&asking, &[]).await.unwrap();
+            }
+        }
+        let a = Cassette::load(&folder.join("inv-a.cassette.json")).unwrap();
+        assert_eq!(
+            a.turns.len(),
+            1,
+            "its second run's first turn started it afresh"
+        );
+        assert_eq!(a.model, "test:answers");
+        let b = Cassette::load(&folder.join("inv-b.cassette.json")).unwrap();
+        assert_eq!(b.turns[0].response_id, "r1");
+        let mut escaping = question("goal", "../elsewhere", &[]);
+        escaping.turn = 1;
+        assert!(matches!(
+            recording.decide_with(&escaping, &[]).await,
+            Err(ModelError::InvalidRequest(_))
+        ));
+        assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 2);
     }
 
     /// Another run of the same history asks the same; another result or goal does not.

@@ -93,6 +93,11 @@ pub struct DecisionConfig {
     /// without an entry reports no cost, and an invocation with a cost budget then ends
     /// with `model_error` instead of running unmetered.
     pub prices: BTreeMap<String, Price>,
+    /// Records every decision of the configured models (not of scripts) into this
+    /// folder, one cassette per invocation (`ID.cassette.json`), replayable with
+    /// `agentloop run --cassette`. Off by default: a cassette holds what the model was
+    /// told and answered.
+    pub record_dir: Option<PathBuf>,
     /// Keys no setting took: refused as the configuration loads.
     #[serde(flatten)]
     pub unknown: agentloop_server::UnknownKeys,
@@ -106,6 +111,7 @@ impl Default for DecisionConfig {
             model: None,
             profiles: BTreeMap::new(),
             prices: BTreeMap::new(),
+            record_dir: None,
             unknown: agentloop_server::UnknownKeys,
         }
     }
@@ -230,9 +236,13 @@ impl DecisionServer {
                     profile: profile.map(str::to_owned),
                     source,
                 })?;
-            Ok::<_, SetupError>(match config.prices.get(&model.model) {
+            let priced: Arc<dyn Model> = match config.prices.get(&model.model) {
                 Some(price) => Arc::new(PricedModel::new(built, *price)),
                 None => built,
+            };
+            Ok::<_, SetupError>(match &config.record_dir {
+                Some(folder) => Arc::new(cassette::Recording::into_folder(priced, folder.clone())),
+                None => priced,
             })
         };
         let mut server = match &config.model {
