@@ -158,6 +158,19 @@ enum Command {
         /// The acceptance rules to check final answers against (the default profile's).
         #[arg(long, value_name = "FILE")]
         acceptance: Option<PathBuf>,
+        /// A deployment's PostgreSQL database of events (the orchestrators'
+        /// `database_url`) instead of the data directory's.
+        #[arg(long, value_name = "URL", env = "AGENTLOOP_REPLAY_DATABASE_URL")]
+        database_url: Option<String>,
+        /// Its ledger's database (the ledger's `database_url`); without it, the events'
+        /// database, which the ledger shares in the production overlay.
+        #[arg(
+            long,
+            value_name = "URL",
+            requires = "database_url",
+            env = "AGENTLOOP_REPLAY_LEDGER_DATABASE_URL"
+        )]
+        ledger_database_url: Option<String>,
         /// One JSON document instead of text.
         #[arg(long)]
         json: bool,
@@ -748,14 +761,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             tools,
             policies,
             acceptance,
+            database_url,
+            ledger_database_url,
             json,
         } => {
-            let options = embedded(
+            let mut options = embedded(
                 cli.data_dir,
                 tools.as_deref(),
                 policies,
                 acceptance.as_deref(),
             )?;
+            options.services.ledger.database_url =
+                ledger_database_url.or_else(|| database_url.clone());
             let replaying = if all {
                 agentloop_stack::Replaying::All {
                     since: since.map(|ago| {
@@ -769,7 +786,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             } else {
                 agentloop_stack::Replaying::Ids(ids)
             };
-            let replayed = agentloop_stack::replay(options.services, replaying).await?;
+            let replayed =
+                agentloop_stack::replay(options.services, database_url.as_deref(), replaying)
+                    .await?;
             replay::print(&replayed, json)?;
             Ok(0)
         }

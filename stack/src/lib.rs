@@ -740,11 +740,13 @@ pub enum Replaying {
     },
 }
 
-/// Replays invocations of the embedded data directory `services.data_dir` against the
-/// tools, policies and acceptance rules `services` names, as an embedded stack would
-/// judge them today ([`agentloop_runtime::replay`]). The log and the ledger are read; no
-/// tool runs, no verifier is asked and nothing is written. It needs no lock on the
-/// directory: a running `dev` may go on writing to it.
+/// Replays committed invocations against the tools, policies and acceptance rules
+/// `services` names, as an embedded stack would judge them today
+/// ([`agentloop_runtime::replay`]). The log is the PostgreSQL database at `database_url`
+/// (a deployment's), or else the embedded data directory `services.data_dir`'s; the
+/// ledger is `services.ledger`'s. The log and the ledger are read; no tool runs, no
+/// verifier is asked and nothing is written. It needs no lock: the orchestrators, or a
+/// running `dev`, may go on writing.
 ///
 /// # Errors
 ///
@@ -752,16 +754,25 @@ pub enum Replaying {
 /// store, the ledger or the configuration fails.
 pub async fn replay(
     services: ServicesOptions,
+    database_url: Option<&str>,
     replaying: Replaying,
 ) -> anyhow::Result<Vec<agentloop_runtime::replay::Replayed>> {
-    let data_dir = services.data_dir.clone();
-    if !data_dir.join(agentloop_store::DATABASE_FILE).exists() {
-        bail!(
-            "no agentloop data in {} (use --data-dir)",
-            data_dir.display()
-        );
-    }
-    let store = SqliteStore::open_in(&data_dir).await?;
+    let store: Arc<dyn EventStore> = match database_url {
+        Some(url) => Arc::new(
+            agentloop_store::PgStore::connect(agentloop_store::PgOptions::new(url.to_owned()))
+                .await?,
+        ),
+        None => {
+            let data_dir = &services.data_dir;
+            if !data_dir.join(agentloop_store::DATABASE_FILE).exists() {
+                bail!(
+                    "no agentloop data in {} (use --data-dir, or --database-url)",
+                    data_dir.display()
+                );
+            }
+            Arc::new(SqliteStore::open_in(data_dir).await?)
+        }
+    };
     let ids = match replaying {
         Replaying::Ids(ids) => ids
             .iter()
@@ -794,7 +805,7 @@ pub async fn replay(
     let mut replayed = Vec::with_capacity(ids.len());
     for id in ids {
         let one = agentloop_runtime::replay::replay(
-            &store,
+            store.as_ref(),
             ports.policy.as_ref(),
             ports.ledger.as_ref(),
             id,

@@ -117,6 +117,35 @@ async fn an_orchestrator_killed_mid_invocation_is_taken_over_by_the_other() {
         r#"agentloop_leases_taken_over_total{how="sweep"}"#,
     );
     assert_eq!(taken, Some(1.0), "{metrics}");
+
+    // Replayed from the deployment's own databases under a policy set without lookups:
+    // exactly the two lookups are refused now, and the log is left as it was.
+    let dir = tempfile::tempdir().unwrap();
+    let strict = dir.path().join("transfers-only.cedar");
+    std::fs::write(
+        &strict,
+        r#"@id("transfers-only")
+permit (principal, action == Agentloop::Action::"call", resource == Agentloop::Tool::"transfer");"#,
+    )
+    .unwrap();
+    let mut services = agentloop_stack::ServicesOptions::new(dir.path().join("data"));
+    services.policy.policies = [("default".to_owned(), vec![strict])].into();
+    services.ledger.database_url = Some(ledger.url().to_owned());
+    let replayed = agentloop_stack::replay(
+        services,
+        Some(events.url()),
+        agentloop_stack::Replaying::Ids(vec![id.clone()]),
+    )
+    .await
+    .unwrap();
+    let refused: Vec<&str> = replayed[0]
+        .now_refused
+        .iter()
+        .map(|change| change.call_id.as_str())
+        .collect();
+    assert_eq!(refused, ["a", "b"], "{replayed:?}");
+    assert_eq!(replayed[0].answers, 1);
+    assert_eq!(get(&mut second, &id).await.last_seq, invocation.last_seq);
 }
 
 #[test]
