@@ -122,13 +122,15 @@ pub fn asked(question: &Question<'_>) -> String {
 /// A model that records every reply of another into cassettes: one file
 /// (`run --record`), or one file per invocation in a folder (the decision service's
 /// `record_dir`). A cassette is rewritten after each turn, so a crash keeps the turns
-/// recorded so far; an invocation's first turn starts it afresh.
+/// recorded so far. The file of `run --record` starts afresh with the recording; an
+/// invocation's file in a folder goes on where it is (an invocation resumed on a
+/// restarted service), and a turn asked again (a repair) is recorded again.
 #[derive(Debug)]
 pub struct Recording {
     inner: Arc<dyn Model>,
     destination: Destination,
-    /// One write at a time.
-    writing: Mutex<()>,
+    /// One write at a time; whether this recording has written its file yet.
+    writing: Mutex<bool>,
 }
 
 /// Where a [`Recording`] writes.
@@ -144,7 +146,7 @@ impl Recording {
         Recording {
             inner,
             destination: Destination::File(path),
-            writing: Mutex::new(()),
+            writing: Mutex::new(false),
         }
     }
 
@@ -154,7 +156,7 @@ impl Recording {
         Recording {
             inner,
             destination: Destination::Folder(folder),
-            writing: Mutex::new(()),
+            writing: Mutex::new(false),
         }
     }
 
@@ -181,18 +183,23 @@ impl Recording {
     }
 
     fn keep(&self, question: &Question<'_>, reply: &ModelReply) -> Result<(), ModelError> {
-        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut written = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
         let path = self.path(question.invocation_id)?;
         let failed =
             |e: String| ModelError::Provider(format!("cannot record into {}: {e}", path.display()));
-        let mut cassette = match question.turn {
-            1 => Cassette {
+        let afresh = match self.destination {
+            Destination::File(_) => !*written,
+            Destination::Folder(_) => !path.exists(),
+        };
+        let mut cassette = if afresh {
+            Cassette {
                 version: CASSETTE_VERSION,
                 model: format!("{}:{}", self.inner.provider(), self.inner.request_model()),
                 goal: question.goal.to_owned(),
                 turns: Vec::new(),
-            },
-            _ => Cassette::load(&path).map_err(failed)?,
+            }
+        } else {
+            Cassette::load(&path).map_err(failed)?
         };
         if cassette.turns.len() >= MAX_CASSETTE_TURNS {
             return Err(failed(format!(
@@ -211,7 +218,9 @@ impl Recording {
         let partial = path.with_extension("partial");
         std::fs::write(&partial, text)
             .and_then(|()| std::fs::rename(&partial, &path))
-            .map_err(|e| failed(e.to_string()))
+            .map_err(|e| failed(e.to_string()))?;
+        *written = true;
+        Ok(())
     }
 }
 
@@ -374,8 +383,9 @@ mod tests {
         }
     }
 
-    /// The service's folder holds one cassette per invocation, each started afresh by
-    /// its first turn, and no ID names a file outside it.
+    /// The service's folder holds one cassette per invocation, which goes on where it is
+    /// (a turn asked again included), and no ID names a file outside it; the file of
+    /// `run --record` starts afresh.
     #[tokio::test]
     async fn a_folder_records_a_cassette_per_invocation() {
         let dir = tempfile::tempdir().unwrap();
@@ -389,11 +399,8 @@ mod tests {
             }
         }
         let a = Cassette::load(&folder.join("inv-a.cassette.json")).unwrap();
-        assert_eq!(
-            a.turns.len(),
-            1,
-            "its second run's first turn started it afresh"
-        );
+        let turns: Vec<u32> = a.turns.iter().map(|recorded| recorded.turn).collect();
+        assert_eq!(turns, [1, 2, 1], "turn 1 asked again is recorded again");
         assert_eq!(a.model, "test:answers");
         let b = Cassette::load(&folder.join("inv-b.cassette.json")).unwrap();
         assert_eq!(b.turns[0].response_id, "r1");
@@ -404,6 +411,16 @@ mod tests {
             Err(ModelError::InvalidRequest(_))
         ));
         assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 2);
+
+        let file = dir.path().join("one.json");
+        std::fs::write(&file, "an older recording").unwrap();
+        let recording = Recording::new(Arc::new(Answers), file.clone());
+        for turn in [1, 1, 2] {
+            let mut asking = question("goal", "inv-c", &[]);
+            asking.turn = turn;
+            recording.decide_with(&asking, &[]).await.unwrap();
+        }
+        assert_eq!(Cassette::load(&file).unwrap().turns.len(), 3);
     }
 
     /// Another run of the same history asks the same; another result or goal does not.
