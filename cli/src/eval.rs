@@ -277,21 +277,59 @@ async fn crash_after_write_sent(case: &Loaded, data: &std::path::Path) -> Result
         .build()
         .map_err(|e| format!("no runtime for the stack to crash: {e}"))?;
     let (configuration, options) = configured(case, data, true)?;
-    let running = runtime
-        .spawn(configuration.start(options))
-        .await
-        .map_err(|e| format!("the stack to crash did not start: {e}"))?
-        .map_err(|e| format!("the stack to crash did not start: {e:#}"))?;
+    let started = runtime.spawn(configuration.start(options)).await;
+    match started {
+        Ok(Ok(running)) => {
+            let sent = send_a_write(&running, case).await;
+            // Whatever came of it, nothing of that stack runs again.
+            runtime.shutdown_background();
+            drop(running);
+            sent
+        }
+        Ok(Err(error)) => {
+            runtime.shutdown_background();
+            Err(format!("the stack to crash did not start: {error:#}"))
+        }
+        Err(error) => {
+            runtime.shutdown_background();
+            Err(format!("the stack to crash did not start: {error}"))
+        }
+    }
+}
+
+/// Starts `case`'s invocation on `running` and returns its ID once the demo executor
+/// has applied a write of it.
+async fn send_a_write(running: &embedded::Embedded, case: &Loaded) -> Result<String, String> {
     let mut applied = running.stack().demo_executor().watch_stats();
     let mut orchestrator = connect(&running.stack().endpoint(), None).await?;
     let id = start(&mut orchestrator, case).await?;
-    tokio::time::timeout(RUN_TIMEOUT, applied.wait_for(|stats| stats.applied > 0))
+    let mut events = orchestrator
+        .watch_invocation(pb::WatchInvocationRequest {
+            invocation_id: id.clone(),
+            from_seq: 1,
+        })
         .await
-        .map_err(|_| "no write was applied to crash after".to_owned())?
-        .map_err(|_| "the demo executor went away".to_owned())?;
-    runtime.shutdown_background();
-    drop(running);
-    Ok(id)
+        .map_err(refused("cannot watch the invocation"))?
+        .into_inner();
+    // A run that ends (or waits) without a write has nothing to crash after.
+    let stops = async {
+        while let Some(Ok(watched)) = events.next().await {
+            if let Some(pb::event::Body::Ended(_)) = watched.event.and_then(|event| event.body) {
+                break;
+            }
+        }
+    };
+    let sent = tokio::time::timeout(RUN_TIMEOUT, async {
+        tokio::select! {
+            applied = applied.wait_for(|stats| stats.applied > 0) => applied.is_ok(),
+            () = stops => false,
+        }
+    });
+    if sent.await.unwrap_or(false) {
+        Ok(id)
+    } else {
+        Err("the run applied no write to crash after".to_owned())
+    }
 }
 
 async fn connect(endpoint: &str, token: Option<&str>) -> Result<Orchestrator, String> {

@@ -264,3 +264,27 @@ fn cases_run_on_a_server_and_those_that_need_their_own_stack_are_refused() {
         stderr(&refused)
     );
 }
+
+#[test]
+fn a_crash_with_no_write_to_crash_after_fails_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("no-write.json"),
+        r#"{"name": "nothing to crash after", "goal": "g",
+            "script": {"turns": [{"final": "done"}]},
+            "faults": {"crash": "after_write_sent"}}"#,
+    )
+    .unwrap();
+    let output = agentloop(dir.path())
+        .args(["eval", "no-write.json"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains(
+            "FAIL nothing to crash after: not run: the run applied no write to crash after\n"
+        ),
+        "{}",
+        stdout(&output)
+    );
+}
