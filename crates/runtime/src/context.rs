@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use agentloop_engine::{EventBody, ProposedDecision};
 use agentloop_script::Script;
-use agentloop_store::StoredEvent;
+use agentloop_store::{EventStore, StoreError, StoredEvent};
+use uuid::Uuid;
 
 use crate::intern::Interner;
 use crate::ports::Cited;
@@ -91,6 +92,33 @@ impl ModelContext {
         let first = self.0.history.first().map_or(1, |stored| stored.event.seq);
         (cited.len() < evidence.len() && first > 1).then_some(first)
     }
+}
+
+/// Events read from the store per page.
+const LOG_PAGE: u32 = 256;
+
+/// The committed events of `id` before seq `before`, in order, read in pages; `None`
+/// once more than `limit` were read (what the caller can hold is bounded).
+pub(crate) async fn read_log(
+    store: &dyn EventStore,
+    id: Uuid,
+    before: u64,
+    limit: usize,
+) -> Result<Option<Vec<StoredEvent>>, StoreError> {
+    let mut events = Vec::new();
+    let mut from = 1;
+    while from < before {
+        let page = store.events(id, from, LOG_PAGE).await?;
+        let Some(last) = page.last().map(|stored| stored.event.seq) else {
+            break;
+        };
+        events.extend(page.into_iter().filter(|stored| stored.event.seq < before));
+        if events.len() > limit {
+            return Ok(None);
+        }
+        from = last + 1;
+    }
+    Ok(Some(events))
 }
 
 /// Adds to `cited` the results in `events` of the calls in `evidence` that `cited`

@@ -16,13 +16,11 @@ use agentloop_store::{EventStore, StoredEvent};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::context::cite;
+use crate::context::{cite, read_log};
 use crate::ports::{Batch, Claim, LedgerPort, PolicyPort};
 use crate::verify::ledger_entries;
 use crate::{InvocationSpec, RuntimeError};
 
-/// Events read per page.
-const PAGE: u32 = 256;
 /// Most events of one invocation replayed: bounds the memory of one replay.
 pub const MAX_REPLAYED_EVENTS: usize = 100_000;
 
@@ -112,7 +110,13 @@ pub async fn replay(
 ) -> Result<Replayed, RuntimeError> {
     let record = store.get(id).await?;
     let spec = InvocationSpec::of(&record)?;
-    let events = events(store, id).await?;
+    let events = read_log(store, id, u64::MAX, MAX_REPLAYED_EVENTS)
+        .await?
+        .ok_or_else(|| {
+            RuntimeError::FailedPrecondition(format!(
+                "invocation {id} has more than {MAX_REPLAYED_EVENTS} events, more than one replay reads"
+            ))
+        })?;
     let mut replayed = Replayed {
         invocation_id: id.to_string(),
         reason: record.end.as_ref().map(|end| end.reason),
@@ -226,25 +230,6 @@ pub async fn replay(
         }
     }
     Ok(replayed)
-}
-
-/// Every event of `id`, in order, up to [`MAX_REPLAYED_EVENTS`].
-async fn events(store: &dyn EventStore, id: Uuid) -> Result<Vec<StoredEvent>, RuntimeError> {
-    let mut events = Vec::new();
-    let mut from = 1;
-    loop {
-        let page = store.events(id, from, PAGE).await?;
-        let Some(last) = page.last().map(|stored| stored.event.seq) else {
-            return Ok(events);
-        };
-        events.extend(page);
-        if events.len() > MAX_REPLAYED_EVENTS {
-            return Err(RuntimeError::FailedPrecondition(format!(
-                "invocation {id} has more than {MAX_REPLAYED_EVENTS} events, more than one replay reads"
-            )));
-        }
-        from = last + 1;
-    }
 }
 
 /// Each turn's last committed record, with its index in `events`: a turn reopened by an

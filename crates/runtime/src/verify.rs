@@ -17,11 +17,9 @@ use futures::future::join_all;
 use uuid::Uuid;
 
 use crate::Shared;
-use crate::context::cite;
+use crate::context::{cite, read_log};
 use crate::ports::{Claim, Effect, LedgerPort};
 
-/// Events read per page when cited results lie before the runner's window.
-const LOG_PAGE: u32 = 256;
 /// Ledger entries asked for per page.
 const LEDGER_PAGE: u32 = 256;
 
@@ -95,21 +93,10 @@ impl Verify {
 
     /// Looks for the citations the window lacked in the events before `before`.
     async fn cite_older(&mut self, before: u64) -> Result<(), String> {
-        let mut events = Vec::new();
-        let mut from = 1;
-        while from < before {
-            let page = self
-                .shared
-                .store
-                .events(self.id, from, LOG_PAGE)
-                .await
-                .map_err(|error| error.to_string())?;
-            let Some(last) = page.last().map(|stored| stored.event.seq) else {
-                break;
-            };
-            events.extend(page.into_iter().filter(|stored| stored.event.seq < before));
-            from = last + 1;
-        }
+        let events = read_log(self.shared.store.as_ref(), self.id, before, usize::MAX)
+            .await
+            .map_err(|error| error.to_string())?
+            .unwrap_or_default();
         cite(&events, &self.claim.evidence, &mut self.claim.cited);
         Ok(())
     }
