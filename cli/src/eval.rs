@@ -303,14 +303,7 @@ async fn send_a_write(running: &embedded::Embedded, case: &Loaded) -> Result<Str
     let mut applied = running.stack().demo_executor().watch_stats();
     let mut orchestrator = connect(&running.stack().endpoint(), None).await?;
     let id = start(&mut orchestrator, case).await?;
-    let mut events = orchestrator
-        .watch_invocation(pb::WatchInvocationRequest {
-            invocation_id: id.clone(),
-            from_seq: 1,
-        })
-        .await
-        .map_err(refused("cannot watch the invocation"))?
-        .into_inner();
+    let mut events = watch(&mut orchestrator, &id).await?;
     // A run that ends (or waits) without a write has nothing to crash after.
     let stops = async {
         while let Some(Ok(watched)) = events.next().await {
@@ -336,6 +329,21 @@ async fn connect(endpoint: &str, token: Option<&str>) -> Result<Orchestrator, St
     client::client(Server { endpoint, token })
         .await
         .map_err(|e| format!("{e:#}"))
+}
+
+/// The committed events of invocation `id`, from its first, as they come.
+async fn watch(
+    orchestrator: &mut Orchestrator,
+    id: &str,
+) -> Result<tonic::Streaming<pb::WatchInvocationResponse>, String> {
+    Ok(orchestrator
+        .watch_invocation(pb::WatchInvocationRequest {
+            invocation_id: id.to_owned(),
+            from_seq: 1,
+        })
+        .await
+        .map_err(refused("cannot watch the invocation"))?
+        .into_inner())
 }
 
 /// Starts `case`'s invocation; its ID.
@@ -381,14 +389,7 @@ async fn drive(
         Some(id) => id,
         None => start(&mut orchestrator, case).await?,
     };
-    let mut events = orchestrator
-        .watch_invocation(pb::WatchInvocationRequest {
-            invocation_id: id.clone(),
-            from_seq: 1,
-        })
-        .await
-        .map_err(refused("cannot watch the invocation"))?
-        .into_inner();
+    let mut events = watch(&mut orchestrator, &id).await?;
     // Beside the watch, which must keep reading: a watcher that stops holds the run back.
     let canceller = (case.case.cancel == Some(Cancel::WhileCallsRun)).then(|| {
         AbortOnDropHandle::new(tokio::spawn(cancel_while_calls_run(
