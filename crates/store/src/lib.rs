@@ -41,7 +41,9 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 pub use pg_commit::{PgCommitHold, PgCommitStats};
-pub use postgres::{DEFAULT_MAX_CONNECTIONS, PING_AFTER_IDLE, PgOptions, PgStore, pg_pool_options};
+pub use postgres::{
+    DEFAULT_MAX_CONNECTIONS, PING_AFTER_IDLE, PgOptions, PgStore, TrailEntry, pg_pool_options,
+};
 pub use sqlite::{DATABASE_FILE, SqliteDurability, SqliteOptions, SqliteStorage, SqliteStore};
 pub use writer::{SqliteStats, WriterHold};
 

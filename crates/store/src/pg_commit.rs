@@ -54,6 +54,8 @@ const QUEUE_BOUND: usize = 4_096;
 pub(crate) const COMMITTERS: usize = 4;
 
 /// Every append of a group, one array per column; `UNNEST` turns them back into rows.
+/// Each event carries the epoch that committed it (the join is one row per event: a group
+/// holds at most one append per invocation).
 const APPEND_GROUP: &str = "\
 WITH batch AS (
     SELECT * FROM UNNEST($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[],
@@ -72,10 +74,11 @@ WITH batch AS (
       AND i.version = b.expected_version
     RETURNING i.invocation_id
 ), written AS (
-    INSERT INTO events (invocation_id, seq, committed_at, body)
-    SELECT e.invocation_id, e.seq, e.committed_at, e.body
+    INSERT INTO events (invocation_id, seq, committed_at, body, lease_epoch)
+    SELECT e.invocation_id, e.seq, e.committed_at, e.body, b.lease_epoch
     FROM UNNEST($10::uuid[], $11::bigint[], $12::bigint[], $13::text[])
         AS e (invocation_id, seq, committed_at, body)
+    JOIN batch AS b ON b.invocation_id = e.invocation_id
     WHERE e.invocation_id IN (SELECT invocation_id FROM accepted)
 )
 SELECT invocation_id::text FROM accepted";

@@ -29,7 +29,7 @@ use uuid::Uuid;
 use crate::codec::{
     CREATE_ATTEMPTS, Claim, Dialect, EventColumns, InvocationColumns, ListQuery, MAX_EVENTS_PAGE,
     claim_check, counter_to_i64, fresh_record, from_seq_to_i64, idempotent_answer, parse_id,
-    scoped_key, time_to_i64, to_json,
+    scoped_key, stored_u64, time_to_i64, to_json,
 };
 use crate::pg_commit::{Committer, PgCommitHold, PgCommitStats};
 use crate::{
@@ -104,6 +104,29 @@ pub struct PgStore {
     commits: Committer,
 }
 
+/// Writes the claims of a `raised` CTE (the rows whose epoch a claim raised) to the
+/// fencing trail, `lease_claims`, in the statement that raises them: the claim and its
+/// trail commit together, and the trail's position is taken under the row's lock.
+macro_rules! record_claim {
+    () => {
+        "INSERT INTO lease_claims (invocation_id, lease_epoch) \
+         SELECT invocation_id, lease_epoch FROM raised"
+    };
+}
+
+/// One step of the fencing trail ([`PgStore::fencing_trail`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrailEntry {
+    /// Where it took effect among all claims and commits.
+    pub position: u64,
+    /// The invocation.
+    pub invocation_id: Uuid,
+    /// The epoch claimed, or the epoch that committed the event.
+    pub lease_epoch: u64,
+    /// The event's seq; `None` for a claim.
+    pub seq: Option<u64>,
+}
+
 impl PgStore {
     /// Connects to the database and brings its schema up to date.
     pub async fn connect(options: PgOptions) -> Result<PgStore, StoreError> {
@@ -138,14 +161,64 @@ impl PgStore {
             Claim::Unchanged => return Ok(record),
             Claim::Raise => {}
         }
-        sqlx::query("UPDATE invocations SET lease_epoch = $1 WHERE invocation_id = $2::uuid")
-            .bind(epoch)
-            .bind(invocation_id.hyphenated().to_string())
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(concat!(
+            "WITH raised AS (UPDATE invocations SET lease_epoch = $1 WHERE invocation_id = $2::uuid \
+             RETURNING invocation_id, lease_epoch) ",
+            record_claim!()
+        ))
+        .bind(epoch)
+        .bind(invocation_id.hyphenated().to_string())
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         record.lease_epoch = lease_epoch;
         Ok(record)
+    }
+
+    /// A page of the fencing trail: every claim of a lease epoch and every committed event
+    /// with the epoch that committed it, after `after` in the order they took effect. An
+    /// outside checker reads it to show that no event was committed under an epoch older
+    /// than the last claim before it (`agentloop chaos`).
+    ///
+    /// # Errors
+    ///
+    /// The database's, or a row out of range.
+    pub async fn fencing_trail(
+        &self,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<TrailEntry>, StoreError> {
+        let after = counter_to_i64(after, "trail position")?;
+        let limit = i64::from(limit.min(MAX_PAGE_SIZE));
+        let rows = sqlx::query(
+            "(SELECT position, invocation_id::text AS id, lease_epoch, NULL::bigint AS seq \
+                 FROM lease_claims WHERE position > $1 ORDER BY position LIMIT $2) \
+             UNION ALL \
+             (SELECT position, invocation_id::text, lease_epoch, seq \
+                 FROM events WHERE position > $1 ORDER BY position LIMIT $2) \
+             ORDER BY position LIMIT $2",
+        )
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let id = parse_id(&row.try_get::<String, _>("id")?)?;
+                let position = stored_u64(row.try_get("position")?, "position", id)?;
+                let lease_epoch = stored_u64(row.try_get("lease_epoch")?, "lease_epoch", id)?;
+                let seq = match row.try_get::<Option<i64>, _>("seq")? {
+                    Some(seq) => Some(stored_u64(seq, "seq", id)?),
+                    None => None,
+                };
+                Ok(TrailEntry {
+                    position,
+                    invocation_id: id,
+                    lease_epoch,
+                    seq,
+                })
+            })
+            .collect()
     }
 
     /// What the group commit did so far.
@@ -336,8 +409,9 @@ impl EventStore for PgStore {
         let row = sqlx::query(concat!(
             "WITH raised AS (UPDATE invocations SET lease_epoch = $2 \
              WHERE invocation_id = $1::uuid AND state = 'running' AND lease_epoch < $2 \
-             RETURNING invocation_id) \
-             SELECT found.*, EXISTS (SELECT 1 FROM raised) AS raised FROM (",
+             RETURNING invocation_id, lease_epoch), claimed AS (",
+            record_claim!(),
+            ") SELECT found.*, EXISTS (SELECT 1 FROM raised) AS raised FROM (",
             select_invocation!(),
             " WHERE invocation_id = $1::uuid) AS found"
         ))

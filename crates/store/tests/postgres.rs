@@ -281,6 +281,64 @@ async fn a_frozen_writer_is_fenced_after_a_takeover() {
 }
 
 #[tokio::test]
+async fn the_fencing_trail_orders_each_claim_before_the_commits_of_its_epoch() {
+    let Some(server) = PostgresServer::for_test(
+        "the_fencing_trail_orders_each_claim_before_the_commits_of_its_epoch",
+    )
+    .await
+    else {
+        return;
+    };
+    let (store, _database) = fresh(&server).await;
+    let new = new_invocation(1_000, None, "d");
+    let id = new.invocation_id;
+    store.create(new).await.unwrap();
+    store.claim(id, 1).await.unwrap();
+    store
+        .append(id, append_of(0, 1, &[lookup_turn(1, 1)]))
+        .await
+        .unwrap();
+    store.claim(id, 2).await.unwrap();
+    // A claim at the epoch already held is no new claim.
+    store.claim(id, 2).await.unwrap();
+    // The worker of epoch 1 is refused, and leaves nothing in the trail.
+    assert!(matches!(
+        store
+            .append(id, append_of(1, 1, &[lookup_turn(2, 1)]))
+            .await,
+        Err(StoreError::StaleEpoch { .. })
+    ));
+    store
+        .append(id, append_of(1, 2, &[lookup_turn(2, 2), lookup_turn(3, 2)]))
+        .await
+        .unwrap();
+
+    let trail = store.fencing_trail(0, 100).await.unwrap();
+    let steps: Vec<(u64, Option<u64>)> = trail
+        .iter()
+        .map(|entry| {
+            assert_eq!(entry.invocation_id, id);
+            (entry.lease_epoch, entry.seq)
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (1, None),
+            (1, Some(1)),
+            (2, None),
+            (2, Some(2)),
+            (2, Some(3))
+        ],
+        "claims and commits in the order they took effect"
+    );
+    assert!(trail.windows(2).all(|w| w[0].position < w[1].position));
+    // Paged from a position on.
+    let rest = store.fencing_trail(trail[2].position, 2).await.unwrap();
+    assert_eq!(rest, trail[3..5]);
+}
+
+#[tokio::test]
 async fn json_postgres_is_picky_about_round_trips() {
     let Some(server) = PostgresServer::for_test("json_postgres_is_picky_about_round_trips").await
     else {
