@@ -37,6 +37,9 @@ pub struct ClusterOptions {
     pub redis_url: String,
     /// Variables for the processes of a service, as `AGENTLOOP_<SERVICE>_KEY=VALUE`.
     pub env: Vec<String>,
+    /// Each process on a host of its own: the network namespaces `<prefix>-<process>`
+    /// (`agentloop chaos` makes them).
+    pub netns: Option<String>,
 }
 
 /// A running local cluster; stopped (SIGTERM, a drain) when dropped.
@@ -85,6 +88,9 @@ impl LocalCluster {
             .args(["--port-base", &free_port_base()?.to_string()]);
         for variable in &options.env {
             command.args(["--env", variable]);
+        }
+        if let Some(prefix) = &options.netns {
+            command.args(["--netns", prefix]);
         }
         let output = command
             .stdin(Stdio::null())
@@ -166,6 +172,11 @@ impl LocalCluster {
             .await
             .with_context(|| format!("{endpoint} did not answer within 10 s"))??;
         Ok(agentloop_proto::client::orchestrator(channel))
+    }
+
+    /// A process's data directory (the demo executor's holds its record).
+    pub fn data_dir(&self, process: &str) -> std::path::PathBuf {
+        self.dir.path().join("data").join(process)
     }
 
     /// A process's log (empty if it has none).

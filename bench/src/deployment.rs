@@ -276,6 +276,7 @@ impl Deployment {
                 "AGENTLOOP_DEMO_EXECUTOR_DATA_FILE={}",
                 data_file.display()
             )],
+            netns: None,
         })
         .await?;
         let mut clients = Vec::with_capacity(2);

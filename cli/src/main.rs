@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use agentloop::client::{self, RunOptions};
 use agentloop::{effects, exit, humans, policy};
@@ -317,6 +317,11 @@ enum Command {
     /// Runs the standard workload (N invocations at once, T turns each, two lookups per
     /// turn) and reports throughput, latency, CPU, memory, storage and fsyncs.
     Bench(BenchArgs),
+    /// Runs the cluster with every process on a host of its own (network namespaces),
+    /// cuts and disturbs their links on a seeded schedule while a workload of reads and
+    /// writes runs, then checks that no write was lost or repeated, no stale worker
+    /// committed, and every invocation ended. Needs root, iproute2 and iptables.
+    Chaos(ChaosArgs),
     /// Mints a development token (an HS256 JWT) for an orchestrator whose `[auth]` names
     /// the same secret file; production tokens come from your identity provider.
     Token {
@@ -472,6 +477,36 @@ struct BenchArgs {
     #[arg(long)]
     traces: bool,
     /// JSON instead of text (one object per run).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct ChaosArgs {
+    /// Invocations of the workload, each a lookup, a transfer and an answer, started
+    /// evenly from the first fault to the last.
+    #[arg(long, default_value_t = 1_000)]
+    invocations: usize,
+    /// The schedule's seed (default: a random one, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Rounds of every kind of fault.
+    #[arg(long, default_value_t = 1)]
+    rounds: u32,
+    /// The orchestrators' lease time-to-live; faults last 2.5 to 4 of them.
+    #[arg(long, default_value = "1s", value_parser = client::parse_duration)]
+    lease: Duration,
+    /// How long every invocation may take to end once the faults have healed.
+    #[arg(long, default_value = "120s", value_parser = client::parse_duration)]
+    recovery_bound: Duration,
+    /// The folder of the service binaries (default: this binary's).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// The script that starts the cluster (default: the repository's
+    /// `deploy/local/cluster`, where this binary was built).
+    #[arg(long)]
+    cluster_script: Option<PathBuf>,
+    /// JSON instead of text.
     #[arg(long)]
     json: bool,
 }
@@ -934,14 +969,31 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             };
             effects::unresolved(source, invocation.as_deref(), json).await
         }
+        Command::Chaos(args) => {
+            let seed = args.seed.unwrap_or_else(rand::random);
+            // Said first: a run that dies half-way can still be repeated.
+            eprintln!("chaos: seed {seed}");
+            let report = agentloop_chaos::run(&agentloop_chaos::Options {
+                invocations: args.invocations,
+                seed,
+                rounds: args.rounds,
+                lease: args.lease,
+                recovery_bound: args.recovery_bound,
+                script: args
+                    .cluster_script
+                    .unwrap_or_else(bench::cluster::default_script),
+                bin_dir: binaries_or(args.bin_dir)?,
+            })
+            .await?;
+            if args.json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.text());
+            }
+            Ok(if report.holds() { 0 } else { exit::FAILURE })
+        }
         Command::Bench(args) => {
-            let bin_dir = match args.bin_dir {
-                Some(dir) => dir,
-                None => std::env::current_exe()?
-                    .parent()
-                    .map(Path::to_path_buf)
-                    .ok_or_else(|| anyhow::anyhow!("this binary's path has no folder"))?,
-            };
+            let bin_dir = binaries_or(args.bin_dir)?;
             let options = bench::BenchOptions {
                 invocations: args.invocations,
                 turns: args.turns,
@@ -1263,5 +1315,16 @@ fn failed(error: &anyhow::Error) -> u8 {
             eprintln!("agentloop: {error:#}");
             exit::FAILURE
         }
+    }
+}
+
+/// `dir`, or the folder of this binary, where the service binaries are built beside it.
+fn binaries_or(dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    match dir {
+        Some(dir) => Ok(dir),
+        None => std::env::current_exe()?
+            .parent()
+            .map(Path::to_path_buf)
+            .ok_or_else(|| anyhow::anyhow!("this binary's path has no folder")),
     }
 }

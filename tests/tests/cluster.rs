@@ -44,6 +44,7 @@ async fn an_orchestrator_killed_mid_invocation_is_taken_over_by_the_other() {
         ledger_database_url: ledger.url().to_owned(),
         redis_url: redis.url(),
         env: Vec::new(),
+        netns: None,
     })
     .await
     .unwrap();

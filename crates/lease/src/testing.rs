@@ -12,6 +12,7 @@
 // Test harness: a broken environment is reported by panicking, exactly as in a test.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -26,7 +27,10 @@ const READY_WITHIN: Duration = Duration::from_secs(10);
 /// A running `redis-server` owned by the test; killed when dropped.
 #[derive(Debug)]
 pub struct RedisServer {
+    address: IpAddr,
     port: u16,
+    /// The network namespace it runs in (a host of a harness's own); `None` for this one.
+    namespace: Option<String>,
     child: Option<Child>,
 }
 
@@ -55,7 +59,26 @@ impl RedisServer {
             .and_then(|l| l.local_addr())
             .expect("find a free port")
             .port();
-        let mut server = Self { port, child: None };
+        let mut server = Self {
+            address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port,
+            namespace: None,
+            child: None,
+        };
+        server.spawn().await;
+        server
+    }
+
+    /// Starts a server on a host of a harness's own: in network namespace `namespace`,
+    /// listening on `address` (one of that host's), port 6379. `agentloop chaos` cuts
+    /// its links.
+    pub async fn start_hosted(namespace: &str, address: IpAddr) -> Self {
+        let mut server = Self {
+            address,
+            port: 6379,
+            namespace: Some(namespace.to_owned()),
+            child: None,
+        };
         server.spawn().await;
         server
     }
@@ -65,9 +88,9 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>/`.
+    /// `redis://<address>:<port>/`.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        format!("redis://{}/", SocketAddr::new(self.address, self.port))
     }
 
     /// Kills the server (SIGKILL: like a crash) and waits for the process to exit.
@@ -86,9 +109,19 @@ impl RedisServer {
     }
 
     async fn spawn(&mut self) {
-        let child = Command::new("redis-server")
+        // `ip netns exec` execs in place: killing the child kills the server.
+        let mut command = match &self.namespace {
+            Some(namespace) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", namespace, "redis-server"]);
+                command
+            }
+            None => Command::new("redis-server"),
+        };
+        let child = command
             .args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1"])
+            .args(["--bind", &self.address.to_string()])
+            .args(["--protected-mode", "no"])
             .args(["--save", ""])
             .args(["--appendonly", "no"])
             .stdin(Stdio::null())
@@ -99,7 +132,7 @@ impl RedisServer {
         self.child = Some(child);
         let started = tokio::time::Instant::now();
         loop {
-            if ping(self.port).await {
+            if ping(SocketAddr::new(self.address, self.port)).await {
                 return;
             }
             if let Some(child) = self.child.as_mut()
@@ -137,9 +170,9 @@ fn redis_installed() -> bool {
 }
 
 /// One `PING` over a raw connection, bounded; `true` on `+PONG`.
-async fn ping(port: u16) -> bool {
+async fn ping(address: SocketAddr) -> bool {
     let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
         stream.write_all(b"PING\r\n").await?;
         let mut reply = [0u8; 7];
         stream.read_exact(&mut reply).await?;

@@ -113,6 +113,50 @@ impl PostgresServer {
     }
 }
 
+/// A PostgreSQL server a harness starts on a host of its own (a network namespace that
+/// exists, with `address` on one of its links), as the process's own server is started;
+/// stopped, and its folder removed, when dropped. `agentloop chaos` cuts its links.
+#[derive(Debug)]
+pub struct HostedPostgres {
+    server: Option<throwaway::Throwaway>,
+}
+
+impl HostedPostgres {
+    /// Starts the server in `namespace`, listening on `address`, port 5432.
+    ///
+    /// # Errors
+    ///
+    /// What a person must fix, in one line (as for the process's own server).
+    pub fn start(namespace: &str, address: std::net::IpAddr) -> Result<HostedPostgres, String> {
+        let placement = throwaway::Placement {
+            namespace: Some(namespace.to_owned()),
+            address,
+        };
+        throwaway::Throwaway::start_at(&placement).map(|server| HostedPostgres {
+            server: Some(server),
+        })
+    }
+
+    /// The server, to create databases on.
+    pub fn server(&self) -> PostgresServer {
+        PostgresServer {
+            admin_url: self
+                .server
+                .as_ref()
+                .map(throwaway::Throwaway::admin_url)
+                .unwrap_or_default(),
+        }
+    }
+}
+
+impl Drop for HostedPostgres {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            let _ = server.stop();
+        }
+    }
+}
+
 /// A database that exists for one test; dropped with the value.
 pub type TestDatabase = crate::databases::Database;
 

@@ -14,6 +14,7 @@
 //! execs in place, so the shell signals the server itself).
 
 use std::io::Read;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -25,11 +26,10 @@ const SERVER_USER: &str = "postgres";
 /// How long `initdb` and the server's start may take together.
 const READY_WITHIN: Duration = Duration::from_secs(60);
 
-/// The server's settings for tests: loopback only, no Unix socket (its folder would be
-/// a shared one), room for many parallel tests' pools, and no fsync: the folder is
+/// The server's settings for tests besides its address: no Unix socket (its folder would
+/// be a shared one), room for many parallel tests' pools, and no fsync: the folder is
 /// removed at the end, so a crash of the machine loses nothing a test needs.
 const SETTINGS: &[&str] = &[
-    "listen_addresses=127.0.0.1",
     "unix_socket_directories=",
     "max_connections=300",
     "fsync=off",
@@ -52,20 +52,31 @@ rm -rf "$dir"
 exit "$status"
 "#;
 
-/// A running server; it lives as long as the process (the value sits in a static).
+/// Where a server runs: on this host's loopback, or on a host of a test's own (a network
+/// namespace, entered with `ip netns exec`) at an address of that host.
+#[derive(Debug, Clone)]
+pub(super) struct Placement {
+    pub(super) namespace: Option<String>,
+    pub(super) address: IpAddr,
+}
+
+impl Placement {
+    pub(super) fn loopback() -> Placement {
+        Placement {
+            namespace: None,
+            address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        }
+    }
+}
+
+/// A running server: the process's own lives as long as the process (the value sits in a
+/// static); a hosted one until it is stopped.
 #[derive(Debug)]
 pub(super) struct Throwaway {
+    address: IpAddr,
     port: u16,
     // Held, never written: the supervisor stops the server when it closes.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "held, never read: its drop is the signal")
-    )]
     lifeline: ChildStdin,
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "only a test stops the server early")
-    )]
     supervisor: Child,
     #[cfg_attr(
         not(test),
@@ -77,16 +88,25 @@ pub(super) struct Throwaway {
 impl Throwaway {
     /// The admin URL: the `postgres` database as the `postgres` superuser, trust auth.
     pub(super) fn admin_url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        format!(
+            "postgres://postgres@{}/postgres",
+            std::net::SocketAddr::new(self.address, self.port)
+        )
     }
 
-    /// Creates a cluster in a fresh folder and starts a server on it.
+    /// Creates a cluster in a fresh folder and starts a server on it, on loopback.
     ///
     /// # Errors
     ///
     /// What a person must fix, in one line: binaries missing, no unprivileged user for a
     /// root process, `initdb` or the server failing (with its output).
     pub(super) fn start() -> Result<Throwaway, String> {
+        Throwaway::start_at(&Placement::loopback())
+    }
+
+    /// [`Throwaway::start`] where `placement` says: in a network namespace of its own, the
+    /// server takes PostgreSQL's usual port, 5432.
+    pub(super) fn start_at(placement: &Placement) -> Result<Throwaway, String> {
         let bin = binaries()?;
         let user = RunAs::for_this_process()?;
         let dir = std::env::temp_dir().join(format!(
@@ -112,15 +132,37 @@ impl Throwaway {
                 String::from_utf8_lossy(&initdb.stderr).trim()
             ));
         }
-        let port = free_port()?;
+        let port = match placement.namespace {
+            Some(_) => {
+                // initdb trusts loopback only; the hosts of a harness's own network reach
+                // it from their addresses.
+                let hba = dir.join("pg_hba.conf");
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&hba)
+                    .and_then(|mut file| {
+                        std::io::Write::write_all(&mut file, b"host all all 0.0.0.0/0 trust\n")
+                    })
+                    .map_err(|e| format!("cannot extend {}: {e}", hba.display()))?;
+                5432
+            }
+            None => free_port()?,
+        };
         let mut server = user.command(&bin.join("postgres"));
         server.arg("-D").arg(&dir).arg("-p").arg(port.to_string());
+        server.args(["-c", &format!("listen_addresses={}", placement.address)]);
         for setting in SETTINGS {
             server.args(["-c", setting]);
         }
+        // `ip netns exec` execs in place: the supervisor still signals the server itself.
+        let on_host: Vec<&str> = match &placement.namespace {
+            Some(namespace) => vec!["ip", "netns", "exec", namespace],
+            None => Vec::new(),
+        };
         let mut supervisor = Command::new("sh")
             .args(["-c", SUPERVISOR, "sh"])
             .arg(&dir)
+            .args(on_host)
             .arg(server.get_program())
             .args(server.get_args())
             .current_dir(std::env::temp_dir())
@@ -135,6 +177,7 @@ impl Throwaway {
             .ok_or("the supervisor's stdin is not a pipe")?;
         wait_ready(&mut supervisor, &dir)?;
         Ok(Throwaway {
+            address: placement.address,
             port,
             lifeline,
             supervisor,
@@ -144,8 +187,7 @@ impl Throwaway {
 
     /// What happens when the process ends, without ending it: closes the lifeline and
     /// waits for the supervisor, which stops the server and removes its folder.
-    #[cfg(test)]
-    fn stop(self) -> std::io::Result<std::process::ExitStatus> {
+    pub(super) fn stop(self) -> std::io::Result<std::process::ExitStatus> {
         let Throwaway {
             lifeline,
             mut supervisor,

@@ -1,0 +1,283 @@
+//! The faults, and how each is made real on a [`Network`]: packet filters (iptables) in
+//! the faulty host's namespace for the network ones, signals to every process of the host
+//! for the others.
+//!
+//! This machine's kernel has no `netem`, so delay and reordering are not among them; a
+//! slow server is made by stopping its processes most of the time instead ([`Fault::Slow`]).
+
+use std::fmt;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::net::{Host, Network, pids_in, run};
+
+/// The name that stands for the harness (the callers outside the cluster) among a
+/// fault's peers.
+pub const HARNESS: &str = "harness";
+
+/// What goes wrong on one host while a fault lasts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Fault {
+    /// No packet passes between `host` and `peers`, either way.
+    Partition { host: String, peers: Vec<String> },
+    /// `host`'s packets to `peers` are lost; theirs to it arrive.
+    OneWay { host: String, peers: Vec<String> },
+    /// `percent` of the packets between `host` and `peers` are lost, each way.
+    Loss {
+        host: String,
+        peers: Vec<String>,
+        percent: u8,
+    },
+    /// Every packet `host` sends `peers` arrives twice.
+    Duplicate { host: String, peers: Vec<String> },
+    /// Every process of `host` is stopped (SIGSTOP) until the fault heals: a pause longer
+    /// than a lease, as a long garbage collection or a frozen VM makes.
+    Pause { host: String },
+    /// Every process of `host` is stopped `stopped_ms` out of every `period_ms`: each
+    /// request to it waits up to `stopped_ms` more.
+    Slow {
+        host: String,
+        stopped_ms: u64,
+        period_ms: u64,
+    },
+}
+
+impl Fault {
+    /// The host it happens on.
+    pub fn host(&self) -> &str {
+        match self {
+            Fault::Partition { host, .. }
+            | Fault::OneWay { host, .. }
+            | Fault::Loss { host, .. }
+            | Fault::Duplicate { host, .. }
+            | Fault::Pause { host }
+            | Fault::Slow { host, .. } => host,
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::Partition { host, peers } => {
+                write!(f, "{host} cut off from {}", peers.join(", "))
+            }
+            Fault::OneWay { host, peers } => {
+                write!(f, "{host}'s packets to {} lost", peers.join(", "))
+            }
+            Fault::Loss {
+                host,
+                peers,
+                percent,
+            } => write!(
+                f,
+                "{percent}% of packets between {host} and {} lost",
+                peers.join(", ")
+            ),
+            Fault::Duplicate { host, peers } => {
+                write!(f, "{host}'s packets to {} duplicated", peers.join(", "))
+            }
+            Fault::Pause { host } => write!(f, "{host} paused"),
+            Fault::Slow {
+                host,
+                stopped_ms,
+                period_ms,
+            } => write!(
+                f,
+                "{host} slow (stopped {stopped_ms} ms of every {period_ms} ms)"
+            ),
+        }
+    }
+}
+
+/// A fault in force; [`Active::heal`] ends it.
+#[derive(Debug)]
+pub struct Active {
+    host: Host,
+    kind: Effect,
+}
+
+#[derive(Debug)]
+enum Effect {
+    Filters,
+    Stopped,
+    Cycling(tokio::task::JoinHandle<()>),
+}
+
+/// Puts `fault` in force on `network`.
+///
+/// # Errors
+///
+/// When a host is unknown, or `iptables` or `kill` fails; what was put in force by then
+/// is healed.
+pub fn apply(network: &Network, fault: &Fault) -> anyhow::Result<Active> {
+    let host = network.host(fault.host())?.clone();
+    let addresses = |peers: &[String]| -> anyhow::Result<Vec<String>> {
+        peers
+            .iter()
+            .map(|peer| {
+                if peer == HARNESS {
+                    Ok(network.gateway().to_string())
+                } else {
+                    network.host(peer).map(|h| h.address.to_string())
+                }
+            })
+            .collect()
+    };
+    let mut rules: Vec<Vec<String>> = Vec::new();
+    let kind = match fault {
+        Fault::Partition { peers, .. } => {
+            for address in addresses(peers)? {
+                rules.push(drop_rule("OUTPUT", "-d", &address, None));
+                rules.push(drop_rule("INPUT", "-s", &address, None));
+            }
+            Effect::Filters
+        }
+        Fault::OneWay { peers, .. } => {
+            for address in addresses(peers)? {
+                rules.push(drop_rule("OUTPUT", "-d", &address, None));
+            }
+            Effect::Filters
+        }
+        Fault::Loss { peers, percent, .. } => {
+            let share = f64::from(*percent) / 100.0;
+            for address in addresses(peers)? {
+                rules.push(drop_rule("OUTPUT", "-d", &address, Some(share)));
+                rules.push(drop_rule("INPUT", "-s", &address, Some(share)));
+            }
+            Effect::Filters
+        }
+        Fault::Duplicate { peers, .. } => {
+            for address in addresses(peers)? {
+                rules.push(
+                    [
+                        "-t",
+                        "mangle",
+                        "-A",
+                        "POSTROUTING",
+                        "-d",
+                        &address,
+                        "-j",
+                        "TEE",
+                        "--gateway",
+                        &address,
+                    ]
+                    .map(str::to_owned)
+                    .to_vec(),
+                );
+            }
+            Effect::Filters
+        }
+        Fault::Pause { .. } => {
+            signal(&host, "STOP")?;
+            Effect::Stopped
+        }
+        Fault::Slow {
+            stopped_ms,
+            period_ms,
+            ..
+        } => Effect::Cycling(cycle(
+            &host,
+            Duration::from_millis(*stopped_ms),
+            Duration::from_millis(period_ms.saturating_sub(*stopped_ms)),
+        )),
+    };
+    let active = Active { host, kind };
+    for rule in &rules {
+        let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+        iptables(&active.host, &args)?;
+    }
+    Ok(active)
+}
+
+impl Active {
+    /// Ends the fault: the host's filters flushed, its processes continued.
+    ///
+    /// # Errors
+    ///
+    /// When `iptables` or `kill` fails.
+    pub async fn heal(self) -> anyhow::Result<()> {
+        match self.kind {
+            Effect::Filters => {
+                iptables(&self.host, &["-F"])?;
+                iptables(&self.host, &["-t", "mangle", "-F"])?;
+            }
+            Effect::Stopped => signal(&self.host, "CONT")?,
+            Effect::Cycling(task) => {
+                task.abort();
+                let _ = task.await;
+                signal(&self.host, "CONT")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An `iptables` rule dropping packets of `chain` to or from `address`; a share of them
+/// when `share` is given.
+fn drop_rule(chain: &str, direction: &str, address: &str, share: Option<f64>) -> Vec<String> {
+    let mut rule = vec!["-A", chain, direction, address]
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+    if let Some(share) = share {
+        rule.extend(
+            [
+                "-m",
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+                &format!("{share:.3}"),
+            ]
+            .map(str::to_owned),
+        );
+    }
+    rule.extend(["-j", "DROP"].map(str::to_owned));
+    rule
+}
+
+fn iptables(host: &Host, args: &[&str]) -> anyhow::Result<()> {
+    let mut command = vec!["netns", "exec", host.namespace.as_str(), "iptables", "-w"];
+    command.extend_from_slice(args);
+    run("ip", &command).map(drop)
+}
+
+/// Sends SIGSTOP or SIGCONT (`signal`) to every process of `host`.
+fn signal(host: &Host, signal: &str) -> anyhow::Result<()> {
+    send(&host.namespace, signal)
+        .with_context(|| format!("cannot send SIG{signal} to {}", host.name))
+}
+
+fn send(namespace: &str, signal: &str) -> anyhow::Result<()> {
+    let pids = pids_in(namespace)?;
+    if pids.is_empty() {
+        return Ok(());
+    }
+    let mut args = vec![format!("-{signal}")];
+    args.extend(pids.iter().map(ToString::to_string));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run("kill", &args).map(drop)
+}
+
+/// Stops and continues every process of `host` in turn until aborted; the processes are
+/// listed again at each stop, so the ones started meanwhile (a server's new backends)
+/// are stopped too.
+fn cycle(host: &Host, stopped: Duration, running: Duration) -> tokio::task::JoinHandle<()> {
+    let namespace = host.namespace.clone();
+    tokio::spawn(async move {
+        loop {
+            if let Err(error) = send(&namespace, "STOP") {
+                tracing::warn!(%error, "a slow host's processes were not stopped");
+            }
+            tokio::time::sleep(stopped).await;
+            if let Err(error) = send(&namespace, "CONT") {
+                tracing::warn!(%error, "a slow host's processes were not continued");
+            }
+            tokio::time::sleep(running).await;
+        }
+    })
+}

@@ -1,0 +1,207 @@
+//! The schedule of faults: every kind once per round, in an order and on orchestrators a
+//! seed picks, each held for 2.5 to 4 leases with 1 to 2 leases of calm after it. The same
+//! seed gives the same schedule.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::fault::{Fault, HARNESS};
+
+/// The hosts of the cluster, as the harness names them.
+pub const ORCHESTRATORS: [&str; 2] = ["orchestrator-0", "orchestrator-1"];
+/// The other hosts.
+pub const SERVICES: [&str; 7] = [
+    "decision",
+    "policy",
+    "tools",
+    "ledger",
+    "demo-executor",
+    "postgres",
+    "redis",
+];
+
+/// How many times a flapping link goes down.
+const FLAPS: u32 = 5;
+
+/// One fault of the schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Step {
+    /// When it starts, from the start of the run.
+    pub at_ms: u64,
+    /// How long it holds.
+    pub hold_ms: u64,
+    /// What it is.
+    pub fault: Fault,
+}
+
+/// The kinds of fault, one of each per round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    FromRedis,
+    FromPostgres,
+    FromTools,
+    FromLedger,
+    FromEverything,
+    OneWay,
+    Flapping,
+    SlowPostgres,
+    Loss,
+    Duplication,
+    Pause,
+}
+
+const KINDS: [Kind; 11] = [
+    Kind::FromRedis,
+    Kind::FromPostgres,
+    Kind::FromTools,
+    Kind::FromLedger,
+    Kind::FromEverything,
+    Kind::OneWay,
+    Kind::Flapping,
+    Kind::SlowPostgres,
+    Kind::Loss,
+    Kind::Duplication,
+    Kind::Pause,
+];
+
+/// Everything an orchestrator talks to, the callers included.
+fn everything() -> Vec<String> {
+    let mut peers: Vec<String> = SERVICES.iter().map(|s| (*s).to_owned()).collect();
+    peers.push(HARNESS.to_owned());
+    peers
+}
+
+fn peers(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// `rounds` rounds of every kind of fault, for a lease of `lease`, from `seed`.
+pub fn schedule(seed: u64, rounds: u32, lease: Duration) -> Vec<Step> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+    let mut steps = Vec::new();
+    // A lease of calm before the first fault: every process has settled.
+    let mut at = lease_ms;
+    for _ in 0..rounds {
+        let mut kinds = KINDS;
+        kinds.shuffle(&mut rng);
+        for kind in kinds {
+            let host = ORCHESTRATORS[rng.random_range(0..ORCHESTRATORS.len())].to_owned();
+            let hold = rng.random_range(lease_ms * 5 / 2..=lease_ms * 4);
+            let fault = match kind {
+                Kind::FromRedis => Fault::Partition {
+                    host,
+                    peers: peers(&["redis"]),
+                },
+                Kind::FromPostgres => Fault::Partition {
+                    host,
+                    peers: peers(&["postgres"]),
+                },
+                Kind::FromTools => Fault::Partition {
+                    host,
+                    peers: peers(&["tools", "demo-executor"]),
+                },
+                Kind::FromLedger => Fault::Partition {
+                    host,
+                    peers: peers(&["ledger"]),
+                },
+                Kind::FromEverything => Fault::Partition {
+                    host,
+                    peers: everything(),
+                },
+                Kind::OneWay => Fault::OneWay {
+                    host,
+                    peers: everything(),
+                },
+                Kind::Flapping => {
+                    // Down and up again, FLAPS times, each for a few tenths of a lease.
+                    for _ in 0..FLAPS {
+                        let down = rng.random_range(lease_ms / 4..=lease_ms * 3 / 4);
+                        steps.push(Step {
+                            at_ms: at,
+                            hold_ms: down,
+                            fault: Fault::Partition {
+                                host: host.clone(),
+                                peers: everything(),
+                            },
+                        });
+                        at += down + rng.random_range(lease_ms / 4..=lease_ms * 3 / 4);
+                    }
+                    at += rng.random_range(lease_ms..=lease_ms * 2);
+                    continue;
+                }
+                Kind::SlowPostgres => Fault::Slow {
+                    host: "postgres".to_owned(),
+                    stopped_ms: 200,
+                    period_ms: 250,
+                },
+                Kind::Loss => Fault::Loss {
+                    host,
+                    peers: everything(),
+                    percent: 30,
+                },
+                Kind::Duplication => Fault::Duplicate {
+                    host,
+                    peers: everything(),
+                },
+                Kind::Pause => Fault::Pause { host },
+            };
+            steps.push(Step {
+                at_ms: at,
+                hold_ms: hold,
+                fault,
+            });
+            at += hold + rng.random_range(lease_ms..=lease_ms * 2);
+        }
+    }
+    steps
+}
+
+/// When the last fault of `steps` has healed, from the start of the run.
+pub fn healed_at(steps: &[Step]) -> Duration {
+    Duration::from_millis(
+        steps
+            .iter()
+            .map(|step| step.at_ms + step.hold_ms)
+            .max()
+            .unwrap_or(0),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_gives_one_schedule_and_every_kind_once_per_round() {
+        let lease = Duration::from_secs(1);
+        let one = schedule(7, 2, lease);
+        assert_eq!(one, schedule(7, 2, lease));
+        assert_ne!(one, schedule(8, 2, lease));
+        // Ten kinds are one step each, flapping is FLAPS steps.
+        assert_eq!(one.len(), 2 * (KINDS.len() - 1 + FLAPS as usize));
+        let paused = one
+            .iter()
+            .filter(|s| matches!(s.fault, Fault::Pause { .. }))
+            .count();
+        assert_eq!(paused, 2);
+        // One fault at a time: each starts after the one before has healed.
+        for pair in one.windows(2) {
+            assert!(pair[1].at_ms >= pair[0].at_ms + pair[0].hold_ms, "{pair:?}");
+        }
+        // Partitions and pauses outlast the lease, so leases are lost and taken over.
+        for step in &one {
+            if matches!(step.fault, Fault::Pause { .. }) {
+                assert!((2_500..=4_000).contains(&step.hold_ms), "{step:?}");
+            }
+        }
+        assert_eq!(
+            healed_at(&one),
+            Duration::from_millis(one.last().map_or(0, |s| s.at_ms + s.hold_ms))
+        );
+    }
+}
