@@ -102,7 +102,9 @@ pub struct Active {
 
 #[derive(Debug)]
 enum Effect {
-    Filters,
+    /// The rules put in force, each as inserted: healing deletes exactly these, and the
+    /// host's NetworkPolicy rules after them stay.
+    Filters(Vec<Vec<String>>),
     Stopped,
     Cycling(tokio::task::JoinHandle<()>),
 }
@@ -134,13 +136,13 @@ pub fn apply(network: &Network, fault: &Fault) -> anyhow::Result<Active> {
                 rules.push(drop_rule("OUTPUT", "-d", &address, None));
                 rules.push(drop_rule("INPUT", "-s", &address, None));
             }
-            Effect::Filters
+            Effect::Filters(Vec::new())
         }
         Fault::OneWay { peers, .. } => {
             for address in addresses(peers)? {
                 rules.push(drop_rule("OUTPUT", "-d", &address, None));
             }
-            Effect::Filters
+            Effect::Filters(Vec::new())
         }
         Fault::Loss { peers, percent, .. } => {
             let share = f64::from(*percent) / 100.0;
@@ -148,7 +150,7 @@ pub fn apply(network: &Network, fault: &Fault) -> anyhow::Result<Active> {
                 rules.push(drop_rule("OUTPUT", "-d", &address, Some(share)));
                 rules.push(drop_rule("INPUT", "-s", &address, Some(share)));
             }
-            Effect::Filters
+            Effect::Filters(Vec::new())
         }
         Fault::Duplicate { peers, .. } => {
             for address in addresses(peers)? {
@@ -156,7 +158,6 @@ pub fn apply(network: &Network, fault: &Fault) -> anyhow::Result<Active> {
                     [
                         "-t",
                         "mangle",
-                        "-A",
                         "POSTROUTING",
                         "-d",
                         &address,
@@ -169,7 +170,7 @@ pub fn apply(network: &Network, fault: &Fault) -> anyhow::Result<Active> {
                     .to_vec(),
                 );
             }
-            Effect::Filters
+            Effect::Filters(Vec::new())
         }
         Fault::Pause { .. } => {
             signal(&host, "STOP")?;
@@ -185,12 +186,21 @@ pub fn apply(network: &Network, fault: &Fault) -> anyhow::Result<Active> {
             Duration::from_millis(period_ms.saturating_sub(*stopped_ms)),
         )),
     };
-    let active = Active { host, kind };
-    for rule in &rules {
-        let args: Vec<&str> = rule.iter().map(String::as_str).collect();
-        iptables(&active.host, &args)?;
+    let mut applied: Vec<Vec<String>> = Vec::with_capacity(rules.len());
+    for rule in rules {
+        if let Err(error) = change(&host, "-I", &rule) {
+            for rule in &applied {
+                let _ = change(&host, "-D", rule);
+            }
+            return Err(error);
+        }
+        applied.push(rule);
     }
-    Ok(active)
+    let kind = match kind {
+        Effect::Filters(_) => Effect::Filters(applied),
+        other => other,
+    };
+    Ok(Active { host, kind })
 }
 
 impl Active {
@@ -201,9 +211,10 @@ impl Active {
     /// When `iptables` or `kill` fails.
     pub async fn heal(self) -> anyhow::Result<()> {
         match self.kind {
-            Effect::Filters => {
-                iptables(&self.host, &["-F"])?;
-                iptables(&self.host, &["-t", "mangle", "-F"])?;
+            Effect::Filters(rules) => {
+                for rule in &rules {
+                    change(&self.host, "-D", rule)?;
+                }
             }
             Effect::Stopped => signal(&self.host, "CONT")?,
             Effect::Cycling(task) => {
@@ -216,10 +227,10 @@ impl Active {
     }
 }
 
-/// An `iptables` rule dropping packets of `chain` to or from `address`; a share of them
-/// when `share` is given.
+/// An `iptables` rule (without its command) dropping packets of `chain` to or from
+/// `address`; a share of them when `share` is given.
 fn drop_rule(chain: &str, direction: &str, address: &str, share: Option<f64>) -> Vec<String> {
-    let mut rule = vec!["-A", chain, direction, address]
+    let mut rule = vec![chain, direction, address]
         .into_iter()
         .map(str::to_owned)
         .collect::<Vec<_>>();
@@ -240,7 +251,24 @@ fn drop_rule(chain: &str, direction: &str, address: &str, share: Option<f64>) ->
     rule
 }
 
-fn iptables(host: &Host, args: &[&str]) -> anyhow::Result<()> {
+/// Inserts (`-I`: before the host's NetworkPolicy rules) or deletes (`-D`) `rule`, whose
+/// table, if not the filter one, comes first (`-t mangle CHAIN ...`).
+fn change(host: &Host, command: &str, rule: &[String]) -> anyhow::Result<()> {
+    let mut args: Vec<&str> = Vec::with_capacity(rule.len() + 1);
+    let rest = match rule {
+        [flag, table, rest @ ..] if flag == "-t" => {
+            args.extend([flag.as_str(), table.as_str()]);
+            rest
+        }
+        rest => rest,
+    };
+    args.push(command);
+    args.extend(rest.iter().map(String::as_str));
+    iptables(host, &args)
+}
+
+/// Runs `iptables ARGS` on `host`.
+pub(crate) fn iptables(host: &Host, args: &[&str]) -> anyhow::Result<()> {
     let mut command = vec!["netns", "exec", host.namespace.as_str(), "iptables", "-w"];
     command.extend_from_slice(args);
     run("ip", &command).map(drop)

@@ -18,6 +18,7 @@
 pub mod check;
 pub mod fault;
 pub mod net;
+pub mod network_policy;
 pub mod schedule;
 pub mod workload;
 
@@ -75,6 +76,9 @@ pub struct Report {
     /// From the last heal (or the last start, if later) until every invocation ended;
     /// `None` when some never did within the bound.
     pub recovered_ms: Option<u64>,
+    /// The manifests' NetworkPolicies, enforced on the hosts, probed against the call
+    /// graph they are meant to allow.
+    pub network_policy: network_policy::Probed,
     /// The checker's findings.
     pub verdict: Verdict,
 }
@@ -82,7 +86,9 @@ pub struct Report {
 impl Report {
     /// Whether every promise held and every invocation was started.
     pub fn holds(&self) -> bool {
-        self.verdict.holds() && self.not_started.is_empty()
+        self.verdict.holds()
+            && self.not_started.is_empty()
+            && self.network_policy.disagreements.is_empty()
     }
 
     /// The report for a person: the schedule, the figures, then each broken promise.
@@ -146,6 +152,17 @@ impl Report {
                 );
             }
         }
+        let probed = &self.network_policy;
+        let _ = writeln!(
+            out,
+            "network policy  {} connections tried, {} blocked, {} against the intent",
+            probed.probes,
+            probed.blocked,
+            probed.disagreements.len()
+        );
+        for disagreement in &probed.disagreements {
+            let _ = writeln!(out, "FAILED          network policy: {disagreement}");
+        }
         for why in self.not_started.iter().take(5) {
             let _ = writeln!(out, "not started     {why}");
         }
@@ -175,8 +192,27 @@ const POLL: Duration = Duration::from_millis(250);
 /// When the hosts, the servers or the cluster cannot be brought up, or the end state
 /// cannot be read; a broken promise is not an error but a finding of the report.
 pub async fn run(options: &Options) -> anyhow::Result<Report> {
-    let names: Vec<&str> = ORCHESTRATORS.iter().chain(&SERVICES).copied().collect();
+    let names: Vec<&str> = ORCHESTRATORS
+        .iter()
+        .chain(&SERVICES)
+        .chain(&[network_policy::OUTSIDER])
+        .copied()
+        .collect();
     let network = Network::create(&names).context("cannot create the hosts")?;
+    // The manifests beside the script: deploy/local/cluster -> deploy/k8s.
+    let k8s = options
+        .script
+        .parent()
+        .and_then(std::path::Path::parent)
+        .context("the cluster script has no deploy folder")?
+        .join("k8s");
+    network_policy::enforce(
+        &network,
+        &[
+            &k8s.join("common/default-deny.yaml"),
+            &k8s.join("base/networkpolicies.yaml"),
+        ],
+    )?;
     let postgres_host = network.host("postgres")?.clone();
     let postgres = tokio::task::spawn_blocking(move || {
         HostedPostgres::start(&postgres_host.namespace, postgres_host.address.into())
@@ -237,6 +273,7 @@ async fn exercise(
         clients.push(cluster.client(endpoint).await?);
     }
     let clients = Arc::new(clients);
+    let network_policy = network_policy::probe(network).await?;
     let steps = schedule::schedule(options.seed, options.rounds, options.lease);
     let began = Instant::now();
     let run_key = format!("chaos-{}-{}", options.seed, uuid::Uuid::new_v4().simple());
@@ -298,6 +335,7 @@ async fn exercise(
         elapsed_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
         turns_per_second,
         recovered_ms,
+        network_policy,
         verdict,
     })
 }
