@@ -182,6 +182,34 @@ impl Report {
     }
 }
 
+/// Why the harness cannot run on this machine, if it cannot: it needs root (network
+/// namespaces and packet filters), iproute2, iptables and `redis-server` (PostgreSQL's
+/// server is looked for when it starts).
+pub fn unavailable() -> Option<String> {
+    let root = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false);
+    if !root {
+        return Some("it needs root, for network namespaces and packet filters".into());
+    }
+    for (program, package) in [
+        ("ip", "iproute2"),
+        ("iptables", "iptables"),
+        ("redis-server", "redis-server"),
+    ] {
+        let found = std::process::Command::new(program)
+            .arg(if program == "ip" { "-V" } else { "--version" })
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        if !found {
+            return Some(format!("{program} is missing (Debian's {package} package)"));
+        }
+    }
+    None
+}
+
 /// How long the leader waits between two looks at what is still running.
 const POLL: Duration = Duration::from_millis(250);
 

@@ -338,3 +338,21 @@ pub fn applied_for(executor: &DemoExecutor, id: &str) -> Vec<AppliedTransfer> {
         .filter(|transfer| transfer.invocation_id == id)
         .collect()
 }
+
+/// The folder of the service binaries: the workspace's, next to the running test's own
+/// (`cargo test --workspace` builds them), or the one `AGENTLOOP_BIN_DIR` names.
+///
+/// # Panics
+///
+/// When the test's own path has no such folder.
+pub fn bin_dir() -> std::path::PathBuf {
+    if let Some(dir) = std::env::var_os("AGENTLOOP_BIN_DIR") {
+        return std::path::PathBuf::from(dir);
+    }
+    // target/<profile>/deps/<this test> -> target/<profile>
+    let exe = std::env::current_exe().expect("the test's own path");
+    exe.parent()
+        .and_then(std::path::Path::parent)
+        .expect("the test runs from target/<profile>/deps")
+        .to_path_buf()
+}

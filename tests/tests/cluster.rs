@@ -8,23 +8,12 @@
 //! builds them); `AGENTLOOP_BIN_DIR` names another folder.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use agentloop_bench::cluster::{ClusterOptions, LocalCluster};
-use agentloop_e2e::{PATIENCE, get, reason, turns, watch};
+use agentloop_e2e::{PATIENCE, bin_dir, get, reason, turns, watch};
 use agentloop_proto::v1 as pb;
 use futures::StreamExt;
-
-/// The folder of the service binaries.
-fn bin_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("AGENTLOOP_BIN_DIR") {
-        return PathBuf::from(dir);
-    }
-    // target/<profile>/deps/<this test> -> target/<profile>
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orchestrator_killed_mid_invocation_is_taken_over_by_the_other() {
