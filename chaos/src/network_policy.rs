@@ -88,8 +88,9 @@ fn load(files: &[&Path]) -> anyhow::Result<Vec<Spec>> {
         let text = std::fs::read_to_string(file)
             .with_context(|| format!("cannot read {}", file.display()))?;
         for document in serde_norway::Deserializer::from_str(&text) {
-            let manifest = Manifest::deserialize(document)
-                .with_context(|| format!("{} holds a manifest that does not read", file.display()))?;
+            let manifest = Manifest::deserialize(document).with_context(|| {
+                format!("{} holds a manifest that does not read", file.display())
+            })?;
             if manifest.kind == "NetworkPolicy"
                 && let Some(spec) = manifest.spec
             {
