@@ -198,7 +198,7 @@ pub fn apply(network: &Network, fault: &Fault) -> anyhow::Result<Active> {
     }
     let kind = match kind {
         Effect::Filters(_) => Effect::Filters(applied),
-        other => other,
+        other @ (Effect::Stopped | Effect::Cycling(_)) => other,
     };
     Ok(Active { host, kind })
 }

@@ -7,6 +7,9 @@
 //! invocation's cancellation token (its [`Keeper`]) the moment the lease is lost or
 //! revoked.
 //!
+//! [`TenantPlaces`] bounds a tenant's running invocations and start rate across every
+//! worker of a backend, each place following its invocation's lease ([`RedisLeases`]).
+//!
 //! [`Handoff`] is the queue through which a worker that gives work up (it drains) tells idle
 //! workers to take it now; it is only a hint, the lease decides.
 //!
@@ -36,6 +39,7 @@ mod error;
 mod handoff;
 mod keeper;
 mod memory;
+mod places;
 mod redis_backend;
 #[cfg(feature = "test-util")]
 pub mod testing;
@@ -50,6 +54,7 @@ pub use error::LeaseError;
 pub use handoff::{Handoff, InProcessHandoff, MAX_QUEUED, RedisHandoff};
 pub use keeper::{Keeper, KeeperConfig, KeeperExit, Keepers};
 pub use memory::InProcessLeases;
+pub use places::{Admission, PlaceLimits, TenantPlaces};
 pub use redis_backend::{REVOCATION_CHANNEL, RedisLeaseConfig, RedisLeases};
 
 /// The longest TTL a backend accepts: a lease is a liveness signal, not a reservation, so

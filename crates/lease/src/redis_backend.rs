@@ -11,6 +11,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::places::{Admission, PlaceLimits, TenantPlaces};
 use crate::{Lease, LeaseBackend, LeaseError, REVOCATION_BUFFER, Revocations, validate};
 
 /// The pub/sub channel revocations are published on (with the default key prefix);
@@ -65,13 +66,63 @@ redis.call('PUBLISH', ARGV[1], ARGV[2])
 return n
 ";
 
+/// A start of a tenant's (`ARGV[1]`, the lease key): first the places whose reservation
+/// has passed and whose lease is gone are dropped; then the start is refused when the
+/// tenant holds `ARGV[2]` places (`{1, 0}`), or when its bucket (`ARGV[3]` a second, `ARGV[4]`
+/// at once) has no token (`{2, ms until one}`); else both are taken (`{0, 0}`), the place
+/// reserved for `ARGV[5]` ms. `ARGV[6]` is the holder keys' prefix, `ARGV[7]` how long the
+/// places outlive their last change. Times are the Redis clock's, in ms.
+const ADMIT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local max = tonumber(ARGV[2])
+if max > 0 then
+  local places = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+  for i = 1, #places, 2 do
+    if tonumber(places[i + 1]) < now and redis.call('EXISTS', ARGV[6] .. places[i]) == 0 then
+      redis.call('ZREM', KEYS[1], places[i])
+    end
+  end
+  if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= max then
+    return {1, 0}
+  end
+end
+local per_s = tonumber(ARGV[3])
+if per_s > 0 then
+  local full = tonumber(ARGV[4]) * 1000
+  local b = redis.call('HMGET', KEYS[2], 'milli', 'at')
+  local milli = tonumber(b[1]) or full
+  local at = tonumber(b[2]) or now
+  if now > at then milli = math.min(full, milli + (now - at) * per_s) end
+  if milli < 1000 then return {2, math.ceil((1000 - milli) / per_s)} end
+  redis.call('HSET', KEYS[2], 'milli', milli - 1000, 'at', now)
+  redis.call('PEXPIRE', KEYS[2], math.ceil(full / per_s) + 1000)
+end
+if max > 0 then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[7])
+end
+return {0, 0}
+";
+
+/// A place held again (`ARGV[1]`), reserved for `ARGV[2]` ms beyond its lease.
+const HOLD: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+";
+
 /// How to reach Redis and how long to wait for it.
 #[derive(Debug, Clone)]
 pub struct RedisLeaseConfig {
     /// `redis://host:port/db`.
     pub url: String,
     /// Namespace for keys and the channel: leases live at `{prefix}:holder:{key}`, epoch
-    /// counters at `{prefix}:epoch:{key}`, revocations go to `{prefix}:revoked`.
+    /// counters at `{prefix}:epoch:{key}`, revocations go to `{prefix}:revoked`; a
+    /// tenant's places at `{prefix}:places:{tenant}` and its start bucket at
+    /// `{prefix}:starts:{tenant}`.
     pub prefix: String,
     /// Bound on every command, including the wait for a connection.
     pub command_timeout: Duration,
@@ -129,6 +180,8 @@ pub struct RedisLeases {
     renew: Script,
     release: Script,
     revoke: Script,
+    admit: Script,
+    hold: Script,
 }
 
 impl RedisLeases {
@@ -170,6 +223,8 @@ impl RedisLeases {
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
             revoke: Script::new(REVOKE),
+            admit: Script::new(ADMIT),
+            hold: Script::new(HOLD),
         })
     }
 
@@ -195,6 +250,14 @@ impl RedisLeases {
 
     fn epoch_key(&self, key: &str) -> String {
         format!("{}:epoch:{key}", self.config.prefix)
+    }
+
+    fn places_key(&self, tenant: &str) -> String {
+        format!("{}:places:{tenant}", self.config.prefix)
+    }
+
+    fn starts_key(&self, tenant: &str) -> String {
+        format!("{}:starts:{tenant}", self.config.prefix)
     }
 
     /// Runs one script invocation under `command_timeout`.
@@ -228,6 +291,71 @@ pub(crate) fn classify(error: RedisError) -> LeaseError {
         LeaseError::Unavailable(error.to_string())
     } else {
         LeaseError::Backend(error.to_string())
+    }
+}
+
+#[async_trait]
+impl TenantPlaces for RedisLeases {
+    async fn admit(
+        &self,
+        tenant: &str,
+        key: &str,
+        limits: &PlaceLimits,
+    ) -> Result<Admission, LeaseError> {
+        validate(key, None, Some(limits.reserve_for))?;
+        let burst = match limits.start_burst {
+            0 => limits.starts_per_s,
+            burst => burst,
+        };
+        let mut invocation = self.admit.prepare_invoke();
+        invocation
+            .key(self.places_key(tenant))
+            .key(self.starts_key(tenant))
+            .arg(key)
+            .arg(limits.max_running)
+            .arg(limits.starts_per_s)
+            .arg(burst)
+            .arg(millis(limits.reserve_for))
+            .arg(format!("{}:holder:", self.config.prefix))
+            .arg(millis(self.config.epoch_retention));
+        let (verdict, retry_ms): (u8, u64) = self.run(invocation).await?;
+        Ok(match verdict {
+            0 => Admission::Admitted,
+            1 => Admission::Full {
+                limit: limits.max_running,
+            },
+            _ => Admission::TooFast {
+                per_s: limits.starts_per_s,
+                retry_ms,
+            },
+        })
+    }
+
+    async fn hold(&self, tenant: &str, key: &str, limits: &PlaceLimits) -> Result<(), LeaseError> {
+        validate(key, None, Some(limits.reserve_for))?;
+        if limits.max_running == 0 {
+            return Ok(());
+        }
+        let mut invocation = self.hold.prepare_invoke();
+        invocation
+            .key(self.places_key(tenant))
+            .arg(key)
+            .arg(millis(limits.reserve_for))
+            .arg(millis(self.config.epoch_retention));
+        let _: u8 = self.run(invocation).await?;
+        Ok(())
+    }
+
+    async fn free(&self, tenant: &str, key: &str) -> Result<(), LeaseError> {
+        validate(key, None, None)?;
+        let mut connection = self.manager.clone();
+        let bound = self.config.command_timeout;
+        let mut command = redis::cmd("ZREM");
+        command.arg(self.places_key(tenant)).arg(key);
+        match tokio::time::timeout(bound, command.query_async::<u8>(&mut connection)).await {
+            Ok(result) => result.map(drop).map_err(classify),
+            Err(_elapsed) => Err(LeaseError::Timeout(bound)),
+        }
     }
 }
 

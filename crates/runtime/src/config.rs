@@ -18,14 +18,15 @@ pub struct RuntimeConfig {
     pub tenants: TenantLimits,
 }
 
-/// Fair use per tenant: so that one tenant cannot fill the orchestrator for the others.
-/// Both bounds hold per orchestrator process, like `bounds.max_running`; 0 turns a bound
-/// off (the default: a deployment sets them to its tenants' sizes). A start over a bound
-/// is RESOURCE_EXHAUSTED, names the bound, and stores nothing.
+/// Fair use per tenant: so that one tenant cannot fill the cluster for the others. Both
+/// bounds hold across every orchestrator that shares the Redis of `workers.redis_url`,
+/// and per process without it; 0 turns a bound off (the default: a deployment sets them
+/// to its tenants' sizes). A start over a bound is RESOURCE_EXHAUSTED, names the bound,
+/// and stores nothing.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TenantLimits {
-    /// Invocations one tenant may have running in this process at once.
+    /// Invocations one tenant may have running at once.
     pub max_running: usize,
     /// Starts one tenant may make per second, on average.
     pub starts_per_s: u32,

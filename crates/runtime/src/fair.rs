@@ -1,6 +1,11 @@
 //! Fair use per tenant: a bound on each tenant's running invocations and a token bucket
 //! on its starts, so that one tenant cannot take the orchestrator from the others.
 //!
+//! When the workers share a lease backend that keeps places ([`TenantPlaces`], Redis),
+//! the bounds hold across every orchestrator of the cluster and are kept there, each
+//! place following its invocation's lease; this process then counts nothing itself.
+//! Otherwise they hold in this process, counted here.
+//!
 //! A start takes a [`Ticket`] before anything is stored, and the runner keeps it until it
 //! is forgotten, as the global slots do: concurrent starts of one tenant cannot pass its
 //! bound together. An invocation taken over from another worker (or resumed) counts for
@@ -8,9 +13,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use agentloop_lease::{Admission, PlaceLimits, TenantPlaces};
+use tracing::warn;
+use uuid::Uuid;
 
 use crate::config::TenantLimits;
+use crate::error::RuntimeError;
 
 /// Tenants kept without running invocations before idle ones are dropped; an idle
 /// tenant's bucket is full again, so dropping it changes nothing.
@@ -92,25 +102,100 @@ struct Usage {
     bucket: Bucket,
 }
 
-/// Each tenant's running invocations and start bucket, in this process.
+/// Each tenant's running invocations and start bucket: in this process, or across the
+/// cluster.
 #[derive(Debug)]
 pub(crate) struct Tenants {
     limits: TenantLimits,
     origin: Instant,
     usage: Mutex<HashMap<Arc<str>, Usage>>,
+    /// The places every worker shares, and the bounds they keep; `None` when the bounds
+    /// hold in this process (or are off).
+    cluster: Option<(Arc<dyn TenantPlaces>, PlaceLimits)>,
 }
 
 impl Tenants {
+    /// Bounds in this process.
+    #[cfg(test)]
     pub(crate) fn new(limits: TenantLimits) -> Tenants {
+        Tenants::shared(limits, None, Duration::ZERO)
+    }
+
+    /// Bounds across the cluster when `places` is given (a place without a lease counts
+    /// for `reserve_for`), else in this process.
+    pub(crate) fn shared(
+        limits: TenantLimits,
+        places: Option<Arc<dyn TenantPlaces>>,
+        reserve_for: Duration,
+    ) -> Tenants {
+        let cluster_limits = PlaceLimits {
+            max_running: u32::try_from(limits.max_running).unwrap_or(u32::MAX),
+            starts_per_s: limits.starts_per_s,
+            start_burst: limits.start_burst,
+            reserve_for,
+        };
         Tenants {
             limits,
             origin: Instant::now(),
             usage: Mutex::new(HashMap::new()),
+            cluster: places
+                .filter(|_| cluster_limits.is_on())
+                .map(|places| (places, cluster_limits)),
         }
     }
 
+    /// Whether this process counts nothing: the bounds are off, or the cluster keeps them.
     fn is_off(&self) -> bool {
-        self.limits.max_running == 0 && self.limits.starts_per_s == 0
+        self.cluster.is_some() || (self.limits.max_running == 0 && self.limits.starts_per_s == 0)
+    }
+
+    /// A start of invocation `id` of `tenant`, admitted across the cluster or in this
+    /// process.
+    ///
+    /// # Errors
+    ///
+    /// `ResourceExhausted` with the bound that refused it; the places' backend's error
+    /// when it cannot tell.
+    pub(crate) async fn admit_start(
+        &self,
+        tenant: &str,
+        id: Uuid,
+    ) -> Result<Ticket<'_>, RuntimeError> {
+        let Some((places, limits)) = &self.cluster else {
+            return self
+                .admit(tenant)
+                .map_err(|refusal| RuntimeError::ResourceExhausted(refusal.to_string()));
+        };
+        let refusal = match places.admit(tenant, &id.to_string(), limits).await? {
+            Admission::Admitted => return Ok(Ticket::none(self)),
+            Admission::Full { limit } => Refusal::Running {
+                limit: usize::try_from(limit).unwrap_or(usize::MAX),
+            },
+            Admission::TooFast { per_s, retry_ms } => Refusal::Rate { per_s, retry_ms },
+        };
+        Err(RuntimeError::ResourceExhausted(refusal.to_string()))
+    }
+
+    /// Invocation `id` of `tenant` runs here again (a resume, a takeover): counted, never
+    /// refused. A backend that does not answer is logged: its place then counts again at
+    /// the next start that finds its lease alive.
+    pub(crate) async fn hold_again(&self, tenant: &str, id: Uuid) -> Ticket<'_> {
+        if let Some((places, limits)) = &self.cluster
+            && let Err(error) = places.hold(tenant, &id.to_string(), limits).await
+        {
+            warn!(invocation = %id, %error, "the tenant's place was not held again");
+        }
+        self.hold(tenant)
+    }
+
+    /// Invocation `id` of `tenant` stopped running for good (it ended, or it waits for a
+    /// human): its place in the cluster is free now, not when its lease lapses.
+    pub(crate) async fn ended(&self, tenant: &str, id: Uuid) {
+        if let Some((places, _)) = &self.cluster
+            && let Err(error) = places.free(tenant, &id.to_string()).await
+        {
+            warn!(invocation = %id, %error, "the tenant's place is freed when its lease lapses");
+        }
     }
 
     fn burst(&self) -> u32 {
@@ -124,9 +209,9 @@ impl Tenants {
         u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// A start of `tenant`: takes a token and a running place, or says which bound
-    /// refused it (and then takes neither).
-    pub(crate) fn admit(&self, tenant: &str) -> Result<Ticket<'_>, Refusal> {
+    /// A start of `tenant` in this process: takes a token and a running place, or says
+    /// which bound refused it (and then takes neither).
+    fn admit(&self, tenant: &str) -> Result<Ticket<'_>, Refusal> {
         if self.is_off() {
             return Ok(Ticket::none(self));
         }
@@ -162,7 +247,7 @@ impl Tenants {
 
     /// An invocation of `tenant` this process takes up (resume, takeover): counted,
     /// never refused.
-    pub(crate) fn hold(&self, tenant: &str) -> Ticket<'_> {
+    fn hold(&self, tenant: &str) -> Ticket<'_> {
         if self.is_off() {
             return Ticket::none(self);
         }

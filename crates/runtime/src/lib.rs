@@ -347,7 +347,7 @@ impl Runtime {
                 clock: Arc::new(SystemClock),
                 running: Mutex::new(HashMap::new()),
                 slots,
-                tenants: fair::Tenants::new(config.tenants),
+                tenants: fair::Tenants::shared(config.tenants, workers.places.clone(), workers.ttl),
                 tracker: TaskTracker::new(),
                 drain: CancellationToken::new(),
                 descriptors: RwLock::new(None),
@@ -671,6 +671,11 @@ impl Runtime {
         let workers = &self.shared.workers;
         let keepers = workers.keepers().await?;
         let progress = Arc::new(Progress::default());
+        let Slot { permit, ticket } = slot;
+        let ticket = match ticket {
+            Some(ticket) => ticket,
+            None => self.shared.tenants.hold_again(&spec.tenant, id).await,
+        };
         {
             let mut running = self
                 .shared
@@ -681,9 +686,6 @@ impl Runtime {
                 // Cannot happen (one lease, one runner); keep the running one.
                 return Ok(());
             }
-            let ticket = slot
-                .ticket
-                .unwrap_or_else(|| self.shared.tenants.hold(&spec.tenant));
             // From here the runner gives the place back, in `forget`.
             ticket.keep();
             running.insert(
@@ -693,7 +695,7 @@ impl Runtime {
                 },
             );
             // From here the entry holds the slot: `forget` removes both together.
-            slot.permit.forget();
+            permit.forget();
             self.shared.instruments.running.inc();
         }
         // Kept only once this runner is sure to start: a second keeper of the same key

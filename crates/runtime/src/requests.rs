@@ -89,13 +89,13 @@ impl Runtime {
         let Some(mut slot) = shared.slot() else {
             return Err(shared.full());
         };
+        let invocation_id = Uuid::now_v7();
         slot.ticket = Some(
             shared
                 .tenants
-                .admit(&start.tenant)
-                .map_err(|refusal| RuntimeError::ResourceExhausted(refusal.to_string()))?,
+                .admit_start(&start.tenant, invocation_id)
+                .await?,
         );
-        let invocation_id = Uuid::now_v7();
         // Under the caller's span (the API runs in its context), and stored with the
         // spec, so that a resumed run continues the same trace.
         let span = shared.instruments.invoke_agent(

@@ -178,6 +178,9 @@ impl Runner {
         }
         self.span.end();
         self.shared.forget(self.id, &self.spec.tenant);
+        if let Exit::Ended(_) = &exit {
+            self.shared.tenants.ended(&self.spec.tenant, self.id).await;
+        }
         if let Exit::Ended(outcome) = &exit
             && matches!(
                 outcome.reason,

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use agentloop_lease::{
     Handoff, InProcessHandoff, InProcessLeases, KeeperConfig, Keepers, LeaseBackend, LeaseError,
-    RedisHandoff, RedisLeaseConfig, RedisLeases,
+    RedisHandoff, RedisLeaseConfig, RedisLeases, TenantPlaces,
 };
 use tokio::sync::OnceCell;
 use uuid::Uuid;
@@ -41,6 +41,9 @@ pub struct Workers {
     pub(crate) id: String,
     pub(crate) ttl: Duration,
     pub(crate) sweep_every: Duration,
+    /// The tenants' places every worker shares (Redis), so that the tenants' bounds hold
+    /// across the cluster; `None` keeps them in each process.
+    pub(crate) places: Option<Arc<dyn TenantPlaces>>,
     /// Whether other processes share these leases. Alone, nothing can orphan an
     /// invocation while the process lives, so the periodic sweep and the hand-off loop
     /// do not run (the sweep at start still resumes what a previous run left).
@@ -69,9 +72,19 @@ impl Workers {
         let Some(url) = &config.redis_url else {
             return Ok(Workers::in_process(config));
         };
-        let leases = RedisLeases::new(RedisLeaseConfig::new(url.as_str()))?;
+        let leases = Arc::new(RedisLeases::new(RedisLeaseConfig::new(url.as_str()))?);
         let handoff = RedisHandoff::new(url, HANDOFF_KEY, HANDOFF_WAIT, REDIS_COMMAND_TIMEOUT)?;
-        Ok(Workers::new(Arc::new(leases), Arc::new(handoff), config))
+        Ok(Workers::new(leases.clone(), Arc::new(handoff), config).with_places(leases))
+    }
+
+    /// These workers with the tenants' places kept in `places`, shared with the other
+    /// processes: the tenants' bounds then hold across all of them.
+    #[must_use]
+    pub fn with_places(self, places: Arc<dyn TenantPlaces>) -> Workers {
+        Workers {
+            places: Some(places),
+            ..self
+        }
     }
 
     /// Workers over the given backends, shared with other processes (tests inject
@@ -90,6 +103,7 @@ impl Workers {
                 .unwrap_or_else(|| format!("orchestrator-{}", Uuid::new_v4())),
             ttl: Duration::from_millis(config.lease_ttl_ms),
             sweep_every: Duration::from_millis(config.sweep_every_ms),
+            places: None,
             shared: true,
             keepers: Arc::new(OnceCell::new()),
         }

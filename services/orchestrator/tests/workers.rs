@@ -79,6 +79,73 @@ async fn cancel_through_another_worker_revokes_and_cancels_the_tool() {
     cluster.stop().await;
 }
 
+/// A tenant's bound holds across the cluster: with `tenants.max_running = 2` on each of
+/// two workers, the tenant runs two invocations in all, not two on each, whichever
+/// worker it asks; one that ends gives its place back, through the other worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenants_bound_holds_across_workers() {
+    let Some(cluster) = Cluster::start_or_skip("a_tenants_bound_holds_across_workers").await else {
+        return;
+    };
+    let bounded = |name: &str| {
+        let mut config = cluster.config(name, 2_000, LONG);
+        config.tenants.max_running = 2;
+        config
+    };
+    let a = cluster
+        .worker(bounded("a"), cluster.store().await, cluster.leases())
+        .await;
+    let b = cluster
+        .worker(bounded("b"), cluster.store().await, cluster.leases())
+        .await;
+    let (mut via_a, mut via_b) = (a.client().await, b.client().await);
+    let first = start(&mut via_a, SLEEP_THEN_FINAL, "bound-1").await;
+    start(&mut via_b, SLEEP_THEN_FINAL, "bound-2").await;
+    for (client, key) in [(&mut via_a, "bound-3"), (&mut via_b, "bound-4")] {
+        let refused = client
+            .start_invocation(common::start_request(SLEEP_THEN_FINAL, key))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::ResourceExhausted,
+            "{refused:?}"
+        );
+        assert!(
+            refused.message().contains("tenants.max_running"),
+            "{refused:?}"
+        );
+    }
+    // One ends: its place comes back across the cluster.
+    cancel(&mut via_b, &first, "make room").await;
+    events_until_end(&mut via_b, &first).await;
+    let mut admitted = false;
+    // Bounded: the place is freed just after the end is committed.
+    for attempt in 0..500 {
+        match via_b
+            .start_invocation(common::start_request(
+                SLEEP_THEN_FINAL,
+                &format!("bound-5-{attempt}"),
+            ))
+            .await
+        {
+            Ok(_) => {
+                admitted = true;
+                break;
+            }
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                // The pause of a bounded retry, not synchronisation.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    }
+    assert!(admitted, "the ended invocation's place came back");
+    a.stop().await;
+    b.stop().await;
+    cluster.stop().await;
+}
+
 /// Revocation -> the executor sees its request cancelled, across workers, over 200
 /// trials: every trial's cancellation reaches the executor by the push path (the lease's
 /// revocation), not by worker A's next renewal. Prints p50/p99 (see them with

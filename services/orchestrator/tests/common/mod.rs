@@ -192,7 +192,9 @@ impl Cluster {
         store: Arc<dyn EventStore>,
         leases: Arc<dyn LeaseBackend>,
     ) -> Worker {
-        let workers = Workers::new(leases, self.handoff(), &config.workers);
+        // The tenants' places in the cluster's Redis, as `Workers::from_config` keeps them.
+        let workers =
+            Workers::new(leases, self.handoff(), &config.workers).with_places(self.leases());
         let runtime = Runtime::new(
             config.runtime(),
             store,
