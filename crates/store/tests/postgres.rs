@@ -31,6 +31,14 @@ async fn store_on(database: &TestDatabase) -> PgStore {
         .expect("connect to the test database")
 }
 
+/// A new invocation in `store`, not yet claimed.
+async fn created(store: &PgStore) -> Uuid {
+    let new = new_invocation(1_000, None, "d");
+    let id = new.invocation_id;
+    store.create(new).await.unwrap();
+    id
+}
+
 async fn fresh(server: &PostgresServer) -> (PgStore, TestDatabase) {
     let database = server.create_database().await.expect("create database");
     (store_on(&database).await, database)
@@ -245,9 +253,7 @@ async fn a_frozen_writer_is_fenced_after_a_takeover() {
         return;
     };
     let (store, _database) = fresh(&server).await;
-    let new = new_invocation(1_000, None, "d");
-    let id = new.invocation_id;
-    store.create(new).await.unwrap();
+    let id = created(&store).await;
     store
         .append(id, append_of(0, 1, &[lookup_turn(1, 1)]))
         .await
@@ -290,9 +296,7 @@ async fn the_fencing_trail_orders_each_claim_before_the_commits_of_its_epoch() {
         return;
     };
     let (store, _database) = fresh(&server).await;
-    let new = new_invocation(1_000, None, "d");
-    let id = new.invocation_id;
-    store.create(new).await.unwrap();
+    let id = created(&store).await;
     store.claim(id, 1).await.unwrap();
     store
         .append(id, append_of(0, 1, &[lookup_turn(1, 1)]))
@@ -345,9 +349,7 @@ async fn json_postgres_is_picky_about_round_trips() {
         return;
     };
     let (store, _database) = fresh(&server).await;
-    let new = new_invocation(1_000, None, "d");
-    let id = new.invocation_id;
-    store.create(new).await.unwrap();
+    let id = created(&store).await;
     // A NUL escape (JSONB would refuse it) and key order that JSONB would rewrite.
     let mut event = lookup_turn(1, 1);
     let EventBody::Turn(turn) = &mut event.body else {
