@@ -1,9 +1,7 @@
 //! The faults, and how each is made real on a [`Network`]: packet filters (iptables) in
-//! the faulty host's namespace for the network ones, signals to every process of the host
-//! for the others.
-//!
-//! This machine's kernel has no `netem`, so delay and reordering are not among them; a
-//! slow server is made by stopping its processes most of the time instead ([`Fault::Slow`]).
+//! the faulty host's namespace for the network ones, packets held in user space for delay
+//! and reordering (this kernel has no `netem`; see `delay`), and signals to every process
+//! of the host for a pause.
 
 use std::fmt;
 use std::time::Duration;
@@ -11,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::delay::Delayer;
 use crate::net::{Host, Network, pids_in, run};
 
 /// The name that stands for the harness (the callers outside the cluster) among a
@@ -33,16 +32,17 @@ pub enum Fault {
     },
     /// Every packet `host` sends `peers` arrives twice.
     Duplicate { host: String, peers: Vec<String> },
+    /// Every packet `host` sends `peers` leaves `delay_ms` late, plus up to `jitter_ms`:
+    /// with jitter, packets overtake each other.
+    Delay {
+        host: String,
+        peers: Vec<String>,
+        delay_ms: u64,
+        jitter_ms: u64,
+    },
     /// Every process of `host` is stopped (SIGSTOP) until the fault heals: a pause longer
     /// than a lease, as a long garbage collection or a frozen VM makes.
     Pause { host: String },
-    /// Every process of `host` is stopped `stopped_ms` out of every `period_ms`: each
-    /// request to it waits up to `stopped_ms` more.
-    Slow {
-        host: String,
-        stopped_ms: u64,
-        period_ms: u64,
-    },
 }
 
 impl Fault {
@@ -53,8 +53,8 @@ impl Fault {
             | Fault::OneWay { host, .. }
             | Fault::Loss { host, .. }
             | Fault::Duplicate { host, .. }
-            | Fault::Pause { host }
-            | Fault::Slow { host, .. } => host,
+            | Fault::Delay { host, .. }
+            | Fault::Pause { host } => host,
         }
     }
 }
@@ -80,15 +80,28 @@ impl fmt::Display for Fault {
             Fault::Duplicate { host, peers } => {
                 write!(f, "{host}'s packets to {} duplicated", peers.join(", "))
             }
-            Fault::Pause { host } => write!(f, "{host} paused"),
-            Fault::Slow {
+            Fault::Delay {
                 host,
-                stopped_ms,
-                period_ms,
+                peers,
+                delay_ms,
+                jitter_ms: 0,
             } => write!(
                 f,
-                "{host} slow (stopped {stopped_ms} ms of every {period_ms} ms)"
+                "{host}'s packets to {} {delay_ms} ms late",
+                peers.join(", ")
             ),
+            Fault::Delay {
+                host,
+                peers,
+                delay_ms,
+                jitter_ms,
+            } => write!(
+                f,
+                "{host}'s packets to {} {delay_ms} to {} ms late, reordered",
+                peers.join(", "),
+                delay_ms + jitter_ms
+            ),
+            Fault::Pause { host } => write!(f, "{host} paused"),
         }
     }
 }
@@ -105,8 +118,9 @@ enum Effect {
     /// The rules put in force, each as inserted: healing deletes exactly these, and the
     /// host's NetworkPolicy rules after them stay.
     Filters(Vec<Vec<String>>),
+    /// The filters feeding the queue whose thread holds the packets.
+    Delayed(Vec<Vec<String>>, Delayer),
     Stopped,
-    Cycling(tokio::task::JoinHandle<()>),
 }
 
 /// Puts `fault` in force on `network`.
@@ -176,15 +190,38 @@ pub fn apply(network: &Network, fault: &Fault) -> anyhow::Result<Active> {
             signal(&host, "STOP")?;
             Effect::Stopped
         }
-        Fault::Slow {
-            stopped_ms,
-            period_ms,
+        Fault::Delay {
+            peers,
+            delay_ms,
+            jitter_ms,
             ..
-        } => Effect::Cycling(cycle(
-            &host,
-            Duration::from_millis(*stopped_ms),
-            Duration::from_millis(period_ms.saturating_sub(*stopped_ms)),
-        )),
+        } => {
+            let queue = DELAY_QUEUE.to_string();
+            for address in addresses(peers)? {
+                rules.push(
+                    [
+                        "OUTPUT",
+                        "-d",
+                        &address,
+                        "-j",
+                        "NFQUEUE",
+                        "--queue-num",
+                        &queue,
+                    ]
+                    .map(str::to_owned)
+                    .to_vec(),
+                );
+            }
+            // Bound before the rules feed it: a queue nobody reads drops what it gets.
+            let delayer = Delayer::start(
+                &host.namespace,
+                DELAY_QUEUE,
+                Duration::from_millis(*delay_ms),
+                Duration::from_millis(*jitter_ms),
+                *delay_ms ^ jitter_ms.rotate_left(32),
+            )?;
+            Effect::Delayed(Vec::new(), delayer)
+        }
     };
     let mut applied: Vec<Vec<String>> = Vec::with_capacity(rules.len());
     for rule in rules {
@@ -198,13 +235,18 @@ pub fn apply(network: &Network, fault: &Fault) -> anyhow::Result<Active> {
     }
     let kind = match kind {
         Effect::Filters(_) => Effect::Filters(applied),
-        other @ (Effect::Stopped | Effect::Cycling(_)) => other,
+        Effect::Delayed(_, delayer) => Effect::Delayed(applied, delayer),
+        Effect::Stopped => Effect::Stopped,
     };
     Ok(Active { host, kind })
 }
 
+/// The netfilter queue a delay uses (one fault is in force at a time).
+const DELAY_QUEUE: u16 = 7;
+
 impl Active {
-    /// Ends the fault: the host's filters flushed, its processes continued.
+    /// Ends the fault: its filters deleted, its held packets let go, the host's processes
+    /// continued.
     ///
     /// # Errors
     ///
@@ -216,12 +258,14 @@ impl Active {
                     change(&self.host, "-D", rule)?;
                 }
             }
-            Effect::Stopped => signal(&self.host, "CONT")?,
-            Effect::Cycling(task) => {
-                task.abort();
-                let _ = task.await;
-                signal(&self.host, "CONT")?;
+            Effect::Delayed(rules, delayer) => {
+                for rule in &rules {
+                    change(&self.host, "-D", rule)?;
+                }
+                // Joins a thread that lets the held packets go: off the runtime's threads.
+                tokio::task::spawn_blocking(move || delayer.stop()).await??;
             }
+            Effect::Stopped => signal(&self.host, "CONT")?,
         }
         Ok(())
     }
@@ -289,23 +333,4 @@ fn send(namespace: &str, signal: &str) -> anyhow::Result<()> {
     args.extend(pids.iter().map(ToString::to_string));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     run("kill", &args).map(drop)
-}
-
-/// Stops and continues every process of `host` in turn until aborted; the processes are
-/// listed again at each stop, so the ones started meanwhile (a server's new backends)
-/// are stopped too.
-fn cycle(host: &Host, stopped: Duration, running: Duration) -> tokio::task::JoinHandle<()> {
-    let namespace = host.namespace.clone();
-    tokio::spawn(async move {
-        loop {
-            if let Err(error) = send(&namespace, "STOP") {
-                tracing::warn!(%error, "a slow host's processes were not stopped");
-            }
-            tokio::time::sleep(stopped).await;
-            if let Err(error) = send(&namespace, "CONT") {
-                tracing::warn!(%error, "a slow host's processes were not continued");
-            }
-            tokio::time::sleep(running).await;
-        }
-    })
 }

@@ -16,6 +16,7 @@
 //! `schedule`, the workload in `workload` and the checker, which is pure, in `check`.
 
 pub mod check;
+mod delay;
 pub mod fault;
 pub mod net;
 pub mod network_policy;

@@ -49,12 +49,14 @@ enum Kind {
     OneWay,
     Flapping,
     SlowPostgres,
+    Delay,
+    Reordering,
     Loss,
     Duplication,
     Pause,
 }
 
-const KINDS: [Kind; 11] = [
+const KINDS: [Kind; 13] = [
     Kind::FromRedis,
     Kind::FromPostgres,
     Kind::FromTools,
@@ -63,6 +65,8 @@ const KINDS: [Kind; 11] = [
     Kind::OneWay,
     Kind::Flapping,
     Kind::SlowPostgres,
+    Kind::Delay,
+    Kind::Reordering,
     Kind::Loss,
     Kind::Duplication,
     Kind::Pause,
@@ -134,10 +138,25 @@ pub fn schedule(seed: u64, rounds: u32, lease: Duration) -> Vec<Step> {
                     at += rng.random_range(lease_ms..=lease_ms * 2);
                     continue;
                 }
-                Kind::SlowPostgres => Fault::Slow {
+                // Every answer of PostgreSQL 200 ms late.
+                Kind::SlowPostgres => Fault::Delay {
                     host: "postgres".to_owned(),
-                    stopped_ms: 200,
-                    period_ms: 250,
+                    peers: peers(&[ORCHESTRATORS[0], ORCHESTRATORS[1], "ledger", HARNESS]),
+                    delay_ms: 200,
+                    jitter_ms: 0,
+                },
+                Kind::Delay => Fault::Delay {
+                    host,
+                    peers: everything(),
+                    delay_ms: 100,
+                    jitter_ms: 0,
+                },
+                // Each packet 5 to 45 ms late: many overtake the one before.
+                Kind::Reordering => Fault::Delay {
+                    host,
+                    peers: everything(),
+                    delay_ms: 5,
+                    jitter_ms: 40,
                 },
                 Kind::Loss => Fault::Loss {
                     host,
@@ -182,7 +201,7 @@ mod tests {
         let one = schedule(7, 2, lease);
         assert_eq!(one, schedule(7, 2, lease));
         assert_ne!(one, schedule(8, 2, lease));
-        // Ten kinds are one step each, flapping is FLAPS steps.
+        // Every kind but flapping is one step each; flapping is FLAPS steps.
         assert_eq!(one.len(), 2 * (KINDS.len() - 1 + FLAPS as usize));
         let paused = one
             .iter()
