@@ -211,16 +211,20 @@ pub fn unavailable() -> Option<String> {
     None
 }
 
-/// How long the leader waits between two looks at what is still running.
+/// How long the harness waits between two looks at what is still running.
 const POLL: Duration = Duration::from_millis(250);
 
 /// Runs the cluster, the schedule and the workload, then the checker.
 ///
 /// # Errors
 ///
-/// When the hosts, the servers or the cluster cannot be brought up, or the end state
-/// cannot be read; a broken promise is not an error but a finding of the report.
+/// When this machine cannot run it ([`unavailable`]), the hosts, the servers or the
+/// cluster cannot be brought up, or the end state cannot be read; a broken promise is not
+/// an error but a finding of the report.
 pub async fn run(options: &Options) -> anyhow::Result<Report> {
+    if let Some(why) = unavailable() {
+        anyhow::bail!("the fault harness cannot run here: {why}");
+    }
     let names: Vec<&str> = ORCHESTRATORS
         .iter()
         .chain(&SERVICES)
