@@ -84,23 +84,14 @@ impl fmt::Display for Fault {
                 host,
                 peers,
                 delay_ms,
-                jitter_ms: 0,
-            } => write!(
-                f,
-                "{host}'s packets to {} {delay_ms} ms late",
-                peers.join(", ")
-            ),
-            Fault::Delay {
-                host,
-                peers,
-                delay_ms,
                 jitter_ms,
-            } => write!(
-                f,
-                "{host}'s packets to {} {delay_ms} to {} ms late, reordered",
-                peers.join(", "),
-                delay_ms + jitter_ms
-            ),
+            } => {
+                write!(f, "{host}'s packets to {} {delay_ms}", peers.join(", "))?;
+                match jitter_ms {
+                    0 => f.write_str(" ms late"),
+                    jitter => write!(f, " to {} ms late, reordered", delay_ms + jitter),
+                }
+            }
             Fault::Pause { host } => write!(f, "{host} paused"),
         }
     }
@@ -110,17 +101,20 @@ impl fmt::Display for Fault {
 #[derive(Debug)]
 pub struct Active {
     host: Host,
-    kind: Effect,
+    /// The rules put in force, each as inserted: healing deletes exactly these, and the
+    /// host's NetworkPolicy rules after them stay.
+    rules: Vec<Vec<String>>,
+    /// What else holds the host, undone after its rules are gone.
+    holding: Holding,
 }
 
 #[derive(Debug)]
-enum Effect {
-    /// The rules put in force, each as inserted: healing deletes exactly these, and the
-    /// host's NetworkPolicy rules after them stay.
-    Filters(Vec<Vec<String>>),
-    /// The filters feeding the queue whose thread holds the packets.
-    Delayed(Vec<Vec<String>>, Delayer),
-    Stopped,
+enum Holding {
+    Nothing,
+    /// The thread that holds the packets the rules queue.
+    Packets(Delayer),
+    /// The host's processes, stopped.
+    Processes,
 }
 
 /// Puts `fault` in force on `network`.
@@ -144,19 +138,19 @@ pub fn apply(network: &Network, fault: &Fault) -> anyhow::Result<Active> {
             .collect()
     };
     let mut rules: Vec<Vec<String>> = Vec::new();
-    let kind = match fault {
+    let holding = match fault {
         Fault::Partition { peers, .. } => {
             for address in addresses(peers)? {
                 rules.push(drop_rule("OUTPUT", "-d", &address, None));
                 rules.push(drop_rule("INPUT", "-s", &address, None));
             }
-            Effect::Filters(Vec::new())
+            Holding::Nothing
         }
         Fault::OneWay { peers, .. } => {
             for address in addresses(peers)? {
                 rules.push(drop_rule("OUTPUT", "-d", &address, None));
             }
-            Effect::Filters(Vec::new())
+            Holding::Nothing
         }
         Fault::Loss { peers, percent, .. } => {
             let share = f64::from(*percent) / 100.0;
@@ -164,7 +158,7 @@ pub fn apply(network: &Network, fault: &Fault) -> anyhow::Result<Active> {
                 rules.push(drop_rule("OUTPUT", "-d", &address, Some(share)));
                 rules.push(drop_rule("INPUT", "-s", &address, Some(share)));
             }
-            Effect::Filters(Vec::new())
+            Holding::Nothing
         }
         Fault::Duplicate { peers, .. } => {
             for address in addresses(peers)? {
@@ -184,11 +178,11 @@ pub fn apply(network: &Network, fault: &Fault) -> anyhow::Result<Active> {
                     .to_vec(),
                 );
             }
-            Effect::Filters(Vec::new())
+            Holding::Nothing
         }
         Fault::Pause { .. } => {
             signal(&host, "STOP")?;
-            Effect::Stopped
+            Holding::Processes
         }
         Fault::Delay {
             peers,
@@ -220,7 +214,7 @@ pub fn apply(network: &Network, fault: &Fault) -> anyhow::Result<Active> {
                 Duration::from_millis(*jitter_ms),
                 *delay_ms ^ jitter_ms.rotate_left(32),
             )?;
-            Effect::Delayed(Vec::new(), delayer)
+            Holding::Packets(delayer)
         }
     };
     let mut applied: Vec<Vec<String>> = Vec::with_capacity(rules.len());
@@ -233,12 +227,11 @@ pub fn apply(network: &Network, fault: &Fault) -> anyhow::Result<Active> {
         }
         applied.push(rule);
     }
-    let kind = match kind {
-        Effect::Filters(_) => Effect::Filters(applied),
-        Effect::Delayed(_, delayer) => Effect::Delayed(applied, delayer),
-        Effect::Stopped => Effect::Stopped,
-    };
-    Ok(Active { host, kind })
+    Ok(Active {
+        host,
+        rules: applied,
+        holding,
+    })
 }
 
 /// The netfilter queue a delay uses (one fault is in force at a time).
@@ -252,20 +245,16 @@ impl Active {
     ///
     /// When `iptables` or `kill` fails.
     pub async fn heal(self) -> anyhow::Result<()> {
-        match self.kind {
-            Effect::Filters(rules) => {
-                for rule in &rules {
-                    change(&self.host, "-D", rule)?;
-                }
-            }
-            Effect::Delayed(rules, delayer) => {
-                for rule in &rules {
-                    change(&self.host, "-D", rule)?;
-                }
-                // Joins a thread that lets the held packets go: off the runtime's threads.
+        for rule in &self.rules {
+            change(&self.host, "-D", rule)?;
+        }
+        match self.holding {
+            Holding::Nothing => {}
+            // Joins a thread that lets the held packets go: off the runtime's threads.
+            Holding::Packets(delayer) => {
                 tokio::task::spawn_blocking(move || delayer.stop()).await??;
             }
-            Effect::Stopped => signal(&self.host, "CONT")?,
+            Holding::Processes => signal(&self.host, "CONT")?,
         }
         Ok(())
     }
