@@ -175,21 +175,6 @@ pub async fn unfinished(clients: &[Client], ids: &[String]) -> anyhow::Result<Ve
         .collect())
 }
 
-/// A terminal reason as the checker names it (`completed`, ...).
-fn reason_name(reason: pb::TerminalReason) -> String {
-    reason
-        .as_str_name()
-        .trim_start_matches("TERMINAL_REASON_")
-        .to_ascii_lowercase()
-}
-
-fn state_name(state: pb::EffectState) -> String {
-    state
-        .as_str_name()
-        .trim_start_matches("EFFECT_STATE_")
-        .to_ascii_lowercase()
-}
-
 /// What the API says of each of `ids` at the end: the invocation, its turns, and the
 /// ledger's effects of it.
 pub async fn read_back(
@@ -234,7 +219,7 @@ async fn read_one(
     let ended = got.state() == pb::InvocationState::Ended;
     let invocation = Invocation {
         id: id.to_owned(),
-        reason: ended.then(|| reason_name(got.terminal_reason())),
+        reason: ended.then(|| agentloop_wire::reason_name(got.terminal_reason)),
         writes: vec![WRITE_CALL.to_owned()],
     };
     let turns = got.usage.map_or(0, |usage| u64::from(usage.steps));
@@ -252,7 +237,7 @@ async fn read_one(
         })
         .await?;
         effects.extend(page.entries.into_iter().map(|entry| LedgerEffect {
-            state: state_name(entry.state()),
+            state: agentloop_wire::effect_state_name(entry.state),
             invocation_id: entry.invocation_id,
             call_id: entry.call_id,
             effect_key: entry.effect_key,

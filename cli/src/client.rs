@@ -560,7 +560,7 @@ pub async fn cancel(server: Server<'_>, id: &str, reason: &str) -> anyhow::Resul
         .into_inner()
         .invocation
         .context("the orchestrator answered without an invocation")?;
-    let reason = crate::view::reason_name(invocation.terminal_reason);
+    let reason = agentloop_wire::reason_name(invocation.terminal_reason);
     match invocation.state() {
         // A waiting invocation is cancelled at once.
         pb::InvocationState::Ended if reason == "cancelled" => {

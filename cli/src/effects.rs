@@ -17,7 +17,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use agentloop_ledger::{EffectState, LedgerConfig, LedgerService, LedgerStore};
+use agentloop_ledger::{LedgerConfig, LedgerService, LedgerStore};
 use agentloop_proto::client::Transport;
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::effect_ledger_service_server::EffectLedgerService;
@@ -78,25 +78,13 @@ impl EffectView {
             call_id: entry.call_id.clone(),
             effect_key: entry.effect_key.clone(),
             tool: entry.tool.clone(),
-            state: state_name(entry.state),
+            state: agentloop_wire::effect_state_name(entry.state),
             attempt: entry.attempt,
             detail: entry.detail.clone(),
             created_at_ms: millis(entry.created_at.as_ref()),
             updated_at_ms: millis(entry.updated_at.as_ref()),
         }
     }
-}
-
-/// The lowercase name of a wire state (the terminal-reason style), or `unknown(N)` for a
-/// value this CLI does not know.
-pub fn state_name(raw: i32) -> String {
-    pb::EffectState::try_from(raw)
-        .ok()
-        .and_then(EffectState::from_proto)
-        .map_or_else(
-            || format!("unknown({raw})"),
-            |state| state.as_str().to_ascii_lowercase(),
-        )
 }
 
 fn millis(time: Option<&prost_types::Timestamp>) -> i64 {
@@ -276,7 +264,7 @@ pub async fn settle(server: Server<'_>, settle: Settle, json: bool) -> anyhow::R
             "settled {} of invocation {}: {}\n",
             entry.effect_key,
             printable(&entry.invocation_id, usize::MAX),
-            state_name(entry.state)
+            agentloop_wire::effect_state_name(entry.state)
         )
     };
     write_stdout(&output)?;
@@ -335,7 +323,7 @@ pub fn table(entries: &[pb::EffectEntry]) -> String {
         .iter()
         .map(|entry| {
             [
-                state_name(entry.state),
+                agentloop_wire::effect_state_name(entry.state),
                 entry.attempt.to_string(),
                 entry
                     .updated_at
@@ -435,20 +423,6 @@ mod tests {
             }),
             detail: detail.into(),
         }
-    }
-
-    #[test]
-    fn state_names_are_lowercase_and_unknown_values_are_named() {
-        assert_eq!(
-            state_name(pb::EffectState::ReconciliationRequired as i32),
-            "reconciliation_required"
-        );
-        assert_eq!(
-            state_name(pb::EffectState::OutcomeUnknown as i32),
-            "outcome_unknown"
-        );
-        assert_eq!(state_name(0), "unknown(0)");
-        assert_eq!(state_name(99), "unknown(99)");
     }
 
     #[test]

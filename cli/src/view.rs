@@ -122,24 +122,16 @@ pub struct CallView {
     pub detail: Option<String>,
 }
 
-/// The wire name of a terminal reason.
-pub fn reason_name(reason: i32) -> String {
-    pb::TerminalReason::try_from(reason)
-        .ok()
-        .and_then(wire::terminal_reason_from)
-        .map_or_else(|| format!("unknown({reason})"), |r| r.as_str().to_owned())
-}
-
 /// An invocation's state as people read it: `running`, `waiting: <reason>`,
 /// `ended: <reason>`.
 pub fn state_name(invocation: &pb::Invocation) -> String {
     match invocation.state() {
         pb::InvocationState::Running | pb::InvocationState::Pending => "running".into(),
         pb::InvocationState::Waiting => {
-            format!("waiting: {}", reason_name(invocation.terminal_reason))
+            format!("waiting: {}", wire::reason_name(invocation.terminal_reason))
         }
         pb::InvocationState::Ended | pb::InvocationState::Unspecified => {
-            format!("ended: {}", reason_name(invocation.terminal_reason))
+            format!("ended: {}", wire::reason_name(invocation.terminal_reason))
         }
     }
 }
@@ -260,7 +252,7 @@ impl EventView {
                 } else {
                     "ended"
                 };
-                view.reason = Some(reason_name(ended.reason));
+                view.reason = Some(wire::reason_name(ended.reason));
                 view.detail = Some(ended.detail.clone()).filter(|d| !d.is_empty());
                 view.answer = ended.answer.clone();
                 view.accepted_by = views(&ended.accepted_by);
@@ -479,7 +471,7 @@ impl Waiting {
             };
         Some(Waiting {
             invocation_id: id.clone(),
-            reason: reason_name(invocation.terminal_reason),
+            reason: wire::reason_name(invocation.terminal_reason),
             text,
             proposal_digest,
             calls,
@@ -558,7 +550,7 @@ impl Summary {
         let usage = invocation.usage.unwrap_or_default();
         Summary {
             invocation_id: invocation.invocation_id.clone(),
-            reason: reason_name(invocation.terminal_reason),
+            reason: wire::reason_name(invocation.terminal_reason),
             answer: invocation.answer.clone(),
             detail: invocation.terminal_detail.clone(),
             steps: usage.steps,

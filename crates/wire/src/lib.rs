@@ -46,6 +46,27 @@ pub fn terminal_reason_from(reason: pb::TerminalReason) -> Option<TerminalReason
         .find(|candidate| terminal_reason(*candidate) == reason)
 }
 
+/// A wire terminal reason by its name (`completed`), as people and reports read it;
+/// `unknown(N)` for a value this build does not know.
+pub fn reason_name(raw: i32) -> String {
+    pb::TerminalReason::try_from(raw)
+        .ok()
+        .and_then(terminal_reason_from)
+        .map_or_else(|| format!("unknown({raw})"), |r| r.as_str().to_owned())
+}
+
+/// A wire effect state by its lowercase name (`reconciliation_required`), in the style of
+/// [`reason_name`]; `unknown(N)` for a value this build does not know.
+pub fn effect_state_name(raw: i32) -> String {
+    pb::EffectState::try_from(raw)
+        .ok()
+        .and_then(EffectState::from_proto)
+        .map_or_else(
+            || format!("unknown({raw})"),
+            |state| state.as_str().to_ascii_lowercase(),
+        )
+}
+
 /// Wire side effect -> engine; UNSPECIFIED is the most dangerous kind, a write.
 pub fn side_effect(side_effect: pb::SideEffect) -> SideEffect {
     match side_effect {
@@ -714,6 +735,25 @@ mod tests {
     use agentloop_engine::{Fingerprint, Verdict};
 
     use super::*;
+
+    #[test]
+    fn names_are_lowercase_and_unknown_values_are_named() {
+        assert_eq!(
+            reason_name(pb::TerminalReason::Completed as i32),
+            "completed"
+        );
+        assert_eq!(
+            effect_state_name(pb::EffectState::ReconciliationRequired as i32),
+            "reconciliation_required"
+        );
+        assert_eq!(
+            effect_state_name(pb::EffectState::OutcomeUnknown as i32),
+            "outcome_unknown"
+        );
+        assert_eq!(effect_state_name(0), "unknown(0)");
+        assert_eq!(effect_state_name(99), "unknown(99)");
+        assert_eq!(reason_name(999), "unknown(999)");
+    }
 
     #[test]
     fn terminal_reasons_round_trip_and_none_is_unspecified() {
