@@ -211,6 +211,28 @@ pub fn unavailable() -> Option<String> {
     None
 }
 
+/// For a test of the harness: whether it can run here. When it cannot, says why on stderr
+/// and returns `false` (the test skips), unless `AGENTLOOP_REQUIRE_NETNS=1`, as CI sets,
+/// which turns the skip into a failure.
+///
+/// # Panics
+///
+/// When the harness cannot run here and `AGENTLOOP_REQUIRE_NETNS=1`.
+#[expect(
+    clippy::panic,
+    reason = "a required harness that cannot run fails its test"
+)]
+pub fn runs_here(test: &str) -> bool {
+    let Some(why) = unavailable() else {
+        return true;
+    };
+    if std::env::var("AGENTLOOP_REQUIRE_NETNS").is_ok_and(|v| v == "1") {
+        panic!("{test}: the fault harness cannot run: {why}, and AGENTLOOP_REQUIRE_NETNS=1");
+    }
+    eprintln!("\n!!!!! SKIPPED {test}: {why} (set AGENTLOOP_REQUIRE_NETNS=1 to fail) !!!!!\n");
+    false
+}
+
 /// How long the harness waits between two looks at what is still running.
 const POLL: Duration = Duration::from_millis(250);
 
