@@ -19,6 +19,18 @@ fn shipped() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/evals")
 }
 
+/// What `output` printed, once it exited with `code` (else fails, showing both streams).
+fn exited(output: &std::process::Output, code: i32) -> String {
+    let printed = stdout(output);
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "{printed}{}",
+        stderr(output)
+    );
+    printed
+}
+
 /// The shipped suite's cases (not the scripts or rules they name), as JSON.
 fn shipped_cases() -> Vec<(PathBuf, serde_json::Value)> {
     let mut cases: Vec<(PathBuf, serde_json::Value)> = std::fs::read_dir(shipped())
@@ -45,13 +57,7 @@ fn the_shipped_suite_passes_and_prints_the_aggregate() {
         .arg(&junit)
         .output()
         .unwrap();
-    let printed = stdout(&output);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{printed}{}",
-        stderr(&output)
-    );
+    let printed = exited(&output, 0);
     let cases = shipped_cases();
     assert!(cases.len() >= 10, "the suite covers the runtime's branches");
     for (path, case) in &cases {
@@ -106,13 +112,7 @@ fn a_wrong_case_fails_and_the_junit_report_names_it_with_its_first_difference() 
     };
 
     let output = run(&[]);
-    let printed = stdout(&output);
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "{printed}{}",
-        stderr(&output)
-    );
+    let printed = exited(&output, 1);
     let first = r#"trajectory (exact): call 1 is lookup {"key":"policy"} (call p), expected lookup {"key":"profile"}"#;
     assert!(printed.contains("pass one call\n"), "{printed}");
     assert!(
@@ -232,13 +232,7 @@ fn cases_run_on_a_server_and_those_that_need_their_own_stack_are_refused() {
         .args(["--server", &endpoint])
         .output()
         .unwrap();
-    let printed = stdout(&output);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{printed}{}",
-        stderr(&output)
-    );
+    let printed = exited(&output, 0);
     assert!(printed.contains("pass one call\n"), "{printed}");
     assert!(
         printed.contains("pass a write that needs approval, approved\n"),
