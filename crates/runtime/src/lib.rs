@@ -58,6 +58,7 @@ use crate::instruments::{Instruments, Resumed};
 use crate::intern::{Descriptors, Interner};
 use crate::ports::Tool;
 use crate::runner::Runner;
+use crate::spec::RunnerSpec;
 
 /// Events a resumed runner reads back to rebuild its state, per page.
 const RESTORE_PAGE: u32 = 1_000;
@@ -195,13 +196,13 @@ impl Shared {
 
     /// The descriptors of the invocation's tools, for the model; shared with every
     /// invocation of the same tools. Empty while the gateway's tools are not known yet.
-    fn descriptors_for(&self, spec: &InvocationSpec) -> Arc<Descriptors> {
+    fn descriptors_for(&self, tools: &ToolCatalog) -> Arc<Descriptors> {
         let Some(all) = self.cached_descriptors() else {
             return Arc::default();
         };
         let own = all
             .iter()
-            .filter(|d| spec.tools.get(&d.name).is_some())
+            .filter(|d| tools.get(&d.name).is_some())
             .cloned()
             .collect();
         self.tool_lists.intern(Descriptors(own))
@@ -666,8 +667,6 @@ impl Runtime {
             created_at,
             span,
         } = started;
-        // A new invocation's is in its stored spec; the runner does not need it.
-        spec.trace = None;
         let workers = &self.shared.workers;
         let keepers = workers.keepers().await?;
         let progress = Arc::new(Progress::default());
@@ -706,11 +705,11 @@ impl Runtime {
         self.shared.hub.open(id, engine.protocol().version);
         let context = ModelContext::new(&mut spec, history, &self.shared.scripts);
         let tools_generation = self.shared.tools_generation();
-        let tools = self.shared.descriptors_for(&spec);
+        let tools = self.shared.descriptors_for(&spec.tools);
         let runner = Runner {
             shared: self.shared.clone(),
             id,
-            spec: Arc::new(spec),
+            spec: Arc::new(RunnerSpec::from(spec)),
             engine,
             keeper: Some(keeper),
             lost,

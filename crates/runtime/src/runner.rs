@@ -37,7 +37,7 @@ use uuid::Uuid;
 use crate::context::ModelContext;
 use crate::intern::Descriptors;
 use crate::ports::{Ask, Batch as PolicyBatch, Claim, Decided};
-use crate::spec::InvocationSpec;
+use crate::spec::RunnerSpec;
 use crate::{Progress, Shared, Taken};
 use crate::{effects, verify};
 
@@ -79,8 +79,8 @@ struct Batch {
 pub(crate) struct Runner {
     pub(crate) shared: Arc<Shared>,
     pub(crate) id: Uuid,
-    /// Without its goal and script: they moved to `context`.
-    pub(crate) spec: Arc<InvocationSpec>,
+    /// Whom it acts for and what it may call.
+    pub(crate) spec: Arc<RunnerSpec>,
     pub(crate) engine: Invocation,
     /// Keeps the lease; `None` only while it is being replaced after a revocation.
     pub(crate) keeper: Option<Keeper>,
@@ -412,7 +412,7 @@ impl Runner {
         let generation = self.shared.tools_generation();
         if generation != self.tools_generation {
             // The gateway's tools changed (or were not listed yet as the runner started).
-            self.tools = self.shared.descriptors_for(&self.spec);
+            self.tools = self.shared.descriptors_for(&self.spec.tools);
             self.tools_generation = generation;
         }
         let (context, tools) = (self.context.clone(), Arc::clone(&self.tools));
@@ -789,7 +789,7 @@ enum Exit {
 
 /// A call's side-effect class and timeout, from the invocation's catalog. The engine
 /// only executes catalog tools; a mismatch is treated as the riskier kind.
-fn settings(spec: &InvocationSpec, shared: &Shared, call: &ToolCall) -> (SideEffect, u64) {
+fn settings(spec: &RunnerSpec, shared: &Shared, call: &ToolCall) -> (SideEffect, u64) {
     let default = shared.config.limits.tool_timeout_ms;
     match spec.tools.get(&call.tool) {
         Some(tool) => (tool.side_effect, tool.timeout_ms.unwrap_or(default)),
@@ -798,7 +798,7 @@ fn settings(spec: &InvocationSpec, shared: &Shared, call: &ToolCall) -> (SideEff
 }
 
 /// The contract version the invocation plans `call`'s tool under, if it is versioned.
-fn digest(spec: &InvocationSpec, call: &ToolCall) -> Option<ToolDigest> {
+fn digest(spec: &RunnerSpec, call: &ToolCall) -> Option<ToolDigest> {
     spec.tools.get(&call.tool).and_then(|tool| tool.digest)
 }
 

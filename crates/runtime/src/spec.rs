@@ -64,13 +64,54 @@ impl InvocationSpec {
 
     /// The actor's roles as the invocation started.
     pub fn roles(&self) -> &[String] {
-        self.roles.as_deref().map_or(&[], Vec::as_slice)
+        roles(self.roles.as_deref())
     }
 
     /// Swaps its tools for the copy `catalogs` holds of the same tools, if any.
     pub(crate) fn share_tools(mut self, catalogs: &Interner<ToolCatalog>) -> InvocationSpec {
         self.tools = catalogs.intern(Arc::unwrap_or_clone(self.tools));
         self
+    }
+}
+
+/// What a runner keeps of its invocation's spec: for whom it acts and what it may call.
+/// The rest is elsewhere or spent: the goal and the script move to the model's context,
+/// the engine holds the limits, and the trace is read as the runner starts. Every parked
+/// invocation holds one of these, so it keeps none of that twice (`bench --park`).
+#[derive(Debug)]
+pub(crate) struct RunnerSpec {
+    pub(crate) profile: String,
+    pub(crate) actor: String,
+    pub(crate) tenant: String,
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin pointer: most invocations have no roles"
+    )]
+    roles: Option<Box<Vec<String>>>,
+    pub(crate) tools: Arc<ToolCatalog>,
+}
+
+impl RunnerSpec {
+    /// The actor's roles as the invocation started.
+    pub(crate) fn roles(&self) -> &[String] {
+        roles(self.roles.as_deref())
+    }
+}
+
+/// Roles kept behind an optional thin pointer, as a slice.
+fn roles(roles: Option<&Vec<String>>) -> &[String] {
+    roles.map_or(&[], Vec::as_slice)
+}
+
+impl From<InvocationSpec> for RunnerSpec {
+    fn from(spec: InvocationSpec) -> RunnerSpec {
+        RunnerSpec {
+            profile: spec.profile,
+            actor: spec.actor,
+            tenant: spec.tenant,
+            roles: spec.roles,
+            tools: spec.tools,
+        }
     }
 }
 
