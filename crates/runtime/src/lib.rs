@@ -637,7 +637,7 @@ impl Runtime {
             id,
             &spec.profile,
             &spec.tenant,
-            earlier.as_deref().map(String::as_str),
+            earlier.as_deref(),
             Some(why),
         );
         let started = Begun {

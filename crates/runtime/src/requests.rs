@@ -114,7 +114,7 @@ impl Runtime {
             limits: start.limits,
             tools: Arc::new(tools),
             script: start.script,
-            trace: agentloop_telemetry::traceparent(&span.span_context()).map(Box::new),
+            trace: agentloop_telemetry::traceparent(&span.span_context()),
         };
         let spec_json = serde_json::to_string(&spec).map_err(|e| {
             RuntimeError::InvalidArgument(format!("cannot encode the invocation: {e}"))

@@ -22,11 +22,11 @@ pub struct InvocationSpec {
     /// The actor's tenant.
     pub tenant: String,
     /// The actor's roles as the invocation started (its token's), which policies test.
-    /// Behind one pointer: every running invocation keeps its spec, and most have none.
+    /// Behind one pointer, as the runner keeps them ([`RunnerSpec`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[expect(
         clippy::box_collection,
-        reason = "a thin pointer keeps the spec in its allocator size class (bench --park)"
+        reason = "moved as it is into every running invocation's `RunnerSpec`"
     )]
     pub(crate) roles: Option<Box<Vec<String>>>,
     /// Its budgets.
@@ -40,14 +40,9 @@ pub struct InvocationSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) script: Option<String>,
     /// The W3C `traceparent` of its first run's `invoke_agent` span (only while traces
-    /// are on): a resumed run continues that trace. Dropped as the runner starts, and
-    /// behind a thin pointer, for the same reason as `roles`.
+    /// are on): a resumed run continues that trace. The runner does not keep it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[expect(
-        clippy::box_collection,
-        reason = "a thin pointer keeps the spec in its allocator size class (bench --park)"
-    )]
-    pub(crate) trace: Option<Box<String>>,
+    pub(crate) trace: Option<String>,
 }
 
 impl InvocationSpec {
@@ -85,7 +80,7 @@ pub(crate) struct RunnerSpec {
     pub(crate) tenant: String,
     #[expect(
         clippy::box_collection,
-        reason = "a thin pointer: most invocations have no roles"
+        reason = "a thin pointer in every running invocation, and most have no roles"
     )]
     roles: Option<Box<Vec<String>>>,
     pub(crate) tools: Arc<ToolCatalog>,
