@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use rmcp::ClientHandler;
 use rmcp::RoleClient;
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, Implementation, LoggingLevel, LoggingMessageNotificationParam,
+    ClientCapabilities, ClientConfig, Implementation, LoggingLevel,
+    LoggingMessageNotificationParam, ProtocolVersion,
 };
 use rmcp::service::NotificationContext;
 
@@ -49,11 +50,15 @@ impl Client {
 }
 
 impl ClientHandler for Client {
+    /// Offers the newest version that has the `initialize` handshake (rmcp's default is
+    /// the newest of all, 2026-07-28, which has none): every server in use today speaks
+    /// it, and one that answers with a stateless version is followed there by rmcp.
     fn get_info(&self) -> ClientConfig {
         ClientConfig::new(
             ClientCapabilities::default(),
             Implementation::new("agentloop", env!("CARGO_PKG_VERSION")),
         )
+        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
     }
 
     async fn on_logging_message(

@@ -8,6 +8,13 @@
 //! env = { TZ = "UTC" }             # stdio only
 //! idempotent = ["some_tool"]       # tools that may be sent again with the same effect key
 //! timeout_ms = 30000               # per call, 1..=600000
+//!
+//! [[mcp_servers]]
+//! name = "crm"
+//! url = "https://crm.example/mcp"
+//! [mcp_servers.oauth]              # the client credentials grant, when the server asks
+//! client_id = "agentloop"
+//! client_secret_file = "/run/secrets/crm"  # or client_secret_env, private_key_file, private_key_env
 //! ```
 //!
 //! The format is stable: fields are only ever added. Unknown keys are refused, so a typo
@@ -15,10 +22,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::{HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
+
+use crate::oauth::{Algorithm, Credential, OAuth, OAuthSettings, Secret, Source};
 
 /// Longest server name, in bytes. With the `__` separator it leaves 30 bytes of the
 /// 64 a model API accepts in a function name for the tool's own name.
@@ -69,6 +80,19 @@ pub enum McpConfigError {
         /// The variable's name.
         var: String,
     },
+    /// A credential file the entry names cannot be read at start. Its content is never
+    /// part of any message.
+    #[error("MCP server {server:?}: cannot read `{field}` {path:?}: {reason}")]
+    UnreadableFile {
+        /// The server's name.
+        server: String,
+        /// The field naming the file.
+        field: &'static str,
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
     /// The HTTP client could not be built.
     #[error("MCP server {server:?}: cannot build the HTTP client: {reason}")]
     HttpClient {
@@ -113,6 +137,10 @@ pub struct McpServerConfig {
     /// and sent as `Authorization: Bearer <token>`; never logged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bearer_token_env: Option<String>,
+    /// Streamable HTTP: how the gateway gets its own access token when the server asks
+    /// for one (OAuth client credentials); not with `bearer_token_env`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth: Option<McpOAuthConfig>,
     /// The server's tools (by their own names, without the prefix) that may be sent
     /// again with the same effect key: offered as idempotent writes, and a call whose
     /// outcome was lost is sent again instead of waiting for an operator.
@@ -145,6 +173,223 @@ fn default_timeout_ms() -> u64 {
     DEFAULT_TIMEOUT_MS
 }
 
+/// The `[mcp_servers.oauth]` table of a streamable HTTP server that wants an OAuth access
+/// token: the gateway takes the client credentials grant (MCP's SEP-1046) with the
+/// authorization server the MCP server names, and authenticates with a client secret or
+/// a private key. Exactly one of `client_secret_env`, `client_secret_file`,
+/// `private_key_env` and `private_key_file` is set: the entry names where a credential
+/// is, never holds it. Variables are read at start; files at every token request, so a
+/// rotated secret is picked up.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpOAuthConfig {
+    /// The client's ID at the authorization server.
+    pub client_id: String,
+    /// The environment variable holding the client secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_secret_env: Option<String>,
+    /// The file holding the client secret (a trailing line break is ignored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_secret_file: Option<PathBuf>,
+    /// The environment variable holding the private key, in PEM (`private_key_jwt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key_env: Option<String>,
+    /// The file holding the private key, in PEM (`private_key_jwt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key_file: Option<PathBuf>,
+    /// The private key's algorithm: ES256 (the default), ES384, RS256, RS384, RS512,
+    /// PS256, PS384, PS512 or EdDSA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing_algorithm: Option<String>,
+    /// The scopes to ask for. Without them, the ones the server's challenge names, else
+    /// the ones its resource metadata lists, else none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<String>,
+    /// The only authorization server (its `issuer`) the credentials may be sent to.
+    /// Without it, whichever one the MCP server's metadata names: set it wherever the
+    /// MCP server is not trusted with the client's secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorization_server: Option<String>,
+}
+
+impl fmt::Debug for McpOAuthConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Only names of variables and files: the entry never holds a credential.
+        f.debug_struct("McpOAuthConfig")
+            .field("client_id", &self.client_id)
+            .field("client_secret_env", &self.client_secret_env)
+            .field("client_secret_file", &self.client_secret_file)
+            .field("private_key_env", &self.private_key_env)
+            .field("private_key_file", &self.private_key_file)
+            .field("signing_algorithm", &self.signing_algorithm)
+            .field("scopes", &self.scopes)
+            .field("authorization_server", &self.authorization_server)
+            .finish()
+    }
+}
+
+impl McpOAuthConfig {
+    fn validate(
+        &self,
+        invalid: &impl Fn(&'static str, String) -> McpConfigError,
+    ) -> Result<(), McpConfigError> {
+        check_value(&self.client_id).map_err(|reason| invalid("oauth.client_id", reason))?;
+        if self.client_id.is_empty() {
+            return Err(invalid("oauth.client_id", "is empty".to_owned()));
+        }
+        let sources = [
+            self.client_secret_env.is_some(),
+            self.client_secret_file.is_some(),
+            self.private_key_env.is_some(),
+            self.private_key_file.is_some(),
+        ];
+        if sources.iter().filter(|set| **set).count() != 1 {
+            return Err(invalid(
+                "oauth",
+                "needs exactly one of client_secret_env, client_secret_file, private_key_env \
+                 and private_key_file"
+                    .to_owned(),
+            ));
+        }
+        for (field, var) in [
+            ("oauth.client_secret_env", &self.client_secret_env),
+            ("oauth.private_key_env", &self.private_key_env),
+        ] {
+            if let Some(var) = var
+                && !valid_env_name(var)
+            {
+                return Err(invalid(field, format!("is not a variable name: {var:?}")));
+            }
+        }
+        for (field, path) in [
+            ("oauth.client_secret_file", &self.client_secret_file),
+            ("oauth.private_key_file", &self.private_key_file),
+        ] {
+            if let Some(path) = path {
+                let text = path
+                    .to_str()
+                    .ok_or_else(|| invalid(field, "is not UTF-8".to_owned()))?;
+                check_value(text).map_err(|reason| invalid(field, reason))?;
+                if text.is_empty() {
+                    return Err(invalid(field, "is empty".to_owned()));
+                }
+            }
+        }
+        if let Some(name) = &self.signing_algorithm {
+            if self.private_key_env.is_none() && self.private_key_file.is_none() {
+                return Err(invalid(
+                    "oauth.signing_algorithm",
+                    "is for private_key_env and private_key_file only".to_owned(),
+                ));
+            }
+            if Algorithm::parse(name).is_none() {
+                return Err(invalid(
+                    "oauth.signing_algorithm",
+                    format!("is {name:?}, not one of {:?}", Algorithm::NAMES),
+                ));
+            }
+        }
+        if self.scopes.len() > MAX_ENTRIES {
+            return Err(invalid(
+                "oauth.scopes",
+                format!("has more than {MAX_ENTRIES} entries"),
+            ));
+        }
+        for scope in &self.scopes {
+            // RFC 6749, section 3.3: printable ASCII without space, `"` or `\`.
+            let valid = !scope.is_empty()
+                && scope.len() <= 256
+                && scope
+                    .bytes()
+                    .all(|b| (0x21..=0x7e).contains(&b) && b != b'"' && b != b'\\');
+            if !valid {
+                return Err(invalid(
+                    "oauth.scopes",
+                    format!("has an invalid scope {scope:?}"),
+                ));
+            }
+        }
+        if let Some(issuer) = &self.authorization_server {
+            check_value(issuer).map_err(|reason| invalid("oauth.authorization_server", reason))?;
+            let parsed = reqwest::Url::parse(issuer)
+                .map_err(|e| invalid("oauth.authorization_server", format!("is not a URL: {e}")))?;
+            if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+                return Err(invalid(
+                    "oauth.authorization_server",
+                    "must be https://host... (or http:// on loopback)".to_owned(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The settings with the variables read; a file must be readable now, though it is
+    /// read again at every token request.
+    fn settings(
+        &self,
+        server: &str,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<OAuthSettings, McpConfigError> {
+        let source = |var: &Option<String>,
+                      file: &Option<PathBuf>,
+                      field: &'static str|
+         -> Result<Option<Source>, McpConfigError> {
+            if let Some(var) = var {
+                let value = lookup(var).ok_or_else(|| McpConfigError::MissingEnv {
+                    server: server.to_owned(),
+                    var: var.clone(),
+                })?;
+                return Ok(Some(Source::Value(Secret::new(value))));
+            }
+            if let Some(path) = file {
+                std::fs::File::open(path).map_err(|e| McpConfigError::UnreadableFile {
+                    server: server.to_owned(),
+                    field,
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+                return Ok(Some(Source::File(path.clone())));
+            }
+            Ok(None)
+        };
+        let secret = source(
+            &self.client_secret_env,
+            &self.client_secret_file,
+            "oauth.client_secret_file",
+        )?;
+        let key = source(
+            &self.private_key_env,
+            &self.private_key_file,
+            "oauth.private_key_file",
+        )?;
+        let credential = match (secret, key) {
+            (Some(secret), _) => Credential::Secret(secret),
+            (None, Some(key)) => Credential::PrivateKey {
+                key,
+                algorithm: self
+                    .signing_algorithm
+                    .as_deref()
+                    .and_then(Algorithm::parse)
+                    .unwrap_or(Algorithm::Es256),
+            },
+            // Validated: exactly one source is set.
+            (None, None) => {
+                return Err(McpConfigError::InvalidField {
+                    server: server.to_owned(),
+                    field: "oauth",
+                    reason: "names no credential".to_owned(),
+                });
+            }
+        };
+        Ok(OAuthSettings {
+            client_id: self.client_id.clone(),
+            credential,
+            scopes: self.scopes.clone(),
+            authorization_server: self.authorization_server.clone(),
+        })
+    }
+}
+
 impl fmt::Debug for McpServerConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("McpServerConfig")
@@ -156,6 +401,7 @@ impl fmt::Debug for McpServerConfig {
             .field("url", &self.url)
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .field("bearer_token_env", &self.bearer_token_env)
+            .field("oauth", &self.oauth)
             .field("idempotent", &self.idempotent)
             .field("timeout_ms", &self.timeout_ms)
             .finish()
@@ -179,6 +425,8 @@ pub(crate) enum Endpoint {
         headers: Vec<(HeaderName, HeaderValue)>,
         /// Read from `bearer_token_env` at start.
         bearer_token: Option<String>,
+        /// The OAuth client, for a server with `[mcp_servers.oauth]`.
+        oauth: Option<Arc<OAuth>>,
     },
 }
 
@@ -257,6 +505,7 @@ impl McpServerConfig {
         for (field, set) in [
             ("headers", !self.headers.is_empty()),
             ("bearer_token_env", self.bearer_token_env.is_some()),
+            ("oauth", self.oauth.is_some()),
         ] {
             if set {
                 return Err(invalid(field, "is for url servers only".to_owned()));
@@ -344,6 +593,17 @@ impl McpServerConfig {
                 format!("is not a variable name: {var:?}"),
             ));
         }
+        if let Some(oauth) = &self.oauth {
+            if self.bearer_token_env.is_some() {
+                return Err(invalid(
+                    "oauth",
+                    "is not allowed with bearer_token_env: the token is either fixed or \
+                     obtained"
+                        .to_owned(),
+                ));
+            }
+            oauth.validate(&invalid)?;
+        }
         Ok(())
     }
 
@@ -374,11 +634,22 @@ impl McpServerConfig {
                 Some(var) => Some(lookup(var).ok_or_else(|| missing(var))?),
                 None => None,
             };
+            let client = crate::http::client(&self.name)?;
+            let oauth = match &self.oauth {
+                Some(oauth) => Some(Arc::new(OAuth::new(
+                    Arc::from(self.name.as_str()),
+                    url.clone(),
+                    oauth.settings(&self.name, lookup)?,
+                    client.clone(),
+                ))),
+                None => None,
+            };
             return Ok(Endpoint::Http {
-                client: crate::http::client(&self.name)?,
+                client,
                 url: url.clone(),
                 headers,
                 bearer_token,
+                oauth,
             });
         }
         let command = self.command.clone().unwrap_or_default();
@@ -634,6 +905,117 @@ bearer_token_env = "EVERYTHING_TOKEN"
                 !shown.contains("s3cret") && !shown.contains("hidden-value"),
                 "{shown}"
             );
+        }
+    }
+
+    #[test]
+    fn an_oauth_entry_names_exactly_one_credential_and_holds_none() {
+        let entry = |oauth: &str| {
+            one(&format!(
+                "name = \"crm\"\nurl = \"https://crm.example/mcp\"\n[mcp_servers.oauth]\n\
+                 client_id = \"agentloop\"\n{oauth}"
+            ))
+        };
+        for good in [
+            "client_secret_env = \"CRM_SECRET\"",
+            "client_secret_file = \"/run/secrets/crm\"\nscopes = [\"tools:read\", \"a:b/c\"]",
+            "private_key_file = \"/run/k.pem\"\nsigning_algorithm = \"RS256\"",
+            "private_key_env = \"KEY\"\nauthorization_server = \"https://sso.example\"",
+        ] {
+            entry(good).validate().unwrap();
+        }
+        let cases = [
+            ("", "oauth"),
+            (
+                "client_secret_env = \"A\"\nprivate_key_file = \"/k.pem\"",
+                "oauth",
+            ),
+            ("client_secret_env = \"1A\"", "oauth.client_secret_env"),
+            ("client_secret_file = \"\"", "oauth.client_secret_file"),
+            (
+                "client_secret_env = \"A\"\nsigning_algorithm = \"ES256\"",
+                "oauth.signing_algorithm",
+            ),
+            (
+                "private_key_env = \"A\"\nsigning_algorithm = \"HS256\"",
+                "oauth.signing_algorithm",
+            ),
+            (
+                "client_secret_env = \"A\"\nscopes = [\"a b\"]",
+                "oauth.scopes",
+            ),
+            ("client_secret_env = \"A\"\nscopes = [\"\"]", "oauth.scopes"),
+            (
+                "client_secret_env = \"A\"\nauthorization_server = \"sso\"",
+                "oauth.authorization_server",
+            ),
+        ];
+        for (text, expected) in cases {
+            match entry(text).validate() {
+                Err(McpConfigError::InvalidField { server, field, .. }) => {
+                    assert_eq!((server.as_str(), field), ("crm", expected), "{text}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        // A secret value in the entry is not a field at all.
+        let error = toml::from_str::<Registry>(
+            "[[mcp_servers]]\nname = \"a\"\nurl = \"https://h/mcp\"\n[mcp_servers.oauth]\n\
+             client_id = \"x\"\nclient_secret = \"s3cret\"\n",
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("unknown field"), "{error}");
+        // OAuth is for url servers, and not beside a fixed token.
+        let stdio = one(
+            "name = \"s\"\ncommand = \"x\"\n[mcp_servers.oauth]\nclient_id = \"x\"\n\
+             client_secret_env = \"A\"",
+        );
+        assert!(matches!(
+            stdio.validate(),
+            Err(McpConfigError::InvalidField { field: "oauth", .. })
+        ));
+        let both = one(
+            "name = \"s\"\nurl = \"https://h/mcp\"\nbearer_token_env = \"T\"\n\
+             [mcp_servers.oauth]\nclient_id = \"x\"\nclient_secret_env = \"A\"",
+        );
+        assert!(matches!(
+            both.validate(),
+            Err(McpConfigError::InvalidField { field: "oauth", .. })
+        ));
+    }
+
+    #[test]
+    fn an_oauth_secret_is_read_from_its_variable_and_its_file_must_exist() {
+        let config = |credential: &str| {
+            one(&format!(
+                "name = \"crm\"\nurl = \"https://crm.example/mcp\"\n[mcp_servers.oauth]\n\
+                 client_id = \"agentloop\"\n{credential}"
+            ))
+        };
+        let by_variable = config("client_secret_env = \"CRM_SECRET\"");
+        assert!(matches!(
+            by_variable.endpoint(&no_env),
+            Err(McpConfigError::MissingEnv { ref var, .. }) if var == "CRM_SECRET"
+        ));
+        let lookup = |var: &str| (var == "CRM_SECRET").then(|| "s3cret".to_owned());
+        let endpoint = by_variable.endpoint(&lookup).unwrap();
+        match &endpoint {
+            Endpoint::Http { oauth, .. } => assert!(oauth.is_some()),
+            other => panic!("{other:?}"),
+        }
+        assert!(!format!("{endpoint:?}").contains("s3cret"));
+
+        let missing = config("client_secret_file = \"/nonexistent/agentloop-secret\"");
+        match missing.endpoint(&no_env) {
+            Err(error @ McpConfigError::UnreadableFile { .. }) => {
+                let message = error.to_string();
+                assert!(message.contains("oauth.client_secret_file"), "{message}");
+                assert!(
+                    message.contains("/nonexistent/agentloop-secret"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
         }
     }
 

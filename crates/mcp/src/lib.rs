@@ -5,7 +5,8 @@
 //! in-process (it is a `ToolExecutorService`). The executor:
 //!
 //! - spawns a stdio server as a child process, or opens a streamable HTTP session (with
-//!   headers and a bearer token from the environment), initializes it, and keeps it
+//!   headers, and a bearer token from the environment or its own OAuth token from the
+//!   client credentials grant), initializes it, and keeps it
 //!   connected: a server that exits or is cut off is reconnected with backoff, and calls
 //!   meanwhile answer UNAVAILABLE at once ([`Health`], [`Supervision`]);
 //! - describes the server's tools (`tools/list`) as `<server>__<tool>`, with their input
@@ -37,13 +38,14 @@ mod http;
 mod link;
 mod logs;
 mod names;
+mod oauth;
 mod outcome;
 mod stdio;
 mod supervisor;
 
 pub use config::{
     DEFAULT_TIMEOUT_MS, INHERITED_ENV, MAX_ENTRIES, MAX_SERVER_NAME_BYTES, MAX_TIMEOUT_MS,
-    MAX_VALUE_BYTES, McpConfigError, McpServerConfig,
+    MAX_VALUE_BYTES, McpConfigError, McpOAuthConfig, McpServerConfig,
 };
 pub use describe::{MAX_DESCRIPTION_BYTES, MAX_PAGES, MAX_SCHEMA_BYTES, MAX_TOOLS};
 pub use executor::{EFFECT_KEY_META, McpExecutor};

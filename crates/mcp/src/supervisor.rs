@@ -268,8 +268,15 @@ async fn connect(shared: &Shared, fault: Arc<Fault>) -> Result<Session, String> 
             url,
             headers,
             bearer_token,
+            oauth,
         } => {
-            let transport = http::transport(http_client, url, headers, bearer_token.as_deref());
+            let transport = http::transport(
+                http_client,
+                url,
+                headers,
+                bearer_token.as_deref(),
+                oauth.as_ref(),
+            );
             let running = client.serve(transport).await.map_err(initialized)?;
             Ok(Session { running, pid: None })
         }

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""The client the MCP conformance suite runs: agentloop's gateway, pointed at the suite.
+
+`@modelcontextprotocol/conformance client --command "client.py"` starts a test server for
+one scenario and runs this program with the server's URL as the last argument, the
+scenario's name in MCP_CONFORMANCE_SCENARIO and, for scenarios that need credentials,
+a JSON object in MCP_CONFORMANCE_CONTEXT.
+
+It does what an operator does: it writes a tool registry whose `[[mcp_servers]]` entry
+points at the URL (credentials go to files the entry names, never into the entry), and
+a scripted model that calls the scenario's tool; then it runs one embedded invocation
+with `agentloop run` and exits with its exit code. Everything the suite checks happens
+on the wire between the gateway and the test server.
+
+AGENTLOOP_BIN names the agentloop binary (default: `agentloop` on PATH).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+SERVER = "conf"
+
+# The tool each scenario's server offers, and the arguments to call it with. A scenario
+# not listed offers no tool: the run only connects (initialize, tools/list) and answers.
+TOOLS = {
+    "tools_call": ("add_numbers", {"a": 2, "b": 3}),
+    "elicitation-sep1034-client-defaults": ("test_client_elicitation_defaults", {}),
+    "sse-retry": ("test_reconnection", {}),
+}
+AUTH_TOOL = ("test-tool", {})
+
+
+def write_secret(directory, name, value):
+    path = os.path.join(directory, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(value)
+    return path
+
+
+def toml_string(value):
+    # JSON strings are valid TOML basic strings for the characters used here.
+    return json.dumps(value)
+
+
+def oauth_section(scenario, context, directory):
+    """The entry's `[mcp_servers.oauth]` table: the credentials the suite hands out, or,
+    for an authorization scenario that hands out none, a client of the operator's own (so
+    discovery runs, and what the gateway refuses to do is seen)."""
+    if not scenario.startswith("auth/"):
+        return ""
+    if "client_id" not in context:
+        context = dict(context, client_id="agentloop-conformance", client_secret="not-registered")
+    client_id = context["client_id"]
+    lines = ["", "[mcp_servers.oauth]", f"client_id = {toml_string(client_id)}"]
+    if "client_secret" in context:
+        path = write_secret(directory, "client-secret", context["client_secret"])
+        lines.append(f"client_secret_file = {toml_string(path)}")
+    if "private_key_pem" in context:
+        path = write_secret(directory, "private-key.pem", context["private_key_pem"])
+        lines.append(f"private_key_file = {toml_string(path)}")
+        algorithm = context.get("signing_algorithm", "ES256")
+        lines.append(f"signing_algorithm = {toml_string(algorithm)}")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit("usage: client.py SERVER_URL (run by the MCP conformance suite)")
+    url = sys.argv[-1]
+    scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
+    context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
+    binary = os.environ.get("AGENTLOOP_BIN", "agentloop")
+
+    with tempfile.TemporaryDirectory(prefix="agentloop-conformance-") as directory:
+        registry = os.path.join(directory, "tools.toml")
+        with open(registry, "w") as out:
+            out.write("[[mcp_servers]]\n")
+            out.write(f"name = {toml_string(SERVER)}\n")
+            out.write(f"url = {toml_string(url)}\n")
+            out.write("timeout_ms = 20000\n")
+            out.write(oauth_section(scenario, context, directory))
+
+        tool = TOOLS.get(scenario) or (AUTH_TOOL if scenario.startswith("auth/") else None)
+        turns = []
+        if tool is not None:
+            name, arguments = tool
+            turns.append({"tool_calls": [
+                {"id": "c1", "name": f"{SERVER}__{name}", "arguments": arguments}]})
+            turns.append({"final": f"called {name}", "evidence": ["c1"]})
+        else:
+            turns.append({"final": "connected"})
+        script = os.path.join(directory, "script.json")
+        with open(script, "w") as out:
+            json.dump({"turns": turns}, out)
+
+        run = subprocess.run(
+            [binary, "--data-dir", os.path.join(directory, "data"), "run",
+             "--tools", registry, "--script", script,
+             "--goal", f"MCP conformance scenario {scenario}"],
+            check=False,
+        )
+        sys.exit(run.returncode)
+
+
+if __name__ == "__main__":
+    main()
