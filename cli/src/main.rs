@@ -26,6 +26,7 @@ use embedded::{Embedded, HttpAt, HttpFlag, MetricsAt, Serving};
 
 mod embedded;
 mod eval;
+mod mcp;
 mod model;
 mod replay;
 
@@ -353,11 +354,42 @@ enum Command {
         #[command(subcommand)]
         command: policy::PolicyCommand,
     },
+    /// MCP servers of a tool registry: `login` authorizes the gateway for a server that
+    /// wants a user's consent.
+    Mcp {
+        #[command(subcommand)]
+        command: McpCommand,
+    },
     /// An example end to end: two parallel lookups, then an answer that cites both.
     Demo {
         /// JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+}
+
+/// What an operator does for an MCP server.
+#[derive(Debug, Subcommand)]
+enum McpCommand {
+    /// Authorizes the gateway for an MCP server whose `[mcp_servers.oauth]` has a
+    /// `token_file` (the OAuth authorization code grant): prints a URL to open in a
+    /// browser, waits for the authorization server to send the browser back here, and
+    /// writes the client and its tokens to the token file, which the gateway then
+    /// refreshes alone. The URL goes to stdout, everything else to stderr.
+    Login {
+        /// The server's `name` in the registry.
+        server: String,
+        /// The tool registry (TOML) holding the server's entry.
+        #[arg(long)]
+        tools: PathBuf,
+        /// Where the browser is sent back to (loopback; port 0 picks a free one). A
+        /// pre-registered client needs the redirect URI it was registered with:
+        /// `http://ADDRESS/callback`.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+        /// How long to wait for the browser.
+        #[arg(long, default_value = "10m", value_parser = client::parse_duration)]
+        wait: std::time::Duration,
     },
 }
 
@@ -1101,6 +1133,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::Policy { command } => policy::run(command),
+        Command::Mcp {
+            command:
+                McpCommand::Login {
+                    server,
+                    tools,
+                    listen,
+                    wait,
+                },
+        } => mcp::login(&server, &tools, listen, wait).await,
         Command::Demo { json } => {
             let resume_flags = data_dir_flag(&cli.data_dir);
             let running = local(StackOptions::embedded(cli.data_dir)).await?;

@@ -12,6 +12,11 @@ a scripted model that calls the scenario's tool; then it runs one embedded invoc
 with `agentloop run` and exits with its exit code. Everything the suite checks happens
 on the wire between the gateway and the test server.
 
+An authorization scenario that hands out client credentials takes the client
+credentials grant. Any other one is an operator's login first (`agentloop mcp login`,
+the authorization code grant): this program plays the operator's browser, opening the
+URL the login prints and following the authorization server's redirect back to it.
+
 AGENTLOOP_BIN names the agentloop binary (default: `agentloop` on PATH).
 """
 
@@ -20,8 +25,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.request
 
 SERVER = "conf"
+# Where the operator would publish the gateway's client metadata document (SEP-991): the
+# suite's own stand-in for one, which its authorization servers take as a client ID.
+CLIENT_METADATA_URL = "https://conformance-test.local/client-metadata.json"
 
 # The tool each scenario's server offers, and the arguments to call it with. A scenario
 # not listed offers no tool: the run only connects (initialize, tools/list) and answers.
@@ -46,25 +55,48 @@ def toml_string(value):
     return json.dumps(value)
 
 
+def client_credentials(scenario):
+    return scenario.startswith("auth/client-credentials-")
+
+
 def oauth_section(scenario, context, directory):
-    """The entry's `[mcp_servers.oauth]` table: the credentials the suite hands out, or,
-    for an authorization scenario that hands out none, a client of the operator's own (so
-    discovery runs, and what the gateway refuses to do is seen)."""
+    """The entry's `[mcp_servers.oauth]` table: the client credentials the suite hands
+    out, or a token file for a login (with the pre-registered client, if any)."""
     if not scenario.startswith("auth/"):
         return ""
-    if "client_id" not in context:
-        context = dict(context, client_id="agentloop-conformance", client_secret="not-registered")
-    client_id = context["client_id"]
-    lines = ["", "[mcp_servers.oauth]", f"client_id = {toml_string(client_id)}"]
+    lines = ["", "[mcp_servers.oauth]"]
+    if "client_id" in context:
+        lines.append(f"client_id = {toml_string(context['client_id'])}")
     if "client_secret" in context:
         path = write_secret(directory, "client-secret", context["client_secret"])
         lines.append(f"client_secret_file = {toml_string(path)}")
-    if "private_key_pem" in context:
-        path = write_secret(directory, "private-key.pem", context["private_key_pem"])
-        lines.append(f"private_key_file = {toml_string(path)}")
-        algorithm = context.get("signing_algorithm", "ES256")
-        lines.append(f"signing_algorithm = {toml_string(algorithm)}")
+    if client_credentials(scenario):
+        if "private_key_pem" in context:
+            path = write_secret(directory, "private-key.pem", context["private_key_pem"])
+            lines.append(f"private_key_file = {toml_string(path)}")
+            algorithm = context.get("signing_algorithm", "ES256")
+            lines.append(f"signing_algorithm = {toml_string(algorithm)}")
+    else:
+        lines.append(f"token_file = {toml_string(os.path.join(directory, 'token.json'))}")
+        if "client_id" not in context:
+            lines.append(f"client_metadata_url = {toml_string(CLIENT_METADATA_URL)}")
     return "\n".join(lines) + "\n"
+
+
+def login(binary, registry):
+    """`agentloop mcp login`, with this program as the browser: the URL it prints is
+    opened, and the authorization server's redirect followed back to the login."""
+    process = subprocess.Popen(
+        [binary, "mcp", "login", SERVER, "--tools", registry, "--wait", "20s"],
+        stdout=subprocess.PIPE, text=True)
+    url = process.stdout.readline().strip()
+    if url:
+        try:
+            with urllib.request.urlopen(url, timeout=20) as page:
+                page.read()
+        except OSError as error:
+            print(f"the browser could not follow {url}: {error}", file=sys.stderr)
+    return process.wait(timeout=30)
 
 
 def main():
@@ -96,6 +128,11 @@ def main():
         script = os.path.join(directory, "script.json")
         with open(script, "w") as out:
             json.dump({"turns": turns}, out)
+
+        if scenario.startswith("auth/") and not client_credentials(scenario):
+            code = login(binary, registry)
+            if code != 0:
+                sys.exit(code)
 
         run = subprocess.run(
             [binary, "--data-dir", os.path.join(directory, "data"), "run",

@@ -407,7 +407,8 @@ fn every_page_links_only_to_what_exists_and_cites_nothing_outside() {
 }
 
 /// Every file of the repository's own text (sources, manifests, contracts, pages,
-/// scripts), relative to `root`; build output and git's folder are not the repository.
+/// scripts), relative to `root`; build output, installed npm packages and git's folder
+/// are not the repository.
 fn repository_texts(root: &Path, folder: &Path, found: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(root.join(folder)) else {
         return;
@@ -416,14 +417,19 @@ fn repository_texts(root: &Path, folder: &Path, found: &mut Vec<PathBuf>) {
         let relative = folder.join(entry.file_name());
         let name = entry.file_name();
         if entry.path().is_dir() {
-            if !matches!(name.to_str(), Some("target" | ".git" | ".agentloop")) {
+            if !matches!(
+                name.to_str(),
+                Some("target" | ".git" | ".agentloop" | "node_modules")
+            ) {
                 repository_texts(root, &relative, found);
             }
         } else if relative == Path::new(".ci/run")
             || relative
                 .extension()
                 .and_then(|ext| ext.to_str())
-                .is_some_and(|ext| matches!(ext, "rs" | "toml" | "proto" | "md" | "sh" | "yaml"))
+                .is_some_and(|ext| {
+                    matches!(ext, "rs" | "toml" | "proto" | "md" | "sh" | "yaml" | "py")
+                })
         {
             found.push(relative);
         }

@@ -29,7 +29,7 @@ use std::time::Duration;
 use reqwest::header::{HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
-use crate::oauth::{Algorithm, Credential, OAuth, OAuthSettings, Secret, Source};
+use crate::oauth::{Algorithm, Credential, Grant, OAuth, OAuthSettings, Secret, Source};
 
 /// Longest server name, in bytes. With the `__` separator it leaves 30 bytes of the
 /// 64 a model API accepts in a function name for the tool's own name.
@@ -174,17 +174,33 @@ fn default_timeout_ms() -> u64 {
 }
 
 /// The `[mcp_servers.oauth]` table of a streamable HTTP server that wants an OAuth access
-/// token: the gateway takes the client credentials grant (MCP's SEP-1046) with the
-/// authorization server the MCP server names, and authenticates with a client secret or
-/// a private key. Exactly one of `client_secret_env`, `client_secret_file`,
-/// `private_key_env` and `private_key_file` is set: the entry names where a credential
-/// is, never holds it. Variables are read at start; files at every token request, so a
-/// rotated secret is picked up.
+/// token, from the authorization server the MCP server names. Two grants:
+///
+/// - **client credentials** (MCP's SEP-1046), without `token_file`: the gateway
+///   authenticates as `client_id` with exactly one of `client_secret_env`,
+///   `client_secret_file`, `private_key_env` and `private_key_file`;
+/// - **authorization code**, with `token_file`: an operator authorizes once with
+///   `agentloop mcp login` (registering a client unless `client_id` is set), and the
+///   gateway refreshes the tokens that login left in the file.
+///
+/// The entry names where a credential is, never holds it. Variables are read at start;
+/// files at every token request, so a rotated secret is picked up.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpOAuthConfig {
-    /// The client's ID at the authorization server.
-    pub client_id: String,
+    /// The client's ID at the authorization server: required for client credentials;
+    /// with `token_file`, a pre-registered client (else login registers one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    /// The authorization code grant: where `agentloop mcp login` writes the client and its
+    /// tokens, and the gateway reads and refreshes them (mode 0600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// With `token_file` and no `client_id`: the `https` URL where the operator publishes
+    /// the gateway's client metadata document, used as its client ID by an authorization
+    /// server that takes such IDs (instead of registering a client).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_metadata_url: Option<String>,
     /// The environment variable holding the client secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_secret_env: Option<String>,
@@ -217,6 +233,8 @@ impl fmt::Debug for McpOAuthConfig {
         // Only names of variables and files: the entry never holds a credential.
         f.debug_struct("McpOAuthConfig")
             .field("client_id", &self.client_id)
+            .field("token_file", &self.token_file)
+            .field("client_metadata_url", &self.client_metadata_url)
             .field("client_secret_env", &self.client_secret_env)
             .field("client_secret_file", &self.client_secret_file)
             .field("private_key_env", &self.private_key_env)
@@ -233,23 +251,81 @@ impl McpOAuthConfig {
         &self,
         invalid: &impl Fn(&'static str, String) -> McpConfigError,
     ) -> Result<(), McpConfigError> {
-        check_value(&self.client_id).map_err(|reason| invalid("oauth.client_id", reason))?;
-        if self.client_id.is_empty() {
-            return Err(invalid("oauth.client_id", "is empty".to_owned()));
+        if let Some(client_id) = &self.client_id {
+            check_value(client_id).map_err(|reason| invalid("oauth.client_id", reason))?;
+            if client_id.is_empty() {
+                return Err(invalid("oauth.client_id", "is empty".to_owned()));
+            }
         }
-        let sources = [
-            self.client_secret_env.is_some(),
-            self.client_secret_file.is_some(),
-            self.private_key_env.is_some(),
-            self.private_key_file.is_some(),
-        ];
-        if sources.iter().filter(|set| **set).count() != 1 {
-            return Err(invalid(
-                "oauth",
-                "needs exactly one of client_secret_env, client_secret_file, private_key_env \
-                 and private_key_file"
-                    .to_owned(),
-            ));
+        let secrets = usize::from(self.client_secret_env.is_some())
+            + usize::from(self.client_secret_file.is_some());
+        let keys = usize::from(self.private_key_env.is_some())
+            + usize::from(self.private_key_file.is_some());
+        if let Some(token_file) = &self.token_file {
+            let text = token_file
+                .to_str()
+                .ok_or_else(|| invalid("oauth.token_file", "is not UTF-8".to_owned()))?;
+            check_value(text).map_err(|reason| invalid("oauth.token_file", reason))?;
+            if text.is_empty() {
+                return Err(invalid("oauth.token_file", "is empty".to_owned()));
+            }
+            if keys > 0 {
+                return Err(invalid(
+                    "oauth",
+                    "private_key_env and private_key_file are for the client credentials grant, \
+                     not with token_file"
+                        .to_owned(),
+                ));
+            }
+            if secrets > 1 {
+                return Err(invalid(
+                    "oauth",
+                    "takes at most one of client_secret_env and client_secret_file".to_owned(),
+                ));
+            }
+            if let Some(document) = &self.client_metadata_url {
+                check_value(document)
+                    .map_err(|reason| invalid("oauth.client_metadata_url", reason))?;
+                let parsed = reqwest::Url::parse(document).ok();
+                let https_with_path = parsed.as_ref().is_some_and(|u| {
+                    u.scheme() == "https" && u.path() != "/" && u.host().is_some()
+                });
+                if !https_with_path || self.client_id.is_some() {
+                    return Err(invalid(
+                        "oauth.client_metadata_url",
+                        "must be an https URL with a path, and is instead of client_id".to_owned(),
+                    ));
+                }
+            }
+            if secrets == 1 && self.client_id.is_none() {
+                return Err(invalid(
+                    "oauth.client_id",
+                    "is needed with a client secret (a pre-registered client)".to_owned(),
+                ));
+            }
+        } else {
+            if self.client_id.is_none() {
+                return Err(invalid(
+                    "oauth.client_id",
+                    "is needed for the client credentials grant (or set token_file for a \
+                     login)"
+                        .to_owned(),
+                ));
+            }
+            if self.client_metadata_url.is_some() {
+                return Err(invalid(
+                    "oauth.client_metadata_url",
+                    "is for a login (with token_file)".to_owned(),
+                ));
+            }
+            if secrets + keys != 1 {
+                return Err(invalid(
+                    "oauth",
+                    "needs exactly one of client_secret_env, client_secret_file, \
+                     private_key_env and private_key_file"
+                        .to_owned(),
+                ));
+            }
         }
         for (field, var) in [
             ("oauth.client_secret_env", &self.client_secret_env),
@@ -323,70 +399,124 @@ impl McpOAuthConfig {
         Ok(())
     }
 
-    /// The settings with the variables read; a file must be readable now, though it is
-    /// read again at every token request.
+    /// The settings with the variables read; a credential file must be readable now,
+    /// though it is read again at every token request. A token file is read when the
+    /// server first asks for a token: until a login writes it, the server is down.
     fn settings(
         &self,
         server: &str,
         lookup: &dyn Fn(&str) -> Option<String>,
     ) -> Result<OAuthSettings, McpConfigError> {
-        let source = |var: &Option<String>,
-                      file: &Option<PathBuf>,
-                      field: &'static str|
-         -> Result<Option<Source>, McpConfigError> {
-            if let Some(var) = var {
-                let value = lookup(var).ok_or_else(|| McpConfigError::MissingEnv {
-                    server: server.to_owned(),
-                    var: var.clone(),
-                })?;
-                return Ok(Some(Source::Value(Secret::new(value))));
-            }
-            if let Some(path) = file {
-                std::fs::File::open(path).map_err(|e| McpConfigError::UnreadableFile {
-                    server: server.to_owned(),
-                    field,
-                    path: path.display().to_string(),
-                    reason: e.to_string(),
-                })?;
-                return Ok(Some(Source::File(path.clone())));
-            }
-            Ok(None)
-        };
-        let secret = source(
-            &self.client_secret_env,
-            &self.client_secret_file,
-            "oauth.client_secret_file",
-        )?;
-        let key = source(
-            &self.private_key_env,
-            &self.private_key_file,
-            "oauth.private_key_file",
-        )?;
-        let credential = match (secret, key) {
-            (Some(secret), _) => Credential::Secret(secret),
-            (None, Some(key)) => Credential::PrivateKey {
-                key,
-                algorithm: self
-                    .signing_algorithm
-                    .as_deref()
-                    .and_then(Algorithm::parse)
-                    .unwrap_or(Algorithm::Es256),
+        let grant = match (&self.token_file, &self.client_id) {
+            (Some(token_file), _) => Grant::Login {
+                token_file: token_file.clone(),
             },
-            // Validated: exactly one source is set.
-            (None, None) => {
-                return Err(McpConfigError::InvalidField {
-                    server: server.to_owned(),
-                    field: "oauth",
-                    reason: "names no credential".to_owned(),
-                });
+            (None, Some(client_id)) => {
+                let secret = self.source(
+                    server,
+                    lookup,
+                    &self.client_secret_env,
+                    &self.client_secret_file,
+                    "oauth.client_secret_file",
+                )?;
+                let key = self.source(
+                    server,
+                    lookup,
+                    &self.private_key_env,
+                    &self.private_key_file,
+                    "oauth.private_key_file",
+                )?;
+                let credential = match (secret, key) {
+                    (Some(secret), _) => Credential::Secret(secret),
+                    (None, Some(key)) => Credential::PrivateKey {
+                        key,
+                        algorithm: self
+                            .signing_algorithm
+                            .as_deref()
+                            .and_then(Algorithm::parse)
+                            .unwrap_or(Algorithm::Es256),
+                    },
+                    (None, None) => return Err(no_credential(server)),
+                };
+                Grant::ClientCredentials {
+                    client_id: client_id.clone(),
+                    credential,
+                }
             }
+            // Validated: client credentials always name a client.
+            (None, None) => return Err(no_credential(server)),
         };
         Ok(OAuthSettings {
-            client_id: self.client_id.clone(),
-            credential,
+            grant,
             scopes: self.scopes.clone(),
             authorization_server: self.authorization_server.clone(),
         })
+    }
+
+    /// The client secret, read now (a login's pre-registered client).
+    pub(crate) fn client_secret(
+        &self,
+        server: &str,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<String>, McpConfigError> {
+        let Some(source) = self.source(
+            server,
+            lookup,
+            &self.client_secret_env,
+            &self.client_secret_file,
+            "oauth.client_secret_file",
+        )?
+        else {
+            return Ok(None);
+        };
+        match source {
+            Source::Value(secret) => Ok(Some(secret.expose().to_owned())),
+            Source::File(path) => std::fs::read_to_string(&path)
+                .map(|text| Some(text.trim_end_matches(['\r', '\n']).to_owned()))
+                .map_err(|e| McpConfigError::UnreadableFile {
+                    server: server.to_owned(),
+                    field: "oauth.client_secret_file",
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                }),
+        }
+    }
+
+    /// Where a credential is: a variable's value (read now), or a file that must be
+    /// readable now.
+    fn source(
+        &self,
+        server: &str,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        var: &Option<String>,
+        file: &Option<PathBuf>,
+        field: &'static str,
+    ) -> Result<Option<Source>, McpConfigError> {
+        if let Some(var) = var {
+            let value = lookup(var).ok_or_else(|| McpConfigError::MissingEnv {
+                server: server.to_owned(),
+                var: var.clone(),
+            })?;
+            return Ok(Some(Source::Value(Secret::new(value))));
+        }
+        if let Some(path) = file {
+            std::fs::File::open(path).map_err(|e| McpConfigError::UnreadableFile {
+                server: server.to_owned(),
+                field,
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            return Ok(Some(Source::File(path.clone())));
+        }
+        Ok(None)
+    }
+}
+
+fn no_credential(server: &str) -> McpConfigError {
+    McpConfigError::InvalidField {
+        server: server.to_owned(),
+        field: "oauth",
+        reason: "names no credential".to_owned(),
     }
 }
 
@@ -981,6 +1111,65 @@ bearer_token_env = "EVERYTHING_TOKEN"
         assert!(matches!(
             both.validate(),
             Err(McpConfigError::InvalidField { field: "oauth", .. })
+        ));
+    }
+
+    #[test]
+    fn a_login_entry_names_its_token_file_and_at_most_a_preregistered_client() {
+        let entry = |oauth: &str| {
+            one(&format!(
+                "name = \"gh\"\nurl = \"https://gh.example/mcp\"\n[mcp_servers.oauth]\n\
+                 token_file = \"/var/lib/agentloop/gh.json\"\n{oauth}"
+            ))
+        };
+        for good in [
+            "",
+            "client_id = \"pre\"",
+            "client_id = \"pre\"\nclient_secret_env = \"GH_SECRET\"",
+            "client_metadata_url = \"https://agent.example/client.json\"",
+            "scopes = [\"repo\"]",
+        ] {
+            entry(good).validate().unwrap();
+        }
+        let cases = [
+            ("private_key_file = \"/k.pem\"", "oauth"),
+            ("client_secret_env = \"A\"", "oauth.client_id"),
+            (
+                "client_id = \"x\"\nclient_secret_env = \"A\"\nclient_secret_file = \"/s\"",
+                "oauth",
+            ),
+            (
+                "client_metadata_url = \"http://agent.example/client.json\"",
+                "oauth.client_metadata_url",
+            ),
+            (
+                "client_metadata_url = \"https://agent.example/\"",
+                "oauth.client_metadata_url",
+            ),
+            (
+                "client_id = \"x\"\nclient_metadata_url = \"https://agent.example/c.json\"",
+                "oauth.client_metadata_url",
+            ),
+        ];
+        for (text, expected) in cases {
+            match entry(text).validate() {
+                Err(McpConfigError::InvalidField { server, field, .. }) => {
+                    assert_eq!((server.as_str(), field), ("gh", expected), "{text}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        // Client credentials need a client and may not name a document.
+        let client_credentials = one(
+            "name = \"c\"\nurl = \"https://c.example/mcp\"\n[mcp_servers.oauth]\n\
+             client_secret_env = \"A\"",
+        );
+        assert!(matches!(
+            client_credentials.validate(),
+            Err(McpConfigError::InvalidField {
+                field: "oauth.client_id",
+                ..
+            })
         ));
     }
 

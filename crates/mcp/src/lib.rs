@@ -36,12 +36,14 @@ mod error;
 mod executor;
 mod http;
 mod link;
+mod login;
 mod logs;
 mod names;
 mod oauth;
 mod outcome;
 mod stdio;
 mod supervisor;
+mod token_file;
 
 pub use config::{
     DEFAULT_TIMEOUT_MS, INHERITED_ENV, MAX_ENTRIES, MAX_SERVER_NAME_BYTES, MAX_TIMEOUT_MS,
@@ -49,6 +51,7 @@ pub use config::{
 };
 pub use describe::{MAX_DESCRIPTION_BYTES, MAX_PAGES, MAX_SCHEMA_BYTES, MAX_TOOLS};
 pub use executor::{EFFECT_KEY_META, McpExecutor};
+pub use login::{Login, McpLoginError, login};
 pub use names::MAX_TOOL_NAME_BYTES;
 pub use outcome::{MAX_ERROR_MESSAGE_BYTES, MAX_OUTPUT_BYTES};
 pub use stdio::MAX_MESSAGE_BYTES;

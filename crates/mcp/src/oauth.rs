@@ -1,7 +1,9 @@
-//! OAuth for a streamable HTTP server that asks for a token: the gateway is a confidential
-//! client with no user behind it, so it takes the client credentials grant (the MCP
-//! extension SEP-1046), authenticated by a secret (`client_secret_basic` or
-//! `client_secret_post`) or a signed JWT (`private_key_jwt`, RFC 7523).
+//! OAuth for a streamable HTTP server that asks for a token. The gateway has no user
+//! behind it, so it either takes the client credentials grant (the MCP extension
+//! SEP-1046) as a confidential client, authenticated by a secret (`client_secret_basic`
+//! or `client_secret_post`) or a signed JWT (`private_key_jwt`, RFC 7523); or it uses
+//! the refresh token an operator's login left in a token file (the authorization code
+//! grant, [`crate::login`]).
 //!
 //! It is reactive, as the MCP authorization spec is: the first request goes out without a
 //! token, and the server's `401` names what to do (`WWW-Authenticate`). Discovery (the
@@ -23,11 +25,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use rmcp::transport::auth::{
-    AuthError, AuthorizationManager, AuthorizationMetadata, WWWAuthenticateParams,
+    AuthError, AuthorizationManager, AuthorizationMetadata, OAuthClientConfig,
+    WWWAuthenticateParams,
 };
 use serde::Deserialize;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
+
+use crate::token_file::TokenFile;
 
 /// Longest a token request may take, connection included.
 const TOKEN_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -55,7 +60,7 @@ impl Secret {
         Secret(value)
     }
 
-    fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -189,11 +194,22 @@ pub(crate) enum Credential {
     PrivateKey { key: Source, algorithm: Algorithm },
 }
 
+/// How the gateway gets its tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Grant {
+    /// Client credentials, asked for whenever a token is needed.
+    ClientCredentials {
+        client_id: String,
+        credential: Credential,
+    },
+    /// An operator's login: the token file holds the client and the refresh token.
+    Login { token_file: PathBuf },
+}
+
 /// What an `[mcp_servers.oauth]` entry says, once validated and with its variables read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct OAuthSettings {
-    pub(crate) client_id: String,
-    pub(crate) credential: Credential,
+    pub(crate) grant: Grant,
     /// Asked for instead of the ones the server names, when set.
     pub(crate) scopes: Vec<String>,
     /// The only authorization server (its issuer) credentials may be sent to.
@@ -212,6 +228,8 @@ struct Discovered {
     metadata: AuthorizationMetadata,
     /// The scopes the challenge or the resource metadata named.
     scopes: Vec<String>,
+    /// For a login's grant: rmcp's client, configured as at login, over the token file.
+    login: Option<(AuthorizationManager, TokenFile)>,
 }
 
 #[derive(Default)]
@@ -238,7 +256,7 @@ impl fmt::Debug for OAuth {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OAuth")
             .field("resource", &self.resource)
-            .field("client_id", &self.settings.client_id)
+            .field("grant", &self.settings.grant)
             .finish_non_exhaustive()
     }
 }
@@ -271,7 +289,9 @@ impl OAuth {
         if state.discovered.is_none() {
             return Ok(None);
         }
-        self.obtain(&mut state).await.map(Some)
+        // The token in use has run out: a login's must be refreshed.
+        let stale = state.token.is_some();
+        self.obtain(&mut state, stale).await.map(Some)
     }
 
     /// After a `401`: a new token, unless another request has got one since `rejected`
@@ -292,7 +312,7 @@ impl OAuth {
         if state.discovered.is_none() {
             state.discovered = Some(self.discover(challenge).await?);
         }
-        self.obtain(&mut state).await
+        self.obtain(&mut state, rejected.is_some()).await
     }
 
     /// After a `403 insufficient_scope`: a token for the scopes held so far and the ones
@@ -322,6 +342,12 @@ impl OAuth {
                 "the server refused the token (403) without naming the scope it needs".to_owned(),
             ));
         };
+        if let Grant::Login { .. } = self.settings.grant {
+            return Err(AuthError::InvalidScope(format!(
+                "the server needs the scope {required:?}, which the login did not ask for: add \
+                 it to `oauth.scopes` and run `agentloop mcp login` again"
+            )));
+        }
         if state.upgrades >= MAX_SCOPE_UPGRADES {
             return Err(AuthError::InvalidScope(format!(
                 "the server still asks for more scope after {MAX_SCOPE_UPGRADES} step-ups"
@@ -342,7 +368,7 @@ impl OAuth {
         if state.discovered.is_none() {
             state.discovered = Some(self.discover(challenge).await?);
         }
-        self.obtain(&mut state).await
+        self.obtain(&mut state, false).await
     }
 
     /// The authorization server's metadata and the scopes to ask for, starting from the
@@ -353,41 +379,70 @@ impl OAuth {
             .resolve_metadata_from_challenge(Some(challenge))
             .await?;
         let metadata = resolution.metadata;
-        if let Some(pinned) = &self.settings.authorization_server {
-            let issuer = metadata.issuer.as_deref().unwrap_or_default();
-            if issuer.trim_end_matches('/') != pinned.trim_end_matches('/') {
-                return Err(AuthError::ClientCredentialsError(format!(
-                    "the server names the authorization server {issuer:?}, not the configured \
-                     {pinned:?}; no credentials were sent"
-                )));
-            }
-        }
-        // A client without a user has no use for a refresh token: offline_access is not
-        // asked for.
+        check_issuer(self.settings.authorization_server.as_deref(), &metadata)?;
+        // Client credentials need no refresh token: offline_access is not asked for.
         let scopes = manager
             .select_initial_scopes(&[])
             .await
             .into_iter()
             .filter(|scope| scope != "offline_access")
             .collect();
-        Ok(Discovered { metadata, scopes })
+        let login = match &self.settings.grant {
+            Grant::ClientCredentials { .. } => None,
+            Grant::Login { token_file } => {
+                let (file, client) = TokenFile::open(token_file.clone()).map_err(|e| {
+                    AuthError::InternalError(format!(
+                        "{e} (run `agentloop mcp login {}` to authorize the gateway)",
+                        self.server
+                    ))
+                })?;
+                let mut manager = manager;
+                manager.set_metadata(metadata.clone());
+                manager.set_credential_store(file.clone());
+                let mut client_config =
+                    OAuthClientConfig::new(client.client_id, client.redirect_uri);
+                if let Some(secret) = client.client_secret {
+                    client_config = client_config.with_client_secret(secret);
+                }
+                manager.configure_client(client_config)?;
+                Some((manager, file))
+            }
+        };
+        Ok(Discovered {
+            metadata,
+            scopes,
+            login,
+        })
     }
 
-    /// Asks the authorization server for a token and keeps it. A failure forgets what
-    /// discovery found, so the next attempt starts over from the server's challenge
-    /// (the authorization server may have moved).
-    async fn obtain(&self, state: &mut State) -> Result<String, AuthError> {
-        let token = self.request_token(state).await;
+    /// Asks the authorization server for a token and keeps it; `stale` says the last
+    /// one was refused or ran out (a login's token file may still hold it). A failure
+    /// forgets what discovery found, so the next attempt starts over from the server's
+    /// challenge (the authorization server may have moved).
+    async fn obtain(&self, state: &mut State, stale: bool) -> Result<String, AuthError> {
+        let token = self.request_token(state, stale).await;
         if token.is_err() {
             state.discovered = None;
         }
         token
     }
 
-    async fn request_token(&self, state: &mut State) -> Result<String, AuthError> {
+    async fn request_token(&self, state: &mut State, stale: bool) -> Result<String, AuthError> {
         let Some(discovered) = &state.discovered else {
             return Err(AuthError::AuthorizationRequired);
         };
+        if let Some((manager, file)) = &discovered.login {
+            return self
+                .refresh(stale, manager, file)
+                .await
+                .map(|(value, renew_at)| {
+                    state.token = Some(Token {
+                        value: Secret(value.clone()),
+                        renew_at,
+                    });
+                    value
+                });
+        }
         let metadata = &discovered.metadata;
         let endpoint = url::Url::parse(&metadata.token_endpoint).map_err(|e| {
             AuthError::ClientCredentialsError(format!("the token endpoint is not a URL: {e}"))
@@ -412,11 +467,21 @@ impl OAuth {
 
         // The credential is read (a file may be) before the form is built: the encoder
         // must not be held across an await.
-        let (credential, algorithm) = match &self.settings.credential {
+        let Grant::ClientCredentials {
+            client_id,
+            credential,
+        } = &self.settings.grant
+        else {
+            return Err(AuthError::InternalError(
+                "not a client credentials grant".to_owned(),
+            ));
+        };
+        let (credential, algorithm) = match credential {
             Credential::Secret(source) => (source.read().await?, None),
             Credential::PrivateKey { key, algorithm } => (key.read().await?, Some(*algorithm)),
         };
-        let (authorization, body) = self.token_form(metadata, &scopes, &credential, algorithm)?;
+        let (authorization, body) =
+            self.token_form(metadata, &scopes, client_id, &credential, algorithm)?;
         let mut request = self
             .http
             .post(endpoint.as_str())
@@ -472,12 +537,74 @@ impl OAuth {
         Ok(value)
     }
 
+    /// A login's token: the one in the file while it is fresh, else (and whenever the
+    /// one in use was given up) one from the refresh token, written back to the file.
+    async fn refresh(
+        &self,
+        stale: bool,
+        manager: &AuthorizationManager,
+        file: &TokenFile,
+    ) -> Result<(String, Instant), AuthError> {
+        let value = if stale {
+            let response = manager.refresh_token().await.map_err(|e| {
+                if let AuthError::TokenRefreshRejected(reason)
+                | AuthError::TokenRefreshFailed(reason) = &e
+                {
+                    AuthError::TokenRefreshFailed(format!(
+                        "{reason} (if the authorization was revoked, run `agentloop mcp login \
+                         {}` again)",
+                        self.server
+                    ))
+                } else {
+                    e
+                }
+            })?;
+            response_field(&response, "access_token")
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .ok_or_else(|| {
+                    AuthError::TokenRefreshFailed(
+                        "the refresh answer has no access token".to_owned(),
+                    )
+                })?
+        } else {
+            manager.get_access_token().await?
+        };
+        let stored = file.last();
+        let lifetime = stored
+            .as_ref()
+            .and_then(|s| s.token_response.as_ref())
+            .and_then(|response| response_field(response, "expires_in"))
+            .and_then(|v| v.as_u64())
+            .map(Duration::from_secs)
+            .unwrap_or(MAX_TOKEN_LIFETIME)
+            .min(MAX_TOKEN_LIFETIME);
+        let age = stored
+            .and_then(|s| s.token_received_at)
+            .map(|received| {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs();
+                Duration::from_secs(now.saturating_sub(received))
+            })
+            .unwrap_or_default();
+        let left = lifetime.saturating_sub(age);
+        let renew_at = Instant::now() + left.saturating_sub(RENEW_MARGIN.min(lifetime / 2));
+        tracing::info!(
+            server = &*self.server,
+            expires_in_s = left.as_secs(),
+            "using the login's access token for the MCP server"
+        );
+        Ok((value, renew_at))
+    }
+
     /// The token request's `Authorization` header (for `client_secret_basic`) and form
     /// body.
     fn token_form(
         &self,
         metadata: &AuthorizationMetadata,
         scopes: &[String],
+        client_id: &str,
         credential: &Secret,
         algorithm: Option<Algorithm>,
     ) -> Result<(Option<HeaderValue>, String), AuthError> {
@@ -491,11 +618,10 @@ impl OAuth {
         match algorithm {
             None => match secret_method(metadata)? {
                 SecretMethod::Basic => {
-                    authorization =
-                        Some(basic_authorization(&self.settings.client_id, credential)?);
+                    authorization = Some(basic_authorization(client_id, credential)?);
                 }
                 SecretMethod::Post => {
-                    form.append_pair("client_id", &self.settings.client_id);
+                    form.append_pair("client_id", client_id);
                     form.append_pair("client_secret", credential.expose());
                 }
             },
@@ -505,8 +631,7 @@ impl OAuth {
                     .issuer
                     .clone()
                     .unwrap_or_else(|| metadata.token_endpoint.clone());
-                let assertion =
-                    assertion(&self.settings.client_id, &audience, credential, algorithm)?;
+                let assertion = assertion(client_id, &audience, credential, algorithm)?;
                 form.append_pair(
                     "client_assertion_type",
                     "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
@@ -516,6 +641,33 @@ impl OAuth {
         }
         Ok((authorization, form.finish()))
     }
+}
+
+/// A field of a token response as RFC 6749 writes it (rmcp keeps the `oauth2` crate's
+/// type, whose accessors are behind a trait it does not export).
+fn response_field(
+    response: &rmcp::transport::auth::OAuthTokenResponse,
+    field: &str,
+) -> Option<serde_json::Value> {
+    serde_json::to_value(response).ok()?.get(field).cloned()
+}
+
+/// Refuses an authorization server other than the pinned one, before anything is sent.
+pub(crate) fn check_issuer(
+    pinned: Option<&str>,
+    metadata: &AuthorizationMetadata,
+) -> Result<(), AuthError> {
+    let Some(pinned) = pinned else {
+        return Ok(());
+    };
+    let issuer = metadata.issuer.as_deref().unwrap_or_default();
+    if issuer.trim_end_matches('/') == pinned.trim_end_matches('/') {
+        return Ok(());
+    }
+    Err(AuthError::ClientCredentialsError(format!(
+        "the server names the authorization server {issuer:?}, not the configured {pinned:?}; \
+         no credentials were sent"
+    )))
 }
 
 /// `https`, or plain `http` to a loopback address (a local authorization server).

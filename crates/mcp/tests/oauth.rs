@@ -381,3 +381,143 @@ async fn a_refused_client_is_down_with_the_servers_reason_and_retried() {
     .await;
     executor.shutdown().await;
 }
+
+/// The access and refresh tokens in a token file.
+fn stored_tokens(path: &Path) -> (Value, Value) {
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let response = &file["credentials"]["token_response"];
+    assert!(response["refresh_token"].is_string(), "{file}");
+    (
+        response["access_token"].clone(),
+        response["refresh_token"].clone(),
+    )
+}
+
+/// Runs `agentloop mcp login`'s flow for `config`, with a test client as the browser:
+/// it opens the URL and follows the redirect back to the login's listener.
+async fn login_with_browser(config: &McpServerConfig) -> agentloop_mcp::Login {
+    let browser = Arc::new(Mutex::new(None));
+    let opened = Arc::clone(&browser);
+    let login = agentloop_mcp::login(
+        config,
+        &|_| None,
+        "127.0.0.1:0".parse().unwrap(),
+        PATIENCE,
+        move |url: &str| {
+            let url = url.to_owned();
+            *opened.lock().unwrap() = Some(tokio::spawn(async move {
+                reqwest::get(url).await.unwrap().status()
+            }));
+        },
+    )
+    .await
+    .unwrap();
+    let visit = browser.lock().unwrap().take().unwrap();
+    assert!(visit.await.unwrap().is_success());
+    login
+}
+
+#[tokio::test]
+async fn a_login_leaves_a_token_file_that_the_gateway_uses_and_refreshes() {
+    if !available("python3", INSTALL) {
+        return;
+    }
+    let server = AuthServer::start(&["--login", "--scopes", "tools:read,offline_access"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("crm.json");
+    let entry = config(&format!(
+        "name = \"crm\"\nurl = \"{}\"\n[mcp_servers.oauth]\ntoken_file = {:?}",
+        server.url(),
+        token_file.display().to_string()
+    ));
+    let login = login_with_browser(&entry).await;
+
+    // No client was configured: the login registered one, asked for the scopes the
+    // server named with PKCE (S256) and for the server as the resource, and kept the
+    // tokens in a file only its owner reads.
+    assert_eq!(login.client_id, "registered-1");
+    let authorize = read_log(&server.log)
+        .into_iter()
+        .find(|entry| entry["kind"] == "authorize")
+        .unwrap();
+    assert_eq!(authorize["code_challenge_method"], "S256");
+    assert_eq!(authorize["resource"], server.url());
+    assert_eq!(authorize["scope"], "tools:read offline_access");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&token_file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let stored = stored_tokens(&token_file);
+
+    // The gateway sends the login's token...
+    let executor = start(entry, Supervision::default());
+    wait_up(&executor).await;
+    let scopes = scopes_of(call(&executor, "crm__whoami", json!({})).await.unwrap());
+    assert!(scopes.contains("tools:read"), "{scopes}");
+    let presented: Vec<Value> = server
+        .requests("mcp")
+        .into_iter()
+        .filter_map(|r| r["token"].as_str().map(|t| json!(t)))
+        .collect();
+    assert!(presented.iter().all(|t| *t == stored.0), "{presented:?}");
+
+    // ...and once it is revoked, refreshes with the refresh token, writes the rotated
+    // one back, and the call goes through.
+    server.revoke_all().await;
+    call(&executor, "crm__whoami", json!({})).await.unwrap();
+    let grants: Vec<Value> = server
+        .requests("token")
+        .into_iter()
+        .map(|r| r["grant_type"].clone())
+        .collect();
+    assert_eq!(
+        grants,
+        [json!("authorization_code"), json!("refresh_token")]
+    );
+    let rotated = stored_tokens(&token_file);
+    assert_ne!(rotated.0, stored.0);
+    assert_ne!(rotated.1, stored.1);
+    executor.shutdown().await;
+
+    // A gateway started later reads the rotated refresh token, not the used one.
+    server.revoke_all().await;
+    let later = start(
+        config(&format!(
+            "name = \"crm\"\nurl = \"{}\"\n[mcp_servers.oauth]\ntoken_file = {:?}",
+            server.url(),
+            token_file.display().to_string()
+        )),
+        Supervision::default(),
+    );
+    wait_up(&later).await;
+    call(&later, "crm__whoami", json!({})).await.unwrap();
+    later.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_without_a_login_is_down_saying_how_to_log_in() {
+    if !available("python3", INSTALL) {
+        return;
+    }
+    let server = AuthServer::start(&["--login"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let executor = start(
+        config(&format!(
+            "name = \"crm\"\nurl = \"{}\"\n[mcp_servers.oauth]\ntoken_file = {:?}",
+            server.url(),
+            dir.path().join("missing.json").display().to_string()
+        )),
+        Supervision::default(),
+    );
+    let down = wait_for(&executor, "the refusal", |h| {
+        matches!(h, Health::Down { .. })
+    })
+    .await;
+    let Health::Down { reason, .. } = down else {
+        unreachable!()
+    };
+    assert!(reason.contains("agentloop mcp login crm"), "{reason}");
+    executor.shutdown().await;
+}

@@ -3,7 +3,7 @@
 gateway's OAuth tests (tests/oauth.rs). Standard library only.
 
     oauth_server.py PORT_FILE LOG_FILE [--methods M,..] [--scopes S,..] [--call-scope S]
-                    [--endless-scope] [--expires-in SECONDS] [--issuer-path P]
+                    [--endless-scope] [--expires-in SECONDS] [--issuer-path P] [--login]
 
 It listens on a free port of 127.0.0.1 and writes the port to PORT_FILE. Its MCP
 endpoint is /mcp: without a valid bearer token it answers 401 with a challenge naming its
@@ -12,7 +12,9 @@ insufficient_scope otherwise), or, with `--endless-scope`, a new scope every tim
 authorization server takes the client credentials grant, authenticated as the metadata
 says (`--methods`: client_secret_basic, client_secret_post, private_key_jwt), with the
 client `gateway` and the secret `s3cret`; a JWT assertion is recorded, not verified (the
-test verifies it).
+test verifies it). With `--login` it also takes the authorization code grant with PKCE
+(its /authorize approves at once and redirects back), registers public clients
+(/register) and rotates refresh tokens: each is good for one refresh.
 
 Every token request and every MCP request is appended to LOG_FILE as a JSON line, with
 what the test checks (grant, scope, resource, how the client authenticated, the bearer
@@ -20,9 +22,10 @@ token presented). POST /revoke revokes every token issued so far.
 """
 
 import argparse
-import os
 import base64
+import hashlib
 import json
+import os
 import sys
 import threading
 import urllib.parse
@@ -40,11 +43,14 @@ parser.add_argument("--call-scope", default="")
 parser.add_argument("--endless-scope", action="store_true")
 parser.add_argument("--expires-in", type=int, default=3600)
 parser.add_argument("--issuer-path", default="")
+parser.add_argument("--login", action="store_true")
 args = parser.parse_args()
 
 lock = threading.Lock()
 tokens = {}  # token -> set of scopes
 revoked = set()
+codes = {}  # code -> (code_challenge, redirect_uri, scopes)
+refresh_tokens = {}  # refresh token -> scopes; removed when used
 counter = [0]
 
 
@@ -90,13 +96,36 @@ class Handler(BaseHTTPRequestHandler):
                 "authorization_endpoint": issuer + "/authorize",
                 "token_endpoint": self.base() + "/token",
                 "response_types_supported": ["code"],
-                "grant_types_supported": ["client_credentials"],
+                "grant_types_supported": ["client_credentials"] + (
+                    ["authorization_code", "refresh_token"] if args.login else []),
+                "code_challenge_methods_supported": ["S256"],
+                **({"registration_endpoint": self.base() + "/register"} if args.login else {}),
                 "token_endpoint_auth_methods_supported": args.methods.split(","),
                 "token_endpoint_auth_signing_alg_values_supported": ["ES256"],
             })
+        elif self.path.startswith("/authorize") and args.login:
+            self.authorize()
         else:
             # No GET stream: the client falls back to POST responses.
             self.reply(405)
+
+    def authorize(self):
+        query = {k: v[0] for k, v in
+                 urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query).items()}
+        log({"kind": "authorize", "client_id": query.get("client_id"),
+             "scope": query.get("scope"), "resource": query.get("resource"),
+             "code_challenge_method": query.get("code_challenge_method")})
+        with lock:
+            counter[0] += 1
+            code = f"code-{counter[0]}"
+            codes[code] = (query.get("code_challenge"), query.get("redirect_uri"),
+                           set((query.get("scope") or "").split()))
+        target = query["redirect_uri"] + "?" + urllib.parse.urlencode(
+            {"code": code, "state": query.get("state", "")})
+        self.send_response(302)
+        self.send_header("Location", target)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def do_DELETE(self):
         self.reply(405)
@@ -105,6 +134,12 @@ class Handler(BaseHTTPRequestHandler):
         body = self.read()
         if self.path == "/token":
             return self.token(body)
+        if self.path == "/register" and args.login:
+            registration = json.loads(body)
+            log({"kind": "register", "redirect_uris": registration.get("redirect_uris")})
+            return self.reply(201, {"client_id": "registered-1",
+                                    "token_endpoint_auth_method": "none",
+                                    "redirect_uris": registration.get("redirect_uris")})
         if self.path == "/revoke":
             with lock:
                 revoked.update(tokens)
@@ -131,6 +166,11 @@ class Handler(BaseHTTPRequestHandler):
             entry["assertion"] = form["client_assertion"]
             entry["assertion_type"] = form.get("client_assertion_type")
             client = (CLIENT_ID, SECRET)
+        grant = form.get("grant_type")
+        if args.login and grant in ("authorization_code", "refresh_token"):
+            entry["client_id"] = form.get("client_id")
+            log(entry)
+            return self.code_grant(grant, form)
         log(entry)
         if client != (CLIENT_ID, SECRET):
             return self.reply(401, {"error": "invalid_client",
@@ -143,6 +183,29 @@ class Handler(BaseHTTPRequestHandler):
             tokens[token] = set((form.get("scope") or "").split())
         self.reply(200, {"access_token": token, "token_type": "Bearer",
                          "expires_in": args.expires_in, "scope": form.get("scope") or ""})
+
+    def code_grant(self, grant, form):
+        with lock:
+            if grant == "authorization_code":
+                challenge, redirect, scopes = codes.pop(form.get("code"), (None, None, None))
+                verifier = form.get("code_verifier") or ""
+                computed = base64.urlsafe_b64encode(
+                    hashlib.sha256(verifier.encode()).digest()).decode().rstrip("=")
+                if challenge is None or computed != challenge \
+                        or redirect != form.get("redirect_uri"):
+                    return self.reply(400, {"error": "invalid_grant"})
+            else:
+                scopes = refresh_tokens.pop(form.get("refresh_token"), None)
+                if scopes is None:
+                    return self.reply(400, {"error": "invalid_grant"})
+            counter[0] += 1
+            token = f"token-{counter[0]}"
+            refresh = f"refresh-{counter[0]}"
+            tokens[token] = scopes
+            refresh_tokens[refresh] = scopes
+        self.reply(200, {"access_token": token, "token_type": "Bearer",
+                         "expires_in": args.expires_in, "refresh_token": refresh,
+                         "scope": " ".join(sorted(scopes))})
 
     def challenge(self, status, error, scope=None):
         value = (f'Bearer resource_metadata="{self.base()}/.well-known/oauth-protected-resource/mcp"')
