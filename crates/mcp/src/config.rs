@@ -453,33 +453,19 @@ impl McpOAuthConfig {
         })
     }
 
-    /// The client secret, read now (a login's pre-registered client).
+    /// Where a login's pre-registered client secret is, if it has one.
     pub(crate) fn client_secret(
         &self,
         server: &str,
         lookup: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Option<String>, McpConfigError> {
-        let Some(source) = self.source(
+    ) -> Result<Option<Source>, McpConfigError> {
+        self.source(
             server,
             lookup,
             &self.client_secret_env,
             &self.client_secret_file,
             "oauth.client_secret_file",
-        )?
-        else {
-            return Ok(None);
-        };
-        match source {
-            Source::Value(secret) => Ok(Some(secret.expose().to_owned())),
-            Source::File(path) => std::fs::read_to_string(&path)
-                .map(|text| Some(text.trim_end_matches(['\r', '\n']).to_owned()))
-                .map_err(|e| McpConfigError::UnreadableFile {
-                    server: server.to_owned(),
-                    field: "oauth.client_secret_file",
-                    path: path.display().to_string(),
-                    reason: e.to_string(),
-                }),
-        }
+        )
     }
 
     /// Where a credential is: a variable's value (read now), or a file that must be

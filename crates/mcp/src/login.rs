@@ -115,6 +115,14 @@ pub async fn login(
     let Some(token_file) = oauth.token_file.clone() else {
         return Err(McpLoginError::NotLogin(server));
     };
+    // The browser comes back to this address (RFC 8252 asks for loopback): anything else
+    // would let another host deliver a code to it.
+    if !listen.ip().is_loopback() {
+        return Err(McpLoginError::Listen {
+            address: listen,
+            reason: "the redirect listener must be on a loopback address".to_owned(),
+        });
+    }
     let http = crate::http::client(&server)?;
     let challenge = challenge(&http, &server, url).await?;
 
@@ -151,7 +159,10 @@ pub async fn login(
     let client = match (&oauth.client_id, &oauth.client_metadata_url) {
         (Some(client_id), _) => Client {
             client_id: client_id.clone(),
-            client_secret: oauth.client_secret(&server, lookup)?,
+            client_secret: match oauth.client_secret(&server, lookup)? {
+                Some(source) => Some(source.read().await?.expose().to_owned()),
+                None => None,
+            },
             redirect_uri: redirect_uri.clone(),
         },
         // The published document is the client (SEP-991): nothing to register.

@@ -48,6 +48,8 @@ const RENEW_MARGIN: Duration = Duration::from_secs(60);
 /// Most scope step-ups over the client's life: a server that keeps answering
 /// `insufficient_scope` would otherwise make the gateway ask for tokens forever.
 pub(crate) const MAX_SCOPE_UPGRADES: u32 = 3;
+/// Largest credential file (a secret or a PEM key) read, in bytes.
+const MAX_CREDENTIAL_BYTES: u64 = 64 * 1024;
 /// Lifetime of a client assertion (RFC 7523 asks for a short one).
 const ASSERTION_LIFETIME_SECS: u64 = 60;
 
@@ -82,15 +84,28 @@ pub(crate) enum Source {
 impl Source {
     /// The credential, without the line break a file usually ends with.
     pub(crate) async fn read(&self) -> Result<Secret, AuthError> {
+        use tokio::io::AsyncReadExt as _;
         match self {
             Source::Value(secret) => Ok(secret.clone()),
             Source::File(path) => {
-                let text = tokio::fs::read_to_string(path).await.map_err(|e| {
+                let unreadable = |e: std::io::Error| {
                     AuthError::ClientCredentialsError(format!(
                         "cannot read the credential file {}: {e}",
                         path.display()
                     ))
-                })?;
+                };
+                let file = tokio::fs::File::open(path).await.map_err(unreadable)?;
+                let mut text = String::new();
+                file.take(MAX_CREDENTIAL_BYTES + 1)
+                    .read_to_string(&mut text)
+                    .await
+                    .map_err(unreadable)?;
+                if text.len() as u64 > MAX_CREDENTIAL_BYTES {
+                    return Err(AuthError::ClientCredentialsError(format!(
+                        "the credential file {} is larger than {MAX_CREDENTIAL_BYTES} bytes",
+                        path.display()
+                    )));
+                }
                 Ok(Secret(text.trim_end_matches(['\r', '\n']).to_owned()))
             }
         }
@@ -920,6 +935,18 @@ mod tests {
         assert!(message.len() < 600, "{}", message.len());
         let message = refusal(reqwest::StatusCode::BAD_GATEWAY, b"<html>secret</html>");
         assert!(!message.contains("secret"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn a_credential_file_is_read_within_its_bound_without_its_line_break() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "s3cret\r\n").unwrap();
+        let secret = Source::File(path.clone()).read().await.unwrap();
+        assert_eq!(secret.expose(), "s3cret");
+        std::fs::write(&path, vec![b'x'; 70_000]).unwrap();
+        let error = Source::File(path).read().await.err().unwrap().to_string();
+        assert!(error.contains("larger than"), "{error}");
     }
 
     #[test]
