@@ -280,9 +280,10 @@ async fn challenge(
 /// get a 404, and a connection that says nothing is dropped after a while.
 async fn redirect(listener: &TcpListener, bound: SocketAddr) -> Result<String, McpLoginError> {
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
-        };
+        let (mut stream, _) = listener.accept().await.map_err(|e| McpLoginError::Listen {
+            address: bound,
+            reason: e.to_string(),
+        })?;
         let Ok(Some(target)) = tokio::time::timeout(REQUEST_TIMEOUT, request_target(&mut stream))
             .await
             .map(Result::ok)

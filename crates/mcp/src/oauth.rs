@@ -48,6 +48,8 @@ const RENEW_MARGIN: Duration = Duration::from_secs(60);
 /// Most scope step-ups over the client's life: a server that keeps answering
 /// `insufficient_scope` would otherwise make the gateway ask for tokens forever.
 pub(crate) const MAX_SCOPE_UPGRADES: u32 = 3;
+/// Longest scope a `403` may ask for, in bytes: it goes into token requests and logs.
+const MAX_CHALLENGE_SCOPE_BYTES: usize = 1024;
 /// Largest credential file (a secret or a PEM key) read, in bytes.
 const MAX_CREDENTIAL_BYTES: u64 = 64 * 1024;
 /// Lifetime of a client assertion (RFC 7523 asks for a short one).
@@ -357,6 +359,11 @@ impl OAuth {
                 "the server refused the token (403) without naming the scope it needs".to_owned(),
             ));
         };
+        if required.len() > MAX_CHALLENGE_SCOPE_BYTES {
+            return Err(AuthError::InvalidScope(format!(
+                "the server asks for more than {MAX_CHALLENGE_SCOPE_BYTES} bytes of scope"
+            )));
+        }
         if let Grant::Login { .. } = self.settings.grant {
             return Err(AuthError::InvalidScope(format!(
                 "the server needs the scope {required:?}, which the login did not ask for: add \

@@ -521,3 +521,42 @@ async fn a_server_without_a_login_is_down_saying_how_to_log_in() {
     assert!(reason.contains("agentloop mcp login crm"), "{reason}");
     executor.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_login_is_refused_for_an_entry_without_a_token_file_or_off_loopback() {
+    let entry = config(
+        "name = \"crm\"\nurl = \"https://crm.example/mcp\"\n[mcp_servers.oauth]\n\
+         client_id = \"gateway\"\nclient_secret_env = \"CRM_SECRET\"",
+    );
+    let not_login = agentloop_mcp::login(
+        &entry,
+        &|_| Some("s3cret".to_owned()),
+        "127.0.0.1:0".parse().unwrap(),
+        PATIENCE,
+        |_: &str| panic!("nothing to open"),
+    )
+    .await;
+    assert!(
+        matches!(not_login, Err(agentloop_mcp::McpLoginError::NotLogin(ref n)) if n == "crm"),
+        "{not_login:?}"
+    );
+    let login = config(
+        "name = \"crm\"\nurl = \"https://crm.example/mcp\"\n[mcp_servers.oauth]\n\
+         token_file = \"/nonexistent/crm.json\"",
+    );
+    let off_loopback = agentloop_mcp::login(
+        &login,
+        &|_| None,
+        "0.0.0.0:0".parse().unwrap(),
+        PATIENCE,
+        |_: &str| panic!("nothing to open"),
+    )
+    .await;
+    assert!(
+        matches!(
+            off_loopback,
+            Err(agentloop_mcp::McpLoginError::Listen { .. })
+        ),
+        "{off_loopback:?}"
+    );
+}
