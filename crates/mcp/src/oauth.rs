@@ -258,6 +258,16 @@ struct State {
     upgrades: u32,
 }
 
+impl State {
+    /// The token in use, while it is fresh and is not `rejected` (a request that was
+    /// refused finds here the one another request got since).
+    fn usable(&self, rejected: Option<&str>) -> Option<String> {
+        let token = self.token.as_ref()?;
+        (Instant::now() < token.renew_at && Some(token.value.expose()) != rejected)
+            .then(|| token.value.expose().to_owned())
+    }
+}
+
 /// One server's OAuth client. Cheap to share; token requests are serialised, and a
 /// request that finds the token already renewed by another uses that one.
 pub(crate) struct OAuth {
@@ -298,10 +308,8 @@ impl OAuth {
     /// and the authorization server is known; `None` before the server has asked for one.
     pub(crate) async fn current(&self) -> Result<Option<String>, AuthError> {
         let mut state = self.state.lock().await;
-        if let Some(token) = &state.token
-            && Instant::now() < token.renew_at
-        {
-            return Ok(Some(token.value.expose().to_owned()));
+        if let Some(token) = state.usable(None) {
+            return Ok(Some(token));
         }
         if state.discovered.is_none() {
             return Ok(None);
@@ -319,17 +327,11 @@ impl OAuth {
         rejected: Option<&str>,
     ) -> Result<String, AuthError> {
         let mut state = self.state.lock().await;
-        if let Some(token) = &state.token
-            && Instant::now() < token.renew_at
-            && Some(token.value.expose()) != rejected
-        {
-            return Ok(token.value.expose().to_owned());
+        if let Some(token) = state.usable(rejected) {
+            return Ok(token);
         }
-        state.token = None;
-        if state.discovered.is_none() {
-            state.discovered = Some(self.discover(challenge).await?);
-        }
-        self.obtain(&mut state, rejected.is_some()).await
+        self.replace(&mut state, challenge, rejected.is_some())
+            .await
     }
 
     /// After a `403 insufficient_scope`: a token for the scopes held so far and the ones
@@ -340,11 +342,8 @@ impl OAuth {
         rejected: Option<&str>,
     ) -> Result<String, AuthError> {
         let mut state = self.state.lock().await;
-        if let Some(token) = &state.token
-            && Instant::now() < token.renew_at
-            && Some(token.value.expose()) != rejected
-        {
-            return Ok(token.value.expose().to_owned());
+        if let Some(token) = state.usable(rejected) {
+            return Ok(token);
         }
         let base = url::Url::parse(&self.resource)
             .map_err(|e| AuthError::InternalError(format!("the server URL: {e}")))?;
@@ -386,11 +385,22 @@ impl OAuth {
             scope = %required,
             "MCP server asks for more scope; getting a new token"
         );
+        self.replace(&mut state, challenge, false).await
+    }
+
+    /// Drops the token in use and gets another, discovering first if this is the
+    /// server's first challenge.
+    async fn replace(
+        &self,
+        state: &mut State,
+        challenge: &str,
+        stale: bool,
+    ) -> Result<String, AuthError> {
         state.token = None;
         if state.discovered.is_none() {
             state.discovered = Some(self.discover(challenge).await?);
         }
-        self.obtain(&mut state, false).await
+        self.obtain(state, stale).await
     }
 
     /// The authorization server's metadata and the scopes to ask for, starting from the
