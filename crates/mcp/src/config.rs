@@ -261,14 +261,22 @@ impl McpOAuthConfig {
             + usize::from(self.client_secret_file.is_some());
         let keys = usize::from(self.private_key_env.is_some())
             + usize::from(self.private_key_file.is_some());
-        if let Some(token_file) = &self.token_file {
-            let text = token_file
-                .to_str()
-                .ok_or_else(|| invalid("oauth.token_file", "is not UTF-8".to_owned()))?;
-            check_value(text).map_err(|reason| invalid("oauth.token_file", reason))?;
-            if text.is_empty() {
-                return Err(invalid("oauth.token_file", "is empty".to_owned()));
+        for (field, path) in [
+            ("oauth.token_file", &self.token_file),
+            ("oauth.client_secret_file", &self.client_secret_file),
+            ("oauth.private_key_file", &self.private_key_file),
+        ] {
+            if let Some(path) = path {
+                let text = path
+                    .to_str()
+                    .ok_or_else(|| invalid(field, "is not UTF-8".to_owned()))?;
+                check_value(text).map_err(|reason| invalid(field, reason))?;
+                if text.is_empty() {
+                    return Err(invalid(field, "is empty".to_owned()));
+                }
             }
+        }
+        if self.token_file.is_some() {
             if keys > 0 {
                 return Err(invalid(
                     "oauth",
@@ -337,20 +345,6 @@ impl McpOAuthConfig {
                 return Err(invalid(field, format!("is not a variable name: {var:?}")));
             }
         }
-        for (field, path) in [
-            ("oauth.client_secret_file", &self.client_secret_file),
-            ("oauth.private_key_file", &self.private_key_file),
-        ] {
-            if let Some(path) = path {
-                let text = path
-                    .to_str()
-                    .ok_or_else(|| invalid(field, "is not UTF-8".to_owned()))?;
-                check_value(text).map_err(|reason| invalid(field, reason))?;
-                if text.is_empty() {
-                    return Err(invalid(field, "is empty".to_owned()));
-                }
-            }
-        }
         if let Some(name) = &self.signing_algorithm {
             if self.private_key_env.is_none() && self.private_key_file.is_none() {
                 return Err(invalid(
@@ -361,7 +355,7 @@ impl McpOAuthConfig {
             if Algorithm::parse(name).is_none() {
                 return Err(invalid(
                     "oauth.signing_algorithm",
-                    format!("is {name:?}, not one of {:?}", Algorithm::NAMES),
+                    format!("is {name:?}, not one of {:?}", Algorithm::names()),
                 ));
             }
         }
@@ -386,15 +380,7 @@ impl McpOAuthConfig {
             }
         }
         if let Some(issuer) = &self.authorization_server {
-            check_value(issuer).map_err(|reason| invalid("oauth.authorization_server", reason))?;
-            let parsed = reqwest::Url::parse(issuer)
-                .map_err(|e| invalid("oauth.authorization_server", format!("is not a URL: {e}")))?;
-            if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
-                return Err(invalid(
-                    "oauth.authorization_server",
-                    "must be https://host... (or http:// on loopback)".to_owned(),
-                ));
-            }
+            http_url(issuer).map_err(|reason| invalid("oauth.authorization_server", reason))?;
         }
         Ok(())
     }
@@ -412,13 +398,7 @@ impl McpOAuthConfig {
                 token_file: token_file.clone(),
             },
             (None, Some(client_id)) => {
-                let secret = self.source(
-                    server,
-                    lookup,
-                    &self.client_secret_env,
-                    &self.client_secret_file,
-                    "oauth.client_secret_file",
-                )?;
+                let secret = self.client_secret(server, lookup)?;
                 let key = self.source(
                     server,
                     lookup,
@@ -434,7 +414,7 @@ impl McpOAuthConfig {
                             .signing_algorithm
                             .as_deref()
                             .and_then(Algorithm::parse)
-                            .unwrap_or(Algorithm::Es256),
+                            .unwrap_or(Algorithm::DEFAULT),
                     },
                     (None, None) => return Err(no_credential(server)),
                 };
@@ -453,7 +433,7 @@ impl McpOAuthConfig {
         })
     }
 
-    /// Where a login's pre-registered client secret is, if it has one.
+    /// Where the client secret is, if the entry names one.
     pub(crate) fn client_secret(
         &self,
         server: &str,
@@ -683,15 +663,7 @@ impl McpServerConfig {
                 ));
             }
         }
-        check_value(url).map_err(|reason| invalid("url", reason))?;
-        let parsed =
-            reqwest::Url::parse(url).map_err(|e| invalid("url", format!("is not a URL: {e}")))?;
-        if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
-            return Err(invalid(
-                "url",
-                "must be http://host... or https://host...".to_owned(),
-            ));
-        }
+        http_url(url).map_err(|reason| invalid("url", reason))?;
         if self.headers.len() > MAX_ENTRIES {
             return Err(invalid(
                 "headers",
@@ -803,6 +775,16 @@ fn valid_env_name(name: &str) -> bool {
     matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
         && name.len() <= 256
         && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// An `http://host...` or `https://host...` URL within the value bound.
+fn http_url(value: &str) -> Result<reqwest::Url, String> {
+    check_value(value)?;
+    let parsed = reqwest::Url::parse(value).map_err(|e| format!("is not a URL: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err("must be http://host... or https://host...".to_owned());
+    }
+    Ok(parsed)
 }
 
 fn check_value(value: &str) -> Result<(), String> {

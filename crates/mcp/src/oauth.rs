@@ -114,88 +114,102 @@ impl Source {
     }
 }
 
-/// A JWT signing algorithm for `private_key_jwt`.
+/// A JWT signing algorithm for `private_key_jwt`: its JOSE name and jsonwebtoken's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Algorithm {
-    Es256,
-    Es384,
-    Rs256,
-    Rs384,
-    Rs512,
-    Ps256,
-    Ps384,
-    Ps512,
-    EdDsa,
+pub(crate) struct Algorithm {
+    name: &'static str,
+    jwt: jsonwebtoken::Algorithm,
 }
 
 impl Algorithm {
-    /// Every name accepted in the registry, as JOSE writes them.
-    pub(crate) const NAMES: &'static [&'static str] = &[
-        "ES256", "ES384", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "EdDSA",
-    ];
+    /// Every algorithm the registry accepts: those that sign with a private key (an HMAC
+    /// one would put the secret on both sides).
+    const ALL: [Algorithm; 9] = {
+        use jsonwebtoken::Algorithm::{
+            ES256, ES384, EdDSA, PS256, PS384, PS512, RS256, RS384, RS512,
+        };
+        [
+            Algorithm {
+                name: "ES256",
+                jwt: ES256,
+            },
+            Algorithm {
+                name: "ES384",
+                jwt: ES384,
+            },
+            Algorithm {
+                name: "RS256",
+                jwt: RS256,
+            },
+            Algorithm {
+                name: "RS384",
+                jwt: RS384,
+            },
+            Algorithm {
+                name: "RS512",
+                jwt: RS512,
+            },
+            Algorithm {
+                name: "PS256",
+                jwt: PS256,
+            },
+            Algorithm {
+                name: "PS384",
+                jwt: PS384,
+            },
+            Algorithm {
+                name: "PS512",
+                jwt: PS512,
+            },
+            Algorithm {
+                name: "EdDSA",
+                jwt: EdDSA,
+            },
+        ]
+    };
 
+    /// ES256, for an entry that names none.
+    pub(crate) const DEFAULT: Algorithm = Algorithm::ALL[0];
+
+    /// The algorithm of a JOSE name the registry accepts.
     pub(crate) fn parse(name: &str) -> Option<Algorithm> {
-        Some(match name {
-            "ES256" => Algorithm::Es256,
-            "ES384" => Algorithm::Es384,
-            "RS256" => Algorithm::Rs256,
-            "RS384" => Algorithm::Rs384,
-            "RS512" => Algorithm::Rs512,
-            "PS256" => Algorithm::Ps256,
-            "PS384" => Algorithm::Ps384,
-            "PS512" => Algorithm::Ps512,
-            "EdDSA" => Algorithm::EdDsa,
-            _ => return None,
-        })
+        Algorithm::ALL
+            .into_iter()
+            .find(|algorithm| algorithm.name == name)
     }
 
-    fn name(self) -> &'static str {
-        match self {
-            Algorithm::Es256 => "ES256",
-            Algorithm::Es384 => "ES384",
-            Algorithm::Rs256 => "RS256",
-            Algorithm::Rs384 => "RS384",
-            Algorithm::Rs512 => "RS512",
-            Algorithm::Ps256 => "PS256",
-            Algorithm::Ps384 => "PS384",
-            Algorithm::Ps512 => "PS512",
-            Algorithm::EdDsa => "EdDSA",
-        }
-    }
-
-    fn jwt(self) -> jsonwebtoken::Algorithm {
-        match self {
-            Algorithm::Es256 => jsonwebtoken::Algorithm::ES256,
-            Algorithm::Es384 => jsonwebtoken::Algorithm::ES384,
-            Algorithm::Rs256 => jsonwebtoken::Algorithm::RS256,
-            Algorithm::Rs384 => jsonwebtoken::Algorithm::RS384,
-            Algorithm::Rs512 => jsonwebtoken::Algorithm::RS512,
-            Algorithm::Ps256 => jsonwebtoken::Algorithm::PS256,
-            Algorithm::Ps384 => jsonwebtoken::Algorithm::PS384,
-            Algorithm::Ps512 => jsonwebtoken::Algorithm::PS512,
-            Algorithm::EdDsa => jsonwebtoken::Algorithm::EdDSA,
-        }
+    /// Every name the registry accepts, for messages.
+    pub(crate) fn names() -> Vec<&'static str> {
+        Algorithm::ALL
+            .iter()
+            .map(|algorithm| algorithm.name)
+            .collect()
     }
 
     /// The signing key from a PEM document (PKCS#8, or PKCS#1 for RSA).
     fn key(self, pem: &str) -> Result<jsonwebtoken::EncodingKey, AuthError> {
-        let key = match self {
-            Algorithm::Es256 | Algorithm::Es384 => {
-                jsonwebtoken::EncodingKey::from_ec_pem(pem.as_bytes())
+        use jsonwebtoken::Algorithm::{
+            ES256, ES384, EdDSA, HS256, HS384, HS512, PS256, PS384, PS512, RS256, RS384, RS512,
+        };
+        let key = match self.jwt {
+            ES256 | ES384 => jsonwebtoken::EncodingKey::from_ec_pem(pem.as_bytes()),
+            EdDSA => jsonwebtoken::EncodingKey::from_ed_pem(pem.as_bytes()),
+            RS256 | RS384 | RS512 | PS256 | PS384 | PS512 => {
+                jsonwebtoken::EncodingKey::from_rsa_pem(pem.as_bytes())
             }
-            Algorithm::EdDsa => jsonwebtoken::EncodingKey::from_ed_pem(pem.as_bytes()),
-            Algorithm::Rs256
-            | Algorithm::Rs384
-            | Algorithm::Rs512
-            | Algorithm::Ps256
-            | Algorithm::Ps384
-            | Algorithm::Ps512 => jsonwebtoken::EncodingKey::from_rsa_pem(pem.as_bytes()),
+            // Not in `ALL`: an assertion is never signed with a shared secret.
+            HS256 | HS384 | HS512 => {
+                return Err(AuthError::ClientCredentialsError(format!(
+                    "{} does not sign with a private key",
+                    self.name
+                )));
+            }
         };
         // The parser's message says what is wrong with the PEM, never what is in it.
         key.map_err(|e| {
             AuthError::ClientCredentialsError(format!(
                 "the private key is not a {} key in PEM: {e}",
-                self.name()
+                self.name
             ))
         })
     }
@@ -755,11 +769,11 @@ fn check_jwt_support(
         .and_then(|v| v.as_array())
         && !algorithms
             .iter()
-            .any(|a| a.as_str() == Some(algorithm.name()))
+            .any(|a| a.as_str() == Some(algorithm.name))
     {
         return Err(AuthError::ClientCredentialsError(format!(
             "the authorization server does not take {} assertions",
-            algorithm.name()
+            algorithm.name
         )));
     }
     Ok(())
@@ -810,7 +824,7 @@ fn assertion(
         "exp": now + ASSERTION_LIFETIME_SECS,
         "jti": uuid::Uuid::new_v4().to_string(),
     });
-    let header = jsonwebtoken::Header::new(algorithm.jwt());
+    let header = jsonwebtoken::Header::new(algorithm.jwt);
     jsonwebtoken::encode(&header, &claims, &algorithm.key(pem.expose())?)
         .map(Secret)
         .map_err(|e| {
@@ -903,9 +917,13 @@ mod tests {
         let error = secret_method(&metadata(Some(&["private_key_jwt"]))).err();
         assert!(matches!(error, Some(AuthError::ClientCredentialsError(_))));
         assert!(
-            check_jwt_support(&metadata(Some(&["client_secret_basic"])), Algorithm::Es256).is_err()
+            check_jwt_support(
+                &metadata(Some(&["client_secret_basic"])),
+                Algorithm::DEFAULT
+            )
+            .is_err()
         );
-        assert!(check_jwt_support(&metadata(None), Algorithm::Es256).is_ok());
+        assert!(check_jwt_support(&metadata(None), Algorithm::DEFAULT).is_ok());
     }
 
     #[test]
@@ -990,7 +1008,7 @@ mod tests {
             "gateway",
             "https://sso.example",
             &Secret(pem.clone()),
-            Algorithm::Es256,
+            Algorithm::DEFAULT,
         )
         .unwrap();
         let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::ES256);
@@ -1011,7 +1029,7 @@ mod tests {
             "gateway",
             "https://sso.example",
             &Secret(pem),
-            Algorithm::Es256,
+            Algorithm::DEFAULT,
         )
         .unwrap();
         let key = jsonwebtoken::DecodingKey::from_ec_der(pair.public_key().as_ref());
@@ -1028,7 +1046,7 @@ mod tests {
                 "gateway",
                 "a",
                 &Secret("not a key".to_owned()),
-                Algorithm::Rs256
+                Algorithm::parse("RS256").unwrap()
             ),
             Err(AuthError::ClientCredentialsError(_))
         ));

@@ -41,7 +41,7 @@ struct Document {
 #[derive(Clone)]
 pub(crate) struct TokenFile {
     path: PathBuf,
-    client: Arc<Mutex<Option<Client>>>,
+    client: Arc<Client>,
     /// What was last read or written, so a token's age is known without a read.
     last: Arc<Mutex<Option<StoredCredentials>>>,
 }
@@ -51,7 +51,7 @@ impl TokenFile {
     pub(crate) fn create(path: PathBuf, client: Client) -> TokenFile {
         TokenFile {
             path,
-            client: Arc::new(Mutex::new(Some(client))),
+            client: Arc::new(client),
             last: Arc::new(Mutex::new(None)),
         }
     }
@@ -61,7 +61,7 @@ impl TokenFile {
         let document = read(&path)?;
         let file = TokenFile {
             path,
-            client: Arc::new(Mutex::new(Some(document.client.clone()))),
+            client: Arc::new(document.client.clone()),
             last: Arc::new(Mutex::new(Some(document.credentials))),
         };
         Ok((file, document.client))
@@ -156,13 +156,10 @@ impl CredentialStore for TokenFile {
     }
 
     async fn save(&self, credentials: StoredCredentials) -> Result<(), AuthError> {
-        let Some(client) = lock(&self.client).clone() else {
-            return Err(failed(&self.path, "no client", "nothing to save for"));
-        };
         let path = self.path.clone();
         let document = Document {
             version: VERSION,
-            client,
+            client: Client::clone(&self.client),
             credentials: credentials.clone(),
         };
         tokio::task::spawn_blocking(move || write(&path, &document))
