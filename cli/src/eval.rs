@@ -513,6 +513,8 @@ async fn reply(
                     invocation_id: id.to_owned(),
                     answer: answer.clone(),
                     actor: actor.to_owned(),
+                    // A tool's question takes the answer as its content, accepted.
+                    action: pb::InputAction::Unspecified.into(),
                 })
                 .await
                 .map_err(refused("the answer was refused"))?;
@@ -579,7 +581,8 @@ impl Log {
                     | pb::tool_result::Outcome::NotStarted(_),
                 ) => Outcome::Cancelled,
                 Some(pb::tool_result::Outcome::Unknown(_)) => Outcome::Unknown,
-                None => Outcome::NotRun,
+                // Not finished: its turn is committed again once the person answers.
+                Some(pb::tool_result::Outcome::InputRequired(_)) | None => Outcome::NotRun,
             };
             if let Some(call) = self
                 .calls

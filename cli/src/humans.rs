@@ -132,11 +132,22 @@ pub async fn approve(server: Server<'_>, request: Approve, follow: Follow) -> an
     .await
 }
 
+/// What `answer` was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Given {
+    /// Words for the model, or the content a tool asked for.
+    Text(String),
+    /// Decline the tool's question.
+    Decline,
+    /// Dismiss the tool's question.
+    Cancel,
+}
+
 /// `answer`: answers the pending question, then follows the invocation.
 pub async fn answer(
     server: Server<'_>,
     id: &str,
-    text: &str,
+    given: Given,
     actor: String,
     follow: Follow,
 ) -> anyhow::Result<u8> {
@@ -149,11 +160,23 @@ pub async fn answer(
             state_name(&invocation)
         );
     }
+    let tool_asks = invocation.pending_input.is_some();
+    let (answer, action) = match (given, tool_asks) {
+        (Given::Text(text), false) => (text, pb::InputAction::Unspecified),
+        (Given::Text(text), true) => (text, pb::InputAction::Accept),
+        (Given::Decline, true) => (String::new(), pb::InputAction::Decline),
+        (Given::Cancel, true) => (String::new(), pb::InputAction::Cancel),
+        (Given::Decline | Given::Cancel, false) => bail!(
+            "invocation {id} waits for the model's question, which takes an answer: only a \
+             tool's question can be declined or cancelled"
+        ),
+    };
     orchestrator
         .answer_clarification(pb::AnswerClarificationRequest {
             invocation_id: id.to_owned(),
-            answer: text.to_owned(),
+            answer,
             actor,
+            action: action.into(),
         })
         .await
         .map_err(|s| status("the answer was refused", s))?;

@@ -256,12 +256,22 @@ enum Command {
         #[command(flatten)]
         reply: ReplyArgs,
     },
-    /// Answers the question an invocation waits for, then follows the invocation.
+    /// Answers the question an invocation waits for, then follows the invocation. A
+    /// tool's question (`pending` shows its schema) is answered with a JSON object, or
+    /// declined or cancelled.
     Answer {
         /// The invocation.
         id: String,
-        /// The answer.
-        text: String,
+        /// The answer: words for the model, or for a tool's question the content, a JSON
+        /// object satisfying its schema (properties left out take their defaults).
+        #[arg(required_unless_present_any = ["decline", "cancel"])]
+        text: Option<String>,
+        /// Decline a tool's question: the tool is told the person refused.
+        #[arg(long, conflicts_with_all = ["text", "cancel"])]
+        decline: bool,
+        /// Dismiss a tool's question without choosing.
+        #[arg(long, conflicts_with = "text")]
+        cancel: bool,
         /// Who answers, when the orchestrator authenticates nobody (default: $USER).
         #[arg(long)]
         actor: Option<String>,
@@ -942,12 +952,19 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Answer {
             id,
             text,
+            decline,
+            cancel,
             actor,
             reply,
         } => {
             let (target, follow) = reply.open(cli.token, &cli.data_dir).await?;
             let actor = target.actor(actor);
-            let result = humans::answer(target.server(), &id, &text, actor, follow).await;
+            let given = match (text, decline, cancel) {
+                (Some(text), _, _) => humans::Given::Text(text),
+                (None, true, _) => humans::Given::Decline,
+                (None, false, _) => humans::Given::Cancel,
+            };
+            let result = humans::answer(target.server(), &id, given, actor, follow).await;
             target.close().await?;
             result
         }

@@ -373,6 +373,7 @@ fn outcome_parts(result: Option<&pb::ToolResult>) -> (&'static str, Option<Strin
         Some(Outcome::Cancelled(_)) => ("cancelled", None),
         Some(Outcome::NotStarted(_)) => ("not_started", None),
         Some(Outcome::Unknown(unknown)) => ("unknown", Some(unknown.detail.clone())),
+        Some(Outcome::InputRequired(asked)) => ("input_required", Some(asked.message.clone())),
         None => ("none", None),
     }
 }
@@ -405,6 +406,9 @@ pub struct Waiting {
     /// The exact calls that run if approved (approvals only).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub calls: Vec<PendingCall>,
+    /// The call that asked, when a tool asked the question.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input: Option<PendingInput>,
     /// Since when it waits, milliseconds since the epoch.
     pub since_ms: i64,
     /// When its wait bound passes, milliseconds since the epoch.
@@ -422,6 +426,17 @@ pub struct PendingCall {
     pub tool: String,
     /// The canonical arguments, exactly as they would be sent.
     pub arguments: String,
+}
+
+/// The call whose tool asked a question, and what its answer must be.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingInput {
+    /// The call ID.
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// The JSON Schema an accepted answer must satisfy (as the tool sent it).
+    pub schema: serde_json::Value,
 }
 
 /// A protobuf timestamp in milliseconds since the epoch; 0 when absent.
@@ -461,6 +476,15 @@ impl Waiting {
                         format!("agentloop approve {id} --deny --comment \"why\"{flags}"),
                     ],
                 ),
+                (None, Some(question)) if invocation.pending_input.is_some() => (
+                    question.clone(),
+                    None,
+                    Vec::new(),
+                    vec![
+                        format!("agentloop answer {id} '{{...}}'{flags}"),
+                        format!("agentloop answer {id} --decline{flags}"),
+                    ],
+                ),
                 (None, Some(question)) => (
                     question.clone(),
                     None,
@@ -469,12 +493,20 @@ impl Waiting {
                 ),
                 (None, None) => return None,
             };
+        let input = invocation.pending_input.as_ref().map(|input| PendingInput {
+            call_id: input.call_id.clone(),
+            tool: input.tool.clone(),
+            // A schema that is not JSON is shown as the text it is.
+            schema: serde_json::from_str(&input.requested_schema_json)
+                .unwrap_or_else(|_| serde_json::Value::String(input.requested_schema_json.clone())),
+        });
         Some(Waiting {
             invocation_id: id.clone(),
             reason: wire::reason_name(invocation.terminal_reason),
             text,
             proposal_digest,
             calls,
+            input,
             since_ms: millis(invocation.waiting_since.as_ref()),
             until_ms: millis(invocation.wait_until.as_ref()),
             commands,
@@ -495,6 +527,15 @@ impl Waiting {
         };
         if let Some(digest) = &self.proposal_digest {
             let _ = write!(out, "\n  proposal {digest}, {} call(s):", self.calls.len());
+        }
+        if let Some(input) = &self.input {
+            let _ = write!(
+                out,
+                "\n  asked by {}({}); answer with a JSON object satisfying: {}",
+                input.tool,
+                input.call_id,
+                one_line(&input.schema.to_string(), 400)
+            );
         }
         for call in &self.calls {
             let _ = write!(

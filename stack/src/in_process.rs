@@ -128,6 +128,7 @@ impl ToolsPort for InProcessTools {
 
     async fn execute(&self, dispatch: Dispatch<'_>) -> Result<Sent, Failure> {
         let mut id = Uuid::encode_buffer();
+        let answer = dispatch.answer.map(agentloop_wire::input_answer);
         let sent = self.gateway.dispatch(agentloop_tools::Dispatch {
             invocation_id: dispatch.invocation.hyphenated().encode_lower(&mut id),
             call: dispatch.call,
@@ -135,6 +136,7 @@ impl ToolsPort for InProcessTools {
             attempt: dispatch.attempt,
             timeout: Some(Duration::from_millis(dispatch.timeout_ms)),
             planned: dispatch.digest,
+            answer: answer.as_ref(),
         });
         match sent.await {
             Ok(answered) => Ok(Sent {

@@ -7,7 +7,8 @@ scenario's name in MCP_CONFORMANCE_SCENARIO and, for scenarios that need credent
 a JSON object in MCP_CONFORMANCE_CONTEXT.
 
 It does what an operator does: it writes a tool registry whose `[[mcp_servers]]` entry
-points at the URL (credentials go to files the entry names, never into the entry), and
+points at the URL (credentials go to files the entry names, never into the entry; an
+elicitation scenario's server has its questions answered with their defaults), and
 a scripted model that calls the scenario's tool; then it runs one embedded invocation
 with `agentloop run` and exits with its exit code. Everything the suite checks happens
 on the wire between the gateway and the test server.
@@ -114,6 +115,11 @@ def main():
             out.write(f"name = {toml_string(SERVER)}\n")
             out.write(f"url = {toml_string(url)}\n")
             out.write("timeout_ms = 20000\n")
+            if scenario.startswith("elicitation-"):
+                # The scenario asks to be accepted with its defaults within the call. The
+                # default, `ask`, answers the first send `cancel` and waits for a person
+                # (docs/tools.md, "Elicitation"), which the suite counts as a failure.
+                out.write('elicitation = "defaults"\n')
             out.write(oauth_section(scenario, context, directory))
 
         tool = TOOLS.get(scenario) or (AUTH_TOOL if scenario.startswith("auth/") else None)

@@ -229,6 +229,7 @@ async fn every_rpc_answers_every_credential_as_documented(wiring: Wiring) {
                             invocation_id: id.clone(),
                             answer: "yes".into(),
                             actor: String::new(),
+                            action: 0,
                         })
                         .await,
                 )

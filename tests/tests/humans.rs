@@ -174,6 +174,7 @@ async fn answer(client: &mut Client, id: &str, text: &str) -> Result<pb::Invocat
             invocation_id: id.into(),
             answer: text.into(),
             actor: "carol".into(),
+            action: 0,
         })
         .await?
         .into_inner()
@@ -1228,6 +1229,7 @@ async fn with_authentication_the_approver_is_the_caller(wiring: Wiring) {
             invocation_id: question.clone(),
             answer: "the first".into(),
             actor: String::new(),
+            action: 0,
         })
         .await;
     answered_by_alice.unwrap();

@@ -79,6 +79,37 @@ async fn everything() -> (tokio::process::Child, u16) {
     (server, port)
 }
 
+/// The gateway's tools once it lists every one of `names` (bounded wait: the MCP servers
+/// start beside the stack).
+async fn listed(system: &System, names: &[&str]) -> Vec<pb::ToolDescriptor> {
+    let endpoints = system.stack().endpoints().unwrap();
+    let mut gateway = agentloop_proto::client::tool_gateway(
+        agentloop_stack::channel_as(&endpoints.tools, Some(&endpoints.tokens.orchestrator))
+            .await
+            .unwrap(),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let tools = gateway
+            .list_tools(pb::ListToolsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .tools;
+        if names
+            .iter()
+            .all(|name| tools.iter().any(|tool| tool.name == *name))
+        {
+            return tools;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "MCP tools never listed: {names:?} among {tools:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 const SCRIPT: &str = r#"{"turns": [
   {"tool_calls": [
     {"id": "now", "name": "time__get_current_time", "arguments": {"timezone": "UTC"}},
@@ -110,34 +141,12 @@ url = "http://127.0.0.1:{port}/mcp"
     })
     .await;
     // The servers start beside the stack: wait (bounded) until the gateway lists both.
-    let endpoints = system.stack().endpoints().unwrap();
-    let mut gateway = agentloop_proto::client::tool_gateway(
-        agentloop_stack::channel_as(&endpoints.tools, Some(&endpoints.tokens.orchestrator))
-            .await
-            .unwrap(),
-    );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let listed = gateway
-            .list_tools(pb::ListToolsRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
-        let names: Vec<&str> = listed.tools.iter().map(|t| t.name.as_str()).collect();
-        if names.contains(&"time__get_current_time") && names.contains(&"everything__echo") {
-            let time = &listed.tools[names
-                .iter()
-                .position(|n| *n == "time__get_current_time")
-                .unwrap()];
-            assert_eq!(time.side_effect(), pb::SideEffect::ReadOnly);
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "MCP tools never listed: {names:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let tools = listed(&system, &["time__get_current_time", "everything__echo"]).await;
+    let time = tools
+        .iter()
+        .find(|tool| tool.name == "time__get_current_time")
+        .unwrap();
+    assert_eq!(time.side_effect(), pb::SideEffect::ReadOnly);
     let mut client = system.client().await;
 
     let (invocation, events) = run_to_end(&mut client, start_request(SCRIPT)).await;
@@ -272,5 +281,163 @@ async fn cancelling_an_invocation_cancels_its_mcp_call_at_the_server() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(cancelled["id"], started, "{cancelled}");
+    system.stop().await;
+}
+
+/// Calls server-everything's `trigger-elicitation-request` (a write: the server asks a
+/// person for a form of fields, `name` required, some with defaults) and answers citing it.
+const ASKING: &str = r#"{"turns": [
+  {"tool_calls": [{"id": "form", "name": "everything__trigger-elicitation-request", "arguments": {}}]},
+  {"final": "The form came back.", "evidence": ["form"]}
+]}"#;
+
+/// The JSON body of a POST to the HTTP API, answered as JSON.
+async fn post_json(base: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
+    let response = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        response.status().is_success(),
+        "{path}: {}",
+        response.status()
+    );
+    response.json().await.unwrap()
+}
+
+/// The text the last commit of turn 1 has for its one call.
+fn form_output(events: &[pb::Event]) -> String {
+    let last = turns(events)
+        .into_iter()
+        .rev()
+        .find(|turn| turn.turn == 1)
+        .unwrap();
+    match &last.results[0].outcome {
+        Some(pb::tool_result::Outcome::Output(output)) => output.output_json.clone(),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_mcp_servers_question_waits_for_a_person_whose_answer_reaches_the_server() {
+    if !installed("mcp-server-everything") {
+        return;
+    }
+    let (_everything, port) = everything().await;
+    let registry = ToolsConfig::parse(&format!(
+        "[[mcp_servers]]\nname = \"everything\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n"
+    ))
+    .unwrap();
+    let config = agentloop_orchestrator::OrchestratorConfig {
+        http_listen: Some(([127, 0, 0, 1], 0).into()),
+        ..Default::default()
+    };
+    let system = System::start_with(Wiring::Distributed, config, |services| {
+        services.tools = Some(registry);
+    })
+    .await;
+    let http = system.stack().http_endpoint().expect("HTTP is on");
+    let mut client = system.client().await;
+    // The server offers the tool only to a client that declares it takes questions.
+    let tools = listed(&system, &["everything__trigger-elicitation-request"]).await;
+    let form = tools
+        .iter()
+        .find(|tool| tool.name == "everything__trigger-elicitation-request")
+        .unwrap();
+    assert_eq!(form.side_effect(), pb::SideEffect::Write);
+    let (id, first, end) = start_waiting(&mut client, start_request(ASKING)).await;
+
+    // It waits with the server's question and the schema of its answer.
+    assert_eq!(
+        end.reason(),
+        pb::TerminalReason::ClarificationRequired,
+        "{end:?}"
+    );
+    assert_eq!(
+        end.detail,
+        "Please provide inputs for the following fields:"
+    );
+    let waiting = get(&mut client, &id).await;
+    assert_eq!(
+        waiting.pending_question.as_deref(),
+        Some(end.detail.as_str())
+    );
+    let input = waiting.pending_input.expect("the tool's question");
+    assert_eq!(input.call_id, "form");
+    assert_eq!(input.tool, "everything__trigger-elicitation-request");
+    let schema: serde_json::Value = serde_json::from_str(&input.requested_schema_json).unwrap();
+    assert_eq!(schema["required"], serde_json::json!(["name"]));
+    let asked = turns(&first)[0];
+    assert!(matches!(
+        asked.results[0].outcome,
+        Some(pb::tool_result::Outcome::InputRequired(_))
+    ));
+
+    // An answer outside the schema is refused, and nothing is written.
+    let refused = client
+        .answer_clarification(pb::AnswerClarificationRequest {
+            invocation_id: id.clone(),
+            answer: r#"{"integer": 500}"#.into(),
+            actor: "ada".into(),
+            action: pb::InputAction::Accept.into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("schema"), "{refused:?}");
+    assert_eq!(get(&mut client, &id).await.last_seq, waiting.last_seq);
+
+    // The answer: the call is sent again with it, defaults filled in, and the run ends.
+    client
+        .answer_clarification(pb::AnswerClarificationRequest {
+            invocation_id: id.clone(),
+            answer: r#"{"name": "Ada Lovelace", "check": true}"#.into(),
+            actor: "ada".into(),
+            action: pb::InputAction::Unspecified.into(),
+        })
+        .await
+        .unwrap();
+    let events = events_until_final_end(&mut client, &id).await;
+    let ended = get(&mut client, &id).await;
+    assert_eq!(reason(&ended), pb::TerminalReason::Completed, "{ended:?}");
+    let output = form_output(&events);
+    assert!(output.contains("Name: Ada Lovelace"), "{output}");
+    assert!(output.contains("Agreed to terms: true"), "{output}");
+    assert!(
+        output.contains("Favorite Integer: 42"),
+        "a default: {output}"
+    );
+    // Each send was an effect of its own: the first applied nothing, the second applied.
+    let effects = client
+        .list_effects(pb::ListEffectsRequest {
+            invocation_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    let mut states: Vec<pb::EffectState> = effects.iter().map(|e| e.state()).collect();
+    states.sort_unstable();
+    assert_eq!(
+        states,
+        [pb::EffectState::Committed, pb::EffectState::Rejected],
+        "{effects:?}"
+    );
+
+    // Declined over HTTP/JSON: the server is told, and the run goes on.
+    let (declined, _, _) = start_waiting(&mut client, start_request(ASKING)).await;
+    let answered = post_json(
+        &http,
+        &format!("/v1/invocations/{declined}:answerClarification"),
+        serde_json::json!({"action": "INPUT_ACTION_DECLINE", "actor": "ada"}),
+    )
+    .await;
+    assert_eq!(answered["invocation"]["state"], "INVOCATION_STATE_RUNNING");
+    let events = events_until_final_end(&mut client, &declined).await;
+    let output = form_output(&events);
+    assert!(output.contains("declined"), "{output}");
     system.stop().await;
 }

@@ -370,6 +370,7 @@ fn execute_request(
         }),
         effect_key: key.into(),
         attempt: 1,
+        input_answer: None,
     }
 }
 

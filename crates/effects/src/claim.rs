@@ -83,3 +83,12 @@ pub struct Effect {
     /// When it last moved.
     pub updated_at: SystemTime,
 }
+
+impl Effect {
+    /// Whether it is the send of a call whose tool asked a person for input: it applied
+    /// nothing, and an invocation goes on only by sending the call again with the answer
+    /// (a write of its own), so no rule on writes counts it.
+    pub fn superseded(&self) -> bool {
+        self.state == Some(EffectState::Rejected) && self.detail == crate::settle::ASKED_FOR_INPUT
+    }
+}

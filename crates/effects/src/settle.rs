@@ -98,6 +98,11 @@ impl Recorded {
     }
 }
 
+/// The detail of a write whose tool asked a person for input and applied nothing: the
+/// call is sent again with the answer, as an effect of its own, so this entry is
+/// superseded ([`crate::Effect::superseded`]).
+pub const ASKED_FOR_INPUT: &str = "the tool asked a person for input and applied nothing";
+
 /// What the ledger records, from `dispatched`, after a send that ended in `outcome`
 /// (`receipt` is the executor's, for an applied write).
 pub fn recorded_after_send(outcome: &CallOutcome, receipt: &str) -> Recorded {
@@ -107,6 +112,8 @@ pub fn recorded_after_send(outcome: &CallOutcome, receipt: &str) -> Recorded {
         CallOutcome::Cancelled | CallOutcome::NotStarted => {
             Recorded::rejected("the executor answered that it did not start it")
         }
+        // Sent again with the person's answer as a new effect (keyed by the answer).
+        CallOutcome::InputRequired(_) => Recorded::rejected(ASKED_FOR_INPUT),
         CallOutcome::Unknown { detail } => Recorded::unknown(detail),
     }
 }
@@ -442,7 +449,15 @@ mod tests {
             recorded_after_send(&error, "r-1"),
             Recorded::rejected("insufficient funds")
         );
-        for never in [CallOutcome::Cancelled, CallOutcome::NotStarted] {
+        let asked = CallOutcome::InputRequired(agentloop_engine::InputRequest {
+            message: "which account?".into(),
+            schema_json: "{}".into(),
+        });
+        for never in [
+            CallOutcome::Cancelled,
+            CallOutcome::NotStarted,
+            asked.clone(),
+        ] {
             assert_eq!(
                 recorded_after_send(&never, "r-1").outcome,
                 Outcome::Rejected
@@ -461,6 +476,7 @@ mod tests {
             error,
             CallOutcome::Cancelled,
             CallOutcome::NotStarted,
+            asked,
             lost,
         ] {
             let recorded = recorded_after_send(&outcome, "");

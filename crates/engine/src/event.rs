@@ -14,7 +14,7 @@ use crate::check::Check;
 use crate::decision::{
     CallId, Decision, DecisionBounds, ProposedDecision, Usage, ValidBatch, validate,
 };
-use crate::outcome::{CallOutcome, CallResult, ErrorType, NextAction, ToolError};
+use crate::outcome::{CallOutcome, CallResult, ErrorType, InputAction, NextAction, ToolError};
 use crate::terminal::TerminalReason;
 use crate::time::UnixMillis;
 
@@ -48,8 +48,10 @@ pub enum EventBody {
     /// run as proposed, without asking the model again, and the turn is committed again
     /// with their results. A denial runs nothing; the model hears of it in the next turn.
     ApprovalResolved(Resolution),
-    /// A human answered the question the invocation waited for; the next turn's model
-    /// call sees it.
+    /// A human answered the question the invocation waited for. The model's question:
+    /// the next turn's model call sees it. A tool's question ([`EndRecord::input`]): the
+    /// waiting turn is reopened, the call that asked is sent again with the answer, and
+    /// the turn is committed again with its new result.
     ClarificationAnswered(Answer),
 }
 
@@ -72,12 +74,16 @@ pub struct Resolution {
 /// A human's answer to a waiting question.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Answer {
-    /// The answer, for the model.
+    /// The answer: words for the model, or, for a tool's question, the accepted content
+    /// (a JSON object, as text; empty when declined or cancelled).
     pub answer: String,
     /// Who answered.
     pub actor: String,
     /// How long the invocation waited, in milliseconds.
     pub waited_ms: u64,
+    /// Set exactly when a tool asked: what the person did with its question.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<InputAction>,
 }
 
 /// One turn, committed whole.
@@ -215,6 +221,21 @@ pub struct EndRecord {
     /// For `completed`: the checks that accepted the answer, with their evidence.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accepted_by: Vec<Check>,
+    /// For `clarification_required` when a tool asked (the question is the detail):
+    /// which call, and the schema its answer must satisfy. Boxed: few ends have it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Box<PendingInput>>,
+}
+
+/// The call of the waiting turn that asked a person for input, and what it asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingInput {
+    /// The call that asked.
+    pub call_id: CallId,
+    /// Its tool.
+    pub tool: String,
+    /// The JSON Schema (as JSON text) an accepted answer must satisfy.
+    pub schema_json: String,
 }
 
 impl EndRecord {

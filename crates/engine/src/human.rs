@@ -7,6 +7,7 @@
 
 use crate::canonical::Fingerprint;
 use crate::event::{Answer, EndRecord, EventBody, Resolution};
+use crate::outcome::InputAction;
 use crate::terminal::TerminalReason;
 use crate::time::UnixMillis;
 
@@ -26,10 +27,15 @@ pub enum Reply {
     },
     /// Answer the pending question.
     Answer {
-        /// The answer.
+        /// The answer: words for the model, or the content a tool asked for (a JSON
+        /// object, as text, that the shell checked against the requested schema; empty
+        /// unless accepted).
         answer: String,
         /// Who answers.
         actor: String,
+        /// For a tool's question, what the person did with it; `None` answers the
+        /// model's.
+        action: Option<InputAction>,
     },
 }
 
@@ -64,6 +70,9 @@ pub enum ReplyError {
         /// The digest given.
         given: Fingerprint,
     },
+    /// Content given with a decline or a cancel, or none with an accept.
+    #[error("{0}")]
+    Content(&'static str),
     /// The wait bound has not passed yet.
     #[error("the wait bound has not passed: it passes at {0:?}")]
     NotExpired(UnixMillis),
@@ -96,11 +105,42 @@ pub fn reply(end: &EndRecord, reply: Reply, now: UnixMillis) -> Result<EventBody
             }),
             None => Err(ReplyError::NotWaiting),
         },
-        (TerminalReason::ClarificationRequired, Reply::Answer { answer, actor }) => {
+        (
+            TerminalReason::ClarificationRequired,
+            Reply::Answer {
+                answer,
+                actor,
+                action,
+            },
+        ) => {
+            match (end.input.is_some(), action) {
+                (true, None) => {
+                    return Err(ReplyError::OtherKind {
+                        waits_for: "a tool's input",
+                        given: "an answer for the model",
+                    });
+                }
+                (false, Some(_)) => {
+                    return Err(ReplyError::OtherKind {
+                        waits_for: "an answer for the model",
+                        given: "a tool's input",
+                    });
+                }
+                (true, Some(InputAction::Accept)) if answer.is_empty() => {
+                    return Err(ReplyError::Content("an accepted input needs its content"));
+                }
+                (true, Some(InputAction::Decline | InputAction::Cancel)) if !answer.is_empty() => {
+                    return Err(ReplyError::Content(
+                        "a declined or cancelled input has no content",
+                    ));
+                }
+                (true, Some(_)) | (false, None) => {}
+            }
             Ok(EventBody::ClarificationAnswered(Answer {
                 answer,
                 actor,
                 waited_ms,
+                action,
             }))
         }
         (TerminalReason::ApprovalRequired, Reply::Answer { .. }) => Err(ReplyError::OtherKind {
@@ -152,5 +192,6 @@ pub fn end_wait(end: &EndRecord, why: WaitEnd, now: UnixMillis) -> Result<EventB
         proposal: None,
         wait: None,
         accepted_by: Vec::new(),
+        input: None,
     }))
 }

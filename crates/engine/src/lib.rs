@@ -51,8 +51,8 @@ pub use decision::{
     ToolCall, Usage, ValidBatch, validate,
 };
 pub use event::{
-    Answer, EndRecord, Event, EventBody, Permit, Refusal, Rejection, RejectionKind, Resolution,
-    TurnRecord, Wait,
+    Answer, EndRecord, Event, EventBody, PendingInput, Permit, Refusal, Rejection, RejectionKind,
+    Resolution, TurnRecord, Wait,
 };
 pub use human::{Reply, ReplyError, WaitEnd, end_wait, reply};
 pub use limits::{DEFAULT_MAX_WAIT_MS, Limits};
@@ -61,7 +61,10 @@ pub use machine::{
     StepError, Verdict, Verification,
 };
 pub use money::{BadUsd, MicroUsd};
-pub use outcome::{CallOutcome, CallResult, ErrorType, NextAction, Outcome, ToolError, Totals};
+pub use outcome::{
+    CallOutcome, CallResult, ErrorType, InputAction, InputAnswer, InputRequest, NextAction,
+    Outcome, ToolError, Totals,
+};
 pub use plan::ExecutionPlan;
 pub use terminal::{TerminalReason, UnknownTerminalReason};
 pub use time::{Clock, SystemClock, UnixMillis, nearest_rank};

@@ -80,11 +80,63 @@ pub enum CallOutcome {
         /// What is known.
         detail: String,
     },
+    /// The tool cannot finish without a person's answer (an MCP server's elicitation)
+    /// and applied nothing: the invocation waits for the answer, then sends the call
+    /// again with it.
+    InputRequired(InputRequest),
+}
+
+/// What a tool asks a person before it can finish.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputRequest {
+    /// The question, shown to the person.
+    pub message: String,
+    /// The JSON Schema (as JSON text) an accepted answer must satisfy: a flat object of
+    /// primitive properties, as MCP's elicitation allows.
+    pub schema_json: String,
+}
+
+/// What a person did with a tool's question, as MCP's elicitation names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputAction {
+    /// Answered, with content that satisfies the requested schema.
+    Accept,
+    /// Refused to answer.
+    Decline,
+    /// Dismissed the question without choosing.
+    Cancel,
+}
+
+impl InputAction {
+    /// Its name in snake case, as it is serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InputAction::Accept => "accept",
+            InputAction::Decline => "decline",
+            InputAction::Cancel => "cancel",
+        }
+    }
+}
+
+/// A person's answer to a tool's question, sent with the call again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputAnswer {
+    /// The call that asked.
+    pub call_id: CallId,
+    /// What the person did.
+    pub action: InputAction,
+    /// For `accept`, the content (a JSON object, as text); empty otherwise.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub content_json: String,
+    /// The seq of the committed answer: the call is sent again as a new effect, keyed
+    /// by it, since the first send was settled as not applied.
+    pub seq: u64,
 }
 
 impl CallOutcome {
     /// Its kind in snake case, as its serialized tag and `agentloop.tool.outcome` name it:
-    /// `output`, `error`, `cancelled`, `not_started` or `unknown`.
+    /// `output`, `error`, `cancelled`, `not_started`, `unknown` or `input_required`.
     pub fn kind(&self) -> &'static str {
         match self {
             CallOutcome::Output { .. } => "output",
@@ -92,6 +144,7 @@ impl CallOutcome {
             CallOutcome::Cancelled => "cancelled",
             CallOutcome::NotStarted => "not_started",
             CallOutcome::Unknown { .. } => "unknown",
+            CallOutcome::InputRequired(_) => "input_required",
         }
     }
 }
@@ -158,6 +211,10 @@ mod tests {
             CallOutcome::Unknown {
                 detail: "lost".into(),
             },
+            CallOutcome::InputRequired(InputRequest {
+                message: "which account?".into(),
+                schema_json: "{}".into(),
+            }),
         ];
         for outcome in every {
             let tagged = serde_json::to_value(&outcome).unwrap();

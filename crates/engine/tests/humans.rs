@@ -274,6 +274,7 @@ fn an_answered_question_resumes_with_the_next_turn() {
     let answer = Reply::Answer {
         answer: "acct-1".into(),
         actor: "ana".into(),
+        action: None,
     };
     let log = replied(&waiting.log, answer, UnixMillis(0));
     let restored = Invocation::restore(limits(), catalog(), &log).unwrap();
@@ -306,6 +307,7 @@ fn replies_that_do_not_fit_the_wait_are_refused() {
     let answer = Reply::Answer {
         answer: "x".into(),
         actor: "ana".into(),
+        action: None,
     };
     assert!(matches!(
         reply(&end, answer.clone(), UnixMillis(0)),
@@ -425,6 +427,7 @@ fn waiting_for_a_human_does_not_use_up_the_deadline_unless_configured() {
         let answer = Reply::Answer {
             answer: "acct-1".into(),
             actor: "ana".into(),
+            action: None,
         };
         let log = replied(&waiting.log, answer, UnixMillis(30_000));
         let mut restored = Invocation::restore(limits, catalog(), &log).unwrap();

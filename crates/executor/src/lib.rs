@@ -123,6 +123,7 @@
 //!         }),
 //!         effect_key: "inv-1/c1".into(),
 //!         attempt: 1,
+//!         input_answer: None,
 //!     })
 //! };
 //! let first = executor.execute_request(request()).await?;

@@ -278,6 +278,7 @@ fn request(tool: &str, args: &str, effect_key: &str) -> ToolExecutorServiceExecu
         }),
         effect_key: effect_key.into(),
         attempt: 1,
+        input_answer: None,
     }
 }
 

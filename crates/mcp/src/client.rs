@@ -1,9 +1,10 @@
 //! The MCP client side of a connection: what this gateway tells servers about itself
 //! and what it does with their notifications.
 //!
-//! It declares no capabilities: the gateway answers no sampling, roots or elicitation
-//! requests (rmcp refuses them for it), because a server must not reach the model or a
-//! user behind the tool owner's back.
+//! It declares one capability, form elicitation (unless the entry declines questions): a
+//! server's question for a person becomes the invocation's wait for an answer
+//! (`crate::elicit`). It answers no sampling or roots requests (rmcp refuses them for
+//! it), because a server must not reach the model behind the tool owner's back.
 
 // Logging (`notifications/message`) is deprecated by SEP-2577 for the 2026 protocol, but
 // servers of the versions in use today send it, and it is what they say to operators.
@@ -17,25 +18,30 @@ use std::sync::{Arc, Mutex};
 use rmcp::ClientHandler;
 use rmcp::RoleClient;
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, Implementation, LoggingLevel,
+    ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult, ElicitationAction,
+    ElicitationCapability, ErrorData, FormElicitationCapability, Implementation, LoggingLevel,
     LoggingMessageNotificationParam, ProtocolVersion,
 };
-use rmcp::service::NotificationContext;
+use rmcp::service::{NotificationContext, RequestContext};
 
+use crate::elicit::Questions;
 use crate::logs::{Admit, Budget, MAX_LINE_BYTES};
 
-/// One connection's handler; logs under the server's name.
+/// One connection's handler; logs under the server's name, and answers its questions
+/// for the calls in flight.
 #[derive(Debug, Clone)]
 pub(crate) struct Client {
     server: Arc<str>,
     budget: Arc<Mutex<Budget>>,
+    questions: Arc<Questions>,
 }
 
 impl Client {
-    pub(crate) fn new(server: Arc<str>) -> Client {
+    pub(crate) fn new(server: Arc<str>, questions: Arc<Questions>) -> Client {
         Client {
             server,
             budget: Arc::new(Mutex::new(Budget::new(tokio::time::Instant::now()))),
+            questions,
         }
     }
 
@@ -54,11 +60,40 @@ impl ClientHandler for Client {
     /// the newest of all, 2026-07-28, which has none): every server in use today speaks
     /// it, and one that answers with a stateless version is followed there by rmcp.
     fn get_info(&self) -> ClientConfig {
+        let mut capabilities = ClientCapabilities::default();
+        if self.questions.declared() {
+            // Forms only: a URL question sends a person to a page the gateway cannot
+            // show, and the orchestrator checks answers against the form's schema.
+            let mut elicitation = ElicitationCapability::default();
+            elicitation.form = Some(FormElicitationCapability::new().with_schema_validation(true));
+            capabilities.elicitation = Some(elicitation);
+        }
         ClientConfig::new(
-            ClientCapabilities::default(),
+            capabilities,
             Implementation::new("agentloop", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        match request {
+            ElicitRequestParams::FormElicitationParams {
+                message,
+                requested_schema,
+                ..
+            } => {
+                let schema = serde_json::to_value(&requested_schema).unwrap_or_default();
+                Ok(self.questions.answer(&message, &schema))
+            }
+            // A URL question, or a kind newer than this gateway: not one it can show.
+            ElicitRequestParams::UrlElicitationParams { .. } | _ => {
+                Ok(ElicitResult::new(ElicitationAction::Decline))
+            }
+        }
     }
 
     async fn on_logging_message(

@@ -8,6 +8,7 @@
 //! env = { TZ = "UTC" }             # stdio only
 //! idempotent = ["some_tool"]       # tools that may be sent again with the same effect key
 //! timeout_ms = 30000               # per call, 1..=600000
+//! elicitation = "ask"              # a server's questions: ask a person, "defaults" or "decline"
 //!
 //! [[mcp_servers]]
 //! name = "crm"
@@ -29,6 +30,7 @@ use std::time::Duration;
 use reqwest::header::{HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
+use crate::elicit::Elicitation;
 use crate::oauth::{Algorithm, Credential, Grant, OAuth, OAuthSettings, Secret, Source};
 
 /// Longest server name, in bytes. With the `__` separator it leaves 30 bytes of the
@@ -146,6 +148,10 @@ pub struct McpServerConfig {
     /// outcome was lost is sent again instead of waiting for an operator.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub idempotent: Vec<String>,
+    /// What the gateway does with the server's questions for a person
+    /// (`elicitation/create`): ask one, the default.
+    #[serde(default, skip_serializing_if = "Elicitation::is_ask")]
+    pub elicitation: Elicitation,
     /// Longest one call may take, in milliseconds (1..=600000).
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
@@ -500,6 +506,7 @@ impl fmt::Debug for McpServerConfig {
             .field("oauth", &self.oauth)
             .field("idempotent", &self.idempotent)
             .field("timeout_ms", &self.timeout_ms)
+            .field("elicitation", &self.elicitation)
             .finish()
     }
 }

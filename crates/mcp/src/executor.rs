@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status};
 
 use crate::config::{McpConfigError, McpServerConfig};
 use crate::describe;
+use crate::elicit::Asked;
 use crate::error::ExecutorError;
 use crate::link::{FaultKind, Link};
 use crate::names;
@@ -94,6 +95,7 @@ impl McpExecutor {
             Arc::from(config.name.as_str()),
             endpoint,
             supervision,
+            config.elicitation,
         ));
         let shutdown = CancellationToken::new();
         let supervisor = tokio::spawn(supervisor::supervise(Arc::clone(&shared), shutdown.clone()));
@@ -251,6 +253,8 @@ impl McpExecutor {
             );
             params.meta = Some(meta);
         }
+        // In flight from before it is sent: the server may ask at once.
+        let flight = self.shared.questions.fly(request.input_answer.clone());
         let sent = link
             .peer
             .send_request_with_option(
@@ -280,6 +284,16 @@ impl McpExecutor {
                 });
             }
         };
+        // A question the call met decides its result, whatever the server made of the
+        // `cancel` it got.
+        match flight.asked() {
+            Some(Asked::Question {
+                message,
+                schema_json,
+            }) => return Ok(finished(outcome::input_required(message, schema_json))),
+            Some(Asked::Refused(why)) => return Ok(finished(outcome::unanswerable(why))),
+            None => {}
+        }
         match answer {
             Ok(ServerResult::CallToolResult(result)) => {
                 Ok(finished(outcome::answered(server, result, writes)))

@@ -32,6 +32,7 @@
 mod client;
 mod config;
 mod describe;
+mod elicit;
 mod error;
 mod executor;
 mod http;
@@ -50,6 +51,7 @@ pub use config::{
     MAX_VALUE_BYTES, McpConfigError, McpOAuthConfig, McpServerConfig,
 };
 pub use describe::{MAX_DESCRIPTION_BYTES, MAX_PAGES, MAX_SCHEMA_BYTES, MAX_TOOLS};
+pub use elicit::{Elicitation, MAX_QUESTION_BYTES, MAX_QUESTION_SCHEMA_BYTES};
 pub use executor::{EFFECT_KEY_META, McpExecutor};
 pub use login::{Login, McpLoginError, login};
 pub use names::MAX_TOOL_NAME_BYTES;

@@ -10,7 +10,7 @@
 //! Failures without an answer are not here: they are `tonic::Status`es
 //! ([`crate::error::ExecutorError`]), so the gateway decides by the tool's class.
 
-use agentloop_proto::v1::tool_result::Outcome;
+use agentloop_proto::v1::tool_result::{InputRequired, Outcome};
 use agentloop_proto::v1::{ErrorType, NextAction, ToolError, ToolOutput};
 use rmcp::model::{CallToolResult, ContentBlock, ErrorCode, ErrorData};
 
@@ -113,6 +113,21 @@ pub(crate) fn invalid_arguments(message: String) -> Outcome {
         false,
         NextAction::FixArguments,
     )
+}
+
+/// The outcome of a call whose server asked a person `message`: it waits for the answer
+/// (the server was answered `cancel`).
+pub(crate) fn input_required(message: String, schema_json: String) -> Outcome {
+    Outcome::InputRequired(InputRequired {
+        message,
+        requested_schema_json: schema_json,
+    })
+}
+
+/// The outcome of a call whose server asked a question the call cannot wait for (the
+/// server was answered `cancel`).
+pub(crate) fn unanswerable(message: String) -> Outcome {
+    error(ErrorType::Rejected, message, false, NextAction::None)
 }
 
 fn error(error_type: ErrorType, message: String, retryable: bool, next: NextAction) -> Outcome {

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
 use crate::config::Endpoint;
+use crate::elicit::{Elicitation, Questions};
 use crate::link::{Fault, Link};
 use crate::{http, stdio};
 
@@ -108,16 +109,24 @@ pub(crate) struct Shared {
     pub(crate) name: Arc<str>,
     pub(crate) endpoint: Endpoint,
     pub(crate) supervision: Supervision,
+    /// The calls in flight, for the questions the server asks during them.
+    pub(crate) questions: Arc<Questions>,
     link: RwLock<Option<Link>>,
     health: watch::Sender<Health>,
 }
 
 impl Shared {
-    pub(crate) fn new(name: Arc<str>, endpoint: Endpoint, supervision: Supervision) -> Shared {
+    pub(crate) fn new(
+        name: Arc<str>,
+        endpoint: Endpoint,
+        supervision: Supervision,
+        elicitation: Elicitation,
+    ) -> Shared {
         Shared {
             name,
             endpoint,
             supervision,
+            questions: Arc::new(Questions::new(elicitation)),
             link: RwLock::new(None),
             health: watch::Sender::new(Health::Connecting { connection: 1 }),
         }
@@ -247,7 +256,7 @@ pub(crate) async fn supervise(shared: Arc<Shared>, shutdown: CancellationToken) 
 
 /// Starts the server or opens its session, and initializes.
 async fn connect(shared: &Shared, fault: Arc<Fault>) -> Result<Session, String> {
-    let client = Client::new(Arc::clone(&shared.name));
+    let client = Client::new(Arc::clone(&shared.name), Arc::clone(&shared.questions));
     let initialized = |error: rmcp::service::ClientInitializeError| {
         let mut reason = format!("initialization failed: {error}");
         if let Some((_, why)) = fault.get() {

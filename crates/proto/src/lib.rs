@@ -23,6 +23,7 @@
 
 #[cfg(feature = "client")]
 pub mod client;
+pub mod input;
 #[cfg(feature = "server")]
 pub mod server;
 

@@ -28,8 +28,8 @@ use std::time::Duration;
 use agentloop_effects::EffectState;
 use agentloop_effects::settle::{self, Answer, InTurn, OnEntry, Recorded};
 use agentloop_engine::{
-    CallId, CallOutcome, ErrorType, Input, NextAction, Refusal, SideEffect, ToolCall, ToolDigest,
-    ToolError,
+    CallId, CallOutcome, ErrorType, Input, InputAnswer, NextAction, Refusal, SideEffect, ToolCall,
+    ToolDigest, ToolError,
 };
 use futures::future::join_all;
 use sha2::{Digest, Sha256};
@@ -63,6 +63,9 @@ pub(crate) struct Call<'a> {
     /// Set when policy refused the call at dispatch: it is not sent (a write sent
     /// before is still settled from its ledger entry).
     pub(crate) refused: Option<&'a Refusal>,
+    /// A person's answer to the question the call asked when it was sent before: it
+    /// goes with the call, which is a new effect (its first send applied nothing).
+    pub(crate) answer: Option<&'a InputAnswer>,
 }
 
 impl Call<'_> {
@@ -81,7 +84,12 @@ impl Call<'_> {
     }
 
     fn key(&self) -> String {
-        effect_key(self.invocation, self.turn, self.call)
+        effect_key(
+            self.invocation,
+            self.turn,
+            self.call,
+            self.answer.map(|answer| answer.seq),
+        )
     }
 
     /// Sends the call, again while the answer is a retryable error and the call may be
@@ -125,6 +133,7 @@ impl Call<'_> {
             attempt,
             timeout_ms: self.timeout_ms,
             digest: self.digest,
+            answer: self.answer,
         }
     }
 
@@ -353,8 +362,9 @@ pub(crate) async fn reconcile(
     invocation: Uuid,
     turn: u32,
     call: &ToolCall,
+    answered: Option<u64>,
 ) -> Input {
-    let key = effect_key(invocation, turn, call);
+    let key = effect_key(invocation, turn, call, answered);
     let (recorded, settled) = settle::at_reconcile(ask(ports, call, &key).await);
     record(ports, &key, EffectState::OutcomeUnknown, recorded).await;
     let call_id: CallId = call.call_id.clone();
@@ -409,7 +419,12 @@ fn not_sent(message: String) -> CallOutcome {
 /// batch, so the turn is part of the key; the tool and the exact arguments are too, so a
 /// turn that is decided again after a crash with a *different* call under the same ID
 /// gets a different key instead of being mistaken for the first.
-pub(crate) fn effect_key(invocation_id: Uuid, turn: u32, call: &ToolCall) -> String {
+pub(crate) fn effect_key(
+    invocation_id: Uuid,
+    turn: u32,
+    call: &ToolCall,
+    answered: Option<u64>,
+) -> String {
     let mut hasher = Sha256::new();
     for part in [
         invocation_id.as_bytes().as_slice(),
@@ -420,6 +435,12 @@ pub(crate) fn effect_key(invocation_id: Uuid, turn: u32, call: &ToolCall) -> Str
     ] {
         hasher.update((part.len() as u64).to_be_bytes());
         hasher.update(part);
+    }
+    // The send of a call with a person's answer is an effect of its own; without one
+    // the key is what it always was.
+    if let Some(seq) = answered {
+        hasher.update(8u64.to_be_bytes());
+        hasher.update(seq.to_be_bytes());
     }
     hex::encode(hasher.finalize())
 }
@@ -439,27 +460,34 @@ mod tests {
     #[test]
     fn effect_keys_are_stable_and_tell_calls_apart() {
         let invocation = Uuid::from_u128(7);
-        let key = effect_key(invocation, 1, &call("c1", r#"{"amount":5}"#));
+        let key = effect_key(invocation, 1, &call("c1", r#"{"amount":5}"#), None);
         assert_eq!(
             key,
-            effect_key(invocation, 1, &call("c1", r#"{"amount":5}"#))
+            effect_key(invocation, 1, &call("c1", r#"{"amount":5}"#), None)
         );
         assert_eq!(key.len(), 64);
         assert_ne!(
             key,
-            effect_key(invocation, 2, &call("c1", r#"{"amount":5}"#))
+            effect_key(invocation, 2, &call("c1", r#"{"amount":5}"#), None)
         );
         assert_ne!(
             key,
-            effect_key(invocation, 1, &call("c2", r#"{"amount":5}"#))
+            effect_key(invocation, 1, &call("c2", r#"{"amount":5}"#), None)
         );
         assert_ne!(
             key,
-            effect_key(invocation, 1, &call("c1", r#"{"amount":6}"#))
+            effect_key(invocation, 1, &call("c1", r#"{"amount":6}"#), None)
         );
         assert_ne!(
             key,
-            effect_key(Uuid::from_u128(8), 1, &call("c1", r#"{"amount":5}"#))
+            effect_key(Uuid::from_u128(8), 1, &call("c1", r#"{"amount":5}"#), None)
+        );
+        // Sent again with a person's answer: another effect, one per answer.
+        let answered = effect_key(invocation, 1, &call("c1", r#"{"amount":5}"#), Some(9));
+        assert_ne!(key, answered);
+        assert_ne!(
+            answered,
+            effect_key(invocation, 1, &call("c1", r#"{"amount":5}"#), Some(12))
         );
     }
 }

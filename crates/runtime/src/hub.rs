@@ -105,6 +105,7 @@ mod tests {
                         answer: "yes".into(),
                         actor: "ana".into(),
                         waited_ms: 1,
+                        action: None,
                     },
                 ),
             },

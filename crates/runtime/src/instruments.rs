@@ -203,14 +203,15 @@ impl Instruments {
 
 impl Instruments {
     /// The `execute_tool {tool}` span of one call, under the current context (the
-    /// invocation's): the effect key of a write, the arguments only when content is
-    /// recorded.
+    /// invocation's): the effect key of a write (`answered`: the seq of the answer it is
+    /// sent with), the arguments only when content is recorded.
     pub(crate) fn execute_tool(
         &self,
         invocation: uuid::Uuid,
         turn: u32,
         call: &ToolCall,
         writes: bool,
+        answered: Option<u64>,
     ) -> ActiveSpan {
         self.telemetry.span(SpanKind::Internal, || {
             let mut attributes = vec![
@@ -223,7 +224,7 @@ impl Instruments {
             if writes {
                 attributes.push(KeyValue::new(
                     EFFECT_KEY,
-                    crate::effects::effect_key(invocation, turn, call),
+                    crate::effects::effect_key(invocation, turn, call, answered),
                 ));
             }
             if let Some(arguments) = self.content_json(&call.arguments_json) {
@@ -247,7 +248,10 @@ impl Instruments {
         match outcome {
             CallOutcome::Error(error) => span.fail("tool_error", || error.message.clone()),
             CallOutcome::Unknown { detail } => span.fail("outcome_unknown", || detail.clone()),
-            CallOutcome::Output { .. } | CallOutcome::Cancelled | CallOutcome::NotStarted => {}
+            CallOutcome::Output { .. }
+            | CallOutcome::Cancelled
+            | CallOutcome::NotStarted
+            | CallOutcome::InputRequired(_) => {}
         }
         span.end();
     }

@@ -14,8 +14,8 @@ use agentloop_effects::EffectState;
 use agentloop_effects::settle::{Answer, Recorded};
 pub use agentloop_effects::{Acceptance, Cited, Claim, Effect};
 use agentloop_engine::{
-    Authorization, CallOutcome, Check, Fingerprint, ProposedDecision, SideEffect, ToolCall,
-    ToolDigest, Usage,
+    Authorization, CallOutcome, Check, Fingerprint, InputAnswer, ProposedDecision, SideEffect,
+    ToolCall, ToolDigest, Usage,
 };
 use agentloop_script::Script;
 use agentloop_store::StoredEvent;
@@ -179,6 +179,8 @@ pub struct Dispatch<'a> {
     /// The contract version it was planned under; the gateway refuses it if the tool
     /// changed since.
     pub digest: Option<ToolDigest>,
+    /// A person's answer to the question the call asked when it was sent before.
+    pub answer: Option<&'a InputAnswer>,
 }
 
 /// An executor's answer to a send.

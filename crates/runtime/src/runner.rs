@@ -22,8 +22,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use agentloop_engine::{
-    Action, CallId, Event, EventBody, Fingerprint, Input, Invocation, Outcome, Refusal, SideEffect,
-    TerminalReason, ToolCall, ToolDigest, Totals, UnixMillis, Verdict, Verification, WaitEnd,
+    Action, CallId, Event, EventBody, Fingerprint, Input, InputAnswer, Invocation, Outcome,
+    Refusal, SideEffect, TerminalReason, ToolCall, ToolDigest, Totals, UnixMillis, Verdict,
+    Verification, WaitEnd,
 };
 use agentloop_lease::{Keeper, KeeperExit};
 use agentloop_store::{Append, InvocationState, StoreError, StoredEvent};
@@ -71,9 +72,21 @@ struct Batch {
     /// Calls policy refused at dispatch (rare: after an approval or a resume), behind
     /// one pointer: the batch lives in every runner's task.
     refused: Option<Arc<Vec<Refusal>>>,
+    /// A person's answer to the question one of the calls asked (rarer still).
+    answer: Option<Arc<InputAnswer>>,
     stages: std::vec::IntoIter<Vec<usize>>,
     running: usize,
     token: CancellationToken,
+}
+
+impl Batch {
+    /// The answer `call` is sent with, if it asked.
+    fn answer_for(&self, call: &ToolCall) -> Option<Arc<InputAnswer>> {
+        self.answer
+            .as_ref()
+            .filter(|answer| answer.call_id == call.call_id)
+            .cloned()
+    }
 }
 
 pub(crate) struct Runner {
@@ -322,6 +335,7 @@ impl Runner {
                         calls,
                         plan,
                         refused,
+                        answer,
                     } => {
                         let count = u32::try_from(calls.len()).unwrap_or(u32::MAX);
                         self.progress.in_flight.store(count, Relaxed);
@@ -329,6 +343,7 @@ impl Runner {
                             turn,
                             calls,
                             refused: (!refused.is_empty()).then(|| Arc::new(refused)),
+                            answer: answer.map(|answer| Arc::new(*answer)),
                             stages: plan.stages.into_iter(),
                             running: 0,
                             token: CancellationToken::new(),
@@ -342,7 +357,11 @@ impl Runner {
                     }
                     Action::Reconcile { turn, calls } => {
                         for call in calls {
-                            ops.push(self.reconcile(turn, call));
+                            let answered = batch
+                                .as_ref()
+                                .and_then(|batch| batch.answer_for(&call))
+                                .map(|answer| answer.seq);
+                            ops.push(self.reconcile(turn, call, answered));
                         }
                     }
                     Action::Verify {
@@ -394,6 +413,7 @@ impl Runner {
             if count >= 2
                 && count <= self.shared.ports.tools.max_stage()
                 && batch.refused.is_none()
+                && batch.answer.is_none()
                 && calls()
                     .all(|call| settings(&self.spec, &self.shared, call).0 == SideEffect::ReadOnly)
             {
@@ -401,7 +421,14 @@ impl Runner {
             } else {
                 for call in calls() {
                     let refused = batch.refused.clone();
-                    ops.push(self.call(batch.turn, call.clone(), batch.token.clone(), refused));
+                    let answer = batch.answer_for(call);
+                    ops.push(self.call(
+                        batch.turn,
+                        call.clone(),
+                        batch.token.clone(),
+                        refused,
+                        answer,
+                    ));
                 }
             }
             batch.running += count;
@@ -527,7 +554,9 @@ impl Runner {
         })
     }
 
-    fn reconcile(&self, turn: u32, call: ToolCall) -> Op {
+    /// Reconciles `call`, whose effect is keyed by the answer it was sent with, if any
+    /// (`answered`, the answer's seq).
+    fn reconcile(&self, turn: u32, call: ToolCall, answered: Option<u64>) -> Op {
         let (shared, id) = (self.shared.clone(), self.id);
         self.span.boxed(async move {
             let span = shared.instruments.step(
@@ -537,11 +566,11 @@ impl Runner {
             span.set(|| {
                 vec![KeyValue::new(
                     semconv::EFFECT_KEY,
-                    effects::effect_key(id, turn, &call),
+                    effects::effect_key(id, turn, &call, answered),
                 )]
             });
             let input = span
-                .scope(effects::reconcile(&shared.ports, id, turn, &call))
+                .scope(effects::reconcile(&shared.ports, id, turn, &call, answered))
                 .await;
             span.end();
             Done::One(input)
@@ -549,20 +578,23 @@ impl Runner {
     }
 
     /// One call of a batch; `token` cancels the batch; `refused` are the batch's
-    /// refusals at dispatch.
+    /// refusals at dispatch; `answer` is a person's answer to the question it asked.
     fn call(
         &self,
         turn: u32,
         call: ToolCall,
         token: CancellationToken,
         refused: Option<Arc<Vec<Refusal>>>,
+        answer: Option<Arc<InputAnswer>>,
     ) -> Op {
         let (shared, spec, id) = (self.shared.clone(), self.spec.clone(), self.id);
         self.span.boxed(async move {
             let (side_effect, timeout_ms) = settings(&spec, &shared, &call);
-            let span = shared
-                .instruments
-                .execute_tool(id, turn, &call, side_effect.writes());
+            let answered = answer.as_ref().map(|answer| answer.seq);
+            let span =
+                shared
+                    .instruments
+                    .execute_tool(id, turn, &call, side_effect.writes(), answered);
             let run = effects::Call {
                 ports: &shared.ports,
                 invocation: id,
@@ -575,6 +607,7 @@ impl Runner {
                 refused: refused
                     .as_deref()
                     .and_then(|refused| refused.iter().find(|r| r.call_id == call.call_id)),
+                answer: answer.as_deref(),
             };
             let outcome = span.scope(run.run()).await;
             shared.instruments.tool_done(&span, &outcome);
@@ -592,7 +625,7 @@ impl Runner {
             // One span per call; the request carrying them all goes under the invocation.
             let spans: Vec<ActiveSpan> = calls
                 .iter()
-                .map(|call| shared.instruments.execute_tool(id, turn, call, false))
+                .map(|call| shared.instruments.execute_tool(id, turn, call, false, None))
                 .collect();
             let stage: Vec<effects::Call<'_>> = calls
                 .iter()
@@ -606,6 +639,7 @@ impl Runner {
                     digest: digest(&spec, call),
                     token: &token,
                     refused: None,
+                    answer: None,
                 })
                 .collect();
             let outcomes = effects::run_stage(&shared.ports, &token, &stage).await;

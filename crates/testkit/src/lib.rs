@@ -169,6 +169,31 @@ pub fn demo_tool(call: &ToolCall) -> CallOutcome {
     }
 }
 
+/// The output of a fake tool that asked a person and was sent `answer`:
+/// `{"action":…,"content":…}`, the content as given (`null` when none).
+pub fn answered(answer: &InputAnswer) -> String {
+    let content = if answer.content_json.is_empty() {
+        "null"
+    } else {
+        &answer.content_json
+    };
+    format!(
+        r#"{{"action":"{}","content":{content}}}"#,
+        answer.action.as_str()
+    )
+}
+
+/// A fake tool's question: `which account?`, answered by an object with a string
+/// `answer`.
+pub fn asks() -> CallOutcome {
+    CallOutcome::InputRequired(InputRequest {
+        message: "which account?".into(),
+        schema_json:
+            r#"{"type":"object","properties":{"answer":{"type":"string"}},"required":["answer"]}"#
+                .into(),
+    })
+}
+
 /// Everything a run did.
 #[derive(Debug)]
 pub struct Run {
@@ -194,8 +219,9 @@ pub fn drive_from(invocation: Invocation, mut world: World, log: Vec<Event>) -> 
     run_on(invocation, &mut world, log, Vec::new(), Vec::new())
 }
 
-/// A fake human's reply to one wait: yes approves the proposal (or answers "yes"), no
-/// denies it (or answers "no").
+/// A fake human's reply to one wait: yes approves the proposal (or answers "yes", or
+/// accepts a tool's question with `{"answer":"yes"}`), no denies it (or answers "no", or
+/// declines the tool's question).
 pub type Human = bool;
 
 /// Drives an invocation restored from `log` to its end, replying to each wait for a
@@ -238,10 +264,22 @@ pub fn drive_with_humans(
                     actor: "approver".into(),
                     comment: String::new(),
                 }
+            } else if end.input.is_some() {
+                // A tool's question: yes accepts with content, no declines.
+                Reply::Answer {
+                    answer: if yes { r#"{"answer":"yes"}"# } else { "" }.into(),
+                    actor: "user".into(),
+                    action: Some(if yes {
+                        InputAction::Accept
+                    } else {
+                        InputAction::Decline
+                    }),
+                }
             } else {
                 Reply::Answer {
                     answer: if yes { "yes" } else { "no" }.into(),
                     actor: "user".into(),
+                    action: None,
                 }
             };
             let body = reply(end, reply_of, UnixMillis(0)).unwrap();
@@ -285,7 +323,12 @@ fn run_on(
                 Action::Authorize { calls, .. } => {
                     inputs.push_back(Input::Authorized((world.policy)(calls).into()))
                 }
-                Action::Execute { calls, refused, .. } => {
+                Action::Execute {
+                    calls,
+                    refused,
+                    answer,
+                    ..
+                } => {
                     let mut order: Vec<&ToolCall> = calls.iter().collect();
                     if world.arrival == Arrival::Reversed {
                         order.reverse();
@@ -297,7 +340,14 @@ fn run_on(
                             Some(refusal) => refusal.outcome(),
                             None => {
                                 executed.push(call.clone());
-                                (world.tool)(call)
+                                match answer.as_deref() {
+                                    // A tool that asked a person answers with what it
+                                    // was given.
+                                    Some(answer) if answer.call_id == call.call_id => {
+                                        output(&answered(answer))
+                                    }
+                                    Some(_) | None => (world.tool)(call),
+                                }
                             }
                         };
                         inputs.push_back(Input::CallFinished {

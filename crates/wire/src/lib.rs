@@ -9,9 +9,10 @@
 
 use agentloop_engine::{
     Authorization, CallId, CallOutcome, Check, CheckKind, CheckVerdict, EndRecord, ErrorType,
-    Event, EventBody, Judgement, Limits, MicroUsd, NextAction, Permit, ProposedCall,
-    ProposedDecision, Refusal, Rejection, RejectionKind, Ruling, SideEffect, TerminalReason,
-    ToolCall, ToolError, Totals, TurnRecord, UnixMillis, Usage,
+    Event, EventBody, InputAction, InputAnswer, InputRequest, Judgement, Limits, MicroUsd,
+    NextAction, PendingInput, Permit, ProposedCall, ProposedDecision, Refusal, Rejection,
+    RejectionKind, Ruling, SideEffect, TerminalReason, ToolCall, ToolError, Totals, TurnRecord,
+    UnixMillis, Usage,
 };
 use std::time::SystemTime;
 
@@ -419,6 +420,10 @@ pub fn outcome_from(outcome: pb::tool_result::Outcome) -> CallOutcome {
         Outcome::Unknown(unknown) => CallOutcome::Unknown {
             detail: unknown.detail,
         },
+        Outcome::InputRequired(asked) => CallOutcome::InputRequired(InputRequest {
+            message: asked.message,
+            schema_json: asked.requested_schema_json,
+        }),
     }
 }
 
@@ -445,6 +450,12 @@ pub fn tool_result(call_id: &str, outcome: &CallOutcome) -> pb::ToolResult {
         CallOutcome::Unknown { detail } => Outcome::Unknown(pb::tool_result::OutcomeUnknown {
             detail: detail.clone(),
         }),
+        CallOutcome::InputRequired(asked) => {
+            Outcome::InputRequired(pb::tool_result::InputRequired {
+                message: asked.message.clone(),
+                requested_schema_json: asked.schema_json.clone(),
+            })
+        }
     };
     pb::ToolResult {
         call_id: call_id.to_owned(),
@@ -506,6 +517,44 @@ pub fn ended(end: &EndRecord) -> pb::InvocationEnded {
         proposal_digest: end.proposal.map(|p| p.to_string()).unwrap_or_default(),
         wait_until: end.wait.map(|wait| timestamp(wait.until)),
         accepted_by: checks(&end.accepted_by),
+        input: end.input.as_deref().map(pending_input),
+    }
+}
+
+/// The wire form of the question a tool of the waiting turn asked.
+pub fn pending_input(input: &PendingInput) -> pb::PendingInput {
+    pb::PendingInput {
+        call_id: input.call_id.as_str().to_owned(),
+        tool: input.tool.clone(),
+        requested_schema_json: input.schema_json.clone(),
+    }
+}
+
+/// What a person did with a tool's question -> the wire's (`None`: not a tool's).
+pub fn input_action(action: Option<InputAction>) -> pb::InputAction {
+    match action {
+        None => pb::InputAction::Unspecified,
+        Some(InputAction::Accept) => pb::InputAction::Accept,
+        Some(InputAction::Decline) => pb::InputAction::Decline,
+        Some(InputAction::Cancel) => pb::InputAction::Cancel,
+    }
+}
+
+/// The wire's action -> the engine's (`None`: unspecified).
+pub fn input_action_from(action: pb::InputAction) -> Option<InputAction> {
+    match action {
+        pb::InputAction::Unspecified => None,
+        pb::InputAction::Accept => Some(InputAction::Accept),
+        pb::InputAction::Decline => Some(InputAction::Decline),
+        pb::InputAction::Cancel => Some(InputAction::Cancel),
+    }
+}
+
+/// The wire form of an answer a call is sent again with.
+pub fn input_answer(answer: &InputAnswer) -> pb::InputAnswer {
+    pb::InputAnswer {
+        action: input_action(Some(answer.action)).into(),
+        content_json: answer.content_json.clone(),
     }
 }
 
@@ -555,6 +604,7 @@ pub fn event(invocation_id: &str, committed_at: UnixMillis, event: &Event) -> pb
                 answer: answer.answer.clone(),
                 actor: answer.actor.clone(),
                 waited: Some(duration(answer.waited_ms)),
+                action: input_action(answer.action).into(),
             })
         }
     };

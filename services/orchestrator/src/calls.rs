@@ -174,6 +174,7 @@ pub fn execute_request(dispatch: &Dispatch<'_>) -> pb::ToolGatewayServiceExecute
         attempt: dispatch.attempt,
         timeout: Some(wire::duration(dispatch.timeout_ms)),
         descriptor_digest: dispatch.digest.map(|d| d.to_string()).unwrap_or_default(),
+        input_answer: dispatch.answer.map(wire::input_answer),
     }
 }
 
@@ -349,6 +350,7 @@ mod tests {
             attempt: 1,
             timeout_ms: 100,
             digest: None,
+            answer: None,
         };
         let answer = |call_id: &str| pb::StageAnswer {
             answer: Some(pb::stage_answer::Answer::Result(pb::ToolResult {

@@ -12,6 +12,7 @@ pub mod calls;
 mod config;
 mod error;
 pub mod grpc;
+mod input;
 mod service;
 mod stats;
 

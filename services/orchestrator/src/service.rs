@@ -13,7 +13,9 @@ use agentloop_auth::{Authenticator, Identity};
 use agentloop_effects::EffectState;
 use agentloop_effects::entry::Outcome;
 use agentloop_effects::settle::Recorded;
-use agentloop_engine::{EventBody, Fingerprint, MicroUsd, Reply, TerminalReason, UnixMillis};
+use agentloop_engine::{
+    EventBody, Fingerprint, InputAction, MicroUsd, Reply, TerminalReason, UnixMillis,
+};
 use agentloop_proto::v1 as pb;
 use agentloop_proto::v1::orchestrator_service_server::OrchestratorService;
 use agentloop_runtime::ports::FailureKind;
@@ -28,7 +30,7 @@ use uuid::Uuid;
 
 use agentloop_wire as wire;
 
-use crate::{OrchestratorError, calls, stats};
+use crate::{OrchestratorError, calls, input, stats};
 
 /// Default page size of `ListInvocations`.
 const DEFAULT_PAGE: u32 = 50;
@@ -530,6 +532,9 @@ fn invocation(record: &InvocationRecord, spec: &InvocationSpec) -> pb::Invocatio
         pending_question: waiting
             .filter(|end| end.reason == TerminalReason::ClarificationRequired)
             .map(|end| end.detail.clone()),
+        pending_input: waiting
+            .and_then(|end| end.input.as_deref())
+            .map(wire::pending_input),
         created_at: Some(wire::timestamp(record.created_at)),
         updated_at: Some(wire::timestamp(record.updated_at)),
         last_seq: record.version,
@@ -781,15 +786,44 @@ impl OrchestratorService for Api {
         let caller = self.caller(&request).await?;
         let request = request.into_inner();
         let record = self.owned(&caller, &request.invocation_id).await?;
-        if request.answer.trim().is_empty() {
-            return Err(invalid("answer is required").into());
-        }
         let bounds = self.runtime.config().bounds;
         bounded("answer", &request.answer, bounds.max_reply_bytes)?;
         let actor = acting_actor(&caller, &request.actor)?;
+        // A tool's question, while the invocation waits for its answer.
+        let asked = record
+            .end
+            .as_ref()
+            .filter(|_| record.state == InvocationState::Waiting)
+            .and_then(|end| end.input.as_deref());
+        let action = wire::input_action_from(request.action());
+        let (answer, action) = match (asked, action) {
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "action is for a tool's question; this invocation does not wait for one",
+                )
+                .into());
+            }
+            (None, None) if request.answer.trim().is_empty() => {
+                return Err(invalid("answer is required").into());
+            }
+            (None, None) => (request.answer, None),
+            (Some(asked), None | Some(InputAction::Accept)) => {
+                let content =
+                    input::accepted(&asked.schema_json, &request.answer).map_err(invalid)?;
+                bounded("answer", &content, bounds.max_reply_bytes)?;
+                (content, Some(InputAction::Accept))
+            }
+            (Some(_), Some(action)) if !request.answer.is_empty() => {
+                return Err(
+                    invalid(format!("answer must be empty with {}", action.as_str())).into(),
+                );
+            }
+            (Some(_), Some(action)) => (String::new(), Some(action)),
+        };
         let reply = Reply::Answer {
-            answer: request.answer,
+            answer,
             actor,
+            action,
         };
         let record = self
             .runtime

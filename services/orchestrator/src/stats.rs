@@ -189,6 +189,7 @@ mod tests {
                 proposal: None,
                 wait: None,
                 accepted_by: Vec::new(),
+                input: None,
             }),
             cancel_requested_at: None,
             cancel_reason: String::new(),

@@ -118,6 +118,7 @@ fn dispatch(call: &ToolCall) -> Dispatch<'_> {
         attempt: 1,
         timeout_ms: 1_000,
         digest: None,
+        answer: None,
     }
 }
 

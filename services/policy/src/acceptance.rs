@@ -366,7 +366,8 @@ impl Compiled {
                 other @ (CallOutcome::Error(_)
                 | CallOutcome::Cancelled
                 | CallOutcome::NotStarted
-                | CallOutcome::Unknown { .. }) => reasons.push(format!(
+                | CallOutcome::Unknown { .. }
+                | CallOutcome::InputRequired(_)) => reasons.push(format!(
                     "{id:?} ({}) {}, not an output",
                     cited.tool,
                     not_an_output(other)
@@ -380,13 +381,20 @@ impl Compiled {
     fn writes(&self, claim: &Claim) -> Option<Check> {
         let allowed: &[EffectState] = match self.config.writes {
             Writes::Unchecked => return None,
-            Writes::Committed | Writes::Settled if claim.effects.is_empty() => return None,
+            Writes::Committed | Writes::Settled
+                if claim
+                    .effects
+                    .iter()
+                    .all(agentloop_effects::Effect::superseded) =>
+            {
+                return None;
+            }
             Writes::Committed => &[EffectState::Committed],
             Writes::Settled => &[EffectState::Committed, EffectState::Rejected],
         };
         let mut reasons = Vec::new();
         let mut evidence = Vec::new();
-        for entry in &claim.effects {
+        for entry in claim.effects.iter().filter(|entry| !entry.superseded()) {
             let state = entry.state;
             if state.is_some_and(|state| allowed.contains(&state)) {
                 evidence.push(entry.effect_key.clone());
@@ -520,6 +528,7 @@ fn not_an_output(outcome: &CallOutcome) -> String {
         CallOutcome::Cancelled => "was cancelled".to_owned(),
         CallOutcome::NotStarted => "never started".to_owned(),
         CallOutcome::Unknown { .. } => "has an unknown outcome".to_owned(),
+        CallOutcome::InputRequired(_) => "waits for a person's input".to_owned(),
         CallOutcome::Output { .. } => "has no result".to_owned(),
     }
 }

@@ -224,6 +224,43 @@ fn the_ledger_is_the_authority_on_writes() {
 }
 
 #[test]
+fn a_send_that_asked_a_person_is_not_a_write_of_its_own() {
+    let defaults = AcceptanceRules::default();
+    let asked = EffectEntry {
+        detail: agentloop_effects::settle::ASKED_FOR_INPUT.into(),
+        ..effect("t1", EffectState::Rejected)
+    };
+    // Sent again with the answer: that send is the write the rule checks.
+    let answered = EffectEntry {
+        effect_key: "key-t1-answered".into(),
+        ..effect("t1", EffectState::Committed)
+    };
+    let accepted = judge(&defaults, claim(&[], vec![], vec![asked.clone(), answered]));
+    assert!(accepted.accepted, "{:?}", accepted.reasons);
+    assert_eq!(
+        accepted
+            .checks
+            .iter()
+            .find(|c| c.name == "writes")
+            .unwrap()
+            .evidence,
+        vec!["key-t1-answered"]
+    );
+    // The answered send rejected: refused, as any rejected write.
+    let rejected = EffectEntry {
+        effect_key: "key-t1-answered".into(),
+        ..effect("t1", EffectState::Rejected)
+    };
+    assert!(!judge(&defaults, claim(&[], vec![], vec![asked.clone(), rejected])).accepted);
+    // The same detail on a write that was not rejected is no exception.
+    let committed = EffectEntry {
+        detail: agentloop_effects::settle::ASKED_FOR_INPUT.into(),
+        ..effect("t1", EffectState::OutcomeUnknown)
+    };
+    assert!(!judge(&defaults, claim(&[], vec![], vec![committed])).accepted);
+}
+
+#[test]
 fn required_evidence_with_conditions_is_checked_against_the_cited_outputs() {
     let strict = rules(
         r#"

@@ -15,9 +15,9 @@ use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use agentloop_proto::v1::tool_result::Outcome;
 use agentloop_proto::v1::{
     Check, DeregisterExecutorRequest, DeregisterExecutorResponse, ErrorType, ExecuteStageRequest,
-    ExecuteStageResponse, ListToolsRequest, ListToolsResponse, NextAction, RegisterExecutorRequest,
-    RegisterExecutorResponse, StageAnswer, ToolDescriptor, ToolError,
-    ToolExecutorServiceExecuteRequest, ToolExecutorServiceReconcileRequest,
+    ExecuteStageResponse, InputAction, InputAnswer, ListToolsRequest, ListToolsResponse,
+    NextAction, RegisterExecutorRequest, RegisterExecutorResponse, StageAnswer, ToolDescriptor,
+    ToolError, ToolExecutorServiceExecuteRequest, ToolExecutorServiceReconcileRequest,
     ToolExecutorServiceVerifyRequest, ToolGatewayServiceExecuteRequest,
     ToolGatewayServiceExecuteResponse, ToolGatewayServiceReconcileRequest,
     ToolGatewayServiceReconcileResponse, ToolGatewayServiceVerifyRequest,
@@ -53,6 +53,9 @@ pub struct Dispatch<'a> {
     /// The tool's contract version the call was planned under; a call planned under
     /// another is not sent.
     pub planned: Option<ToolDigest>,
+    /// A person's answer to the question the call asked when it was sent before; passed
+    /// on to the executor.
+    pub answer: Option<&'a InputAnswer>,
 }
 
 /// What became of a call the gateway sent, in the engine's terms.
@@ -317,7 +320,8 @@ impl Gateway {
             Outcome::Error(_)
             | Outcome::Cancelled(_)
             | Outcome::NotStarted(_)
-            | Outcome::Unknown(_) => String::new(),
+            | Outcome::Unknown(_)
+            | Outcome::InputRequired(_) => String::new(),
         };
         Ok(Answered {
             outcome: agentloop_wire::outcome_from(outcome),
@@ -352,6 +356,7 @@ impl Gateway {
                 attempt: request.attempt,
                 timeout,
                 planned,
+                answer: request.input_answer.as_ref(),
             })
             .await?;
         Ok(ToolResult {
@@ -387,6 +392,9 @@ impl Gateway {
                 call.arguments_json.len()
             )));
         }
+        if let Some(answer) = dispatch.answer {
+            check_answer(answer, max_args)?;
+        }
         let registry = self.inner.registrar.current();
         let tool = tool(&registry, &call.tool)?;
         let side_effect = tool.entry.side_effect;
@@ -408,6 +416,7 @@ impl Gateway {
                     call: Some(agentloop_wire::tool_call(call)),
                     effect_key: dispatch.effect_key.to_owned(),
                     attempt: dispatch.attempt,
+                    input_answer: dispatch.answer.cloned(),
                 };
                 self.forward_call(tool, call.call_id.as_str(), deadline, timeout, forwarded)
                     .await
@@ -701,6 +710,27 @@ fn tool<'r>(registry: &'r Registry, name: &str) -> Result<&'r Tool, GatewayError
 /// caller planned the call under `planned` (a call approved, authorized and planned for
 /// one contract must not run under another), or its executor is unavailable, so the call
 /// answers at once instead of waiting for a connection.
+/// Whether a person's answer is one an executor can be given: an action, and content
+/// (within the arguments' bound) exactly when accepted.
+fn check_answer(answer: &InputAnswer, max_bytes: usize) -> Result<(), GatewayError> {
+    let refuse = |why: String| Err(GatewayError::InvalidRequest(why));
+    let content = &answer.content_json;
+    match answer.action() {
+        InputAction::Unspecified => refuse("input_answer.action is required".to_owned()),
+        _ if content.len() > max_bytes => refuse(format!(
+            "input_answer.content_json is {} bytes, more than {max_bytes}",
+            content.len()
+        )),
+        InputAction::Accept if content.is_empty() => {
+            refuse("an accepted input_answer needs content_json".to_owned())
+        }
+        InputAction::Decline | InputAction::Cancel if !content.is_empty() => {
+            refuse("a declined or cancelled input_answer has no content_json".to_owned())
+        }
+        InputAction::Accept | InputAction::Decline | InputAction::Cancel => Ok(()),
+    }
+}
+
 fn unsendable(tool: &Tool, planned: Option<ToolDigest>) -> Option<Outcome> {
     if let Some(planned) = planned
         && Some(planned) != tool.digest

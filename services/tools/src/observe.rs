@@ -38,7 +38,7 @@ impl Observed {
             seconds: telemetry.metrics().histograms(
                 "tool_call_duration_seconds",
                 "Calls the gateway forwarded (or answered at once), by registered tool and \
-                 outcome (output, error, cancelled, not_started, unknown).",
+                 outcome (output, error, cancelled, not_started, unknown, input_required).",
                 seconds,
             ),
             made: AtomicUsize::new(0),
@@ -53,6 +53,7 @@ impl Observed {
             Outcome::Cancelled(_) => "cancelled",
             Outcome::NotStarted(_) => "not_started",
             Outcome::Unknown(_) => "unknown",
+            Outcome::InputRequired(_) => "input_required",
         };
         let mut labels = Call {
             tool: tool.to_owned(),

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::canonical::Fingerprint;
 use crate::decision::{CallId, ToolCall};
 use crate::event::{Event, Refusal};
-use crate::outcome::{Outcome, Totals};
+use crate::outcome::{InputAnswer, Outcome, Totals};
 use crate::plan::ExecutionPlan;
 
 /// What the engine asks the shell to do.
@@ -41,6 +41,10 @@ pub enum Action {
         /// usual.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         refused: Vec<Refusal>,
+        /// A person's answer to the question one of `calls` asked: that call is sent
+        /// with it. Boxed: almost no batch has one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        answer: Option<Box<InputAnswer>>,
     },
     /// Stop the calls of `turn`: drop running ones (report `Cancelled`, or their result if
     /// they already finished) and start no more (report `NotStarted`).

@@ -8,6 +8,7 @@ use crate::terminal::TerminalReason;
 use crate::time::UnixMillis;
 
 use super::phase::{Draft, Phase};
+use super::stop::Asks;
 use super::{Action, Invocation, Stop, Verdict};
 
 impl Invocation {
@@ -45,13 +46,12 @@ impl Invocation {
                 self.end_stopped(Some(draft), Stop::Deadline)
             }
             Verdict::Allow if let Some(summary) = summary => {
-                let proposal = Some(batch.fingerprint);
                 let turn = EventBody::Turn(draft.record(None));
                 self.wait(
                     vec![turn],
                     TerminalReason::ApprovalRequired,
                     summary,
-                    proposal,
+                    Asks::Approval(batch.fingerprint),
                     now,
                 )
             }
@@ -60,7 +60,6 @@ impl Invocation {
                 self.reject_calls(draft, format!("denied by policy: {reason}"), refusals)
             }
             Verdict::RequireApproval { reason } => {
-                let proposal = Some(batch.fingerprint);
                 // What the model said it proposes, if it asked itself, else why policy asks.
                 let detail = match summary {
                     Some(summary) => format!("{summary} (policy: {reason})"),
@@ -71,7 +70,7 @@ impl Invocation {
                     vec![turn],
                     TerminalReason::ApprovalRequired,
                     detail,
-                    proposal,
+                    Asks::Approval(batch.fingerprint),
                     now,
                 )
             }

@@ -8,6 +8,7 @@ use crate::terminal::TerminalReason;
 use crate::time::UnixMillis;
 
 use super::phase::{Draft, Phase};
+use super::stop::Asks;
 use super::{Action, Invocation, Stop};
 
 impl Invocation {
@@ -110,7 +111,7 @@ impl Invocation {
                 vec![EventBody::Turn(draft.record(None))],
                 TerminalReason::ClarificationRequired,
                 question,
-                None,
+                Asks::Nothing,
                 now,
             ),
             Decision::CannotContinue(reason) => self.end(

@@ -2,19 +2,26 @@
 //! the reconciliation of unknown writes, and the commit of the executed turn.
 
 use crate::decision::{CallId, ValidBatch};
-use crate::event::EventBody;
+use crate::event::{EventBody, PendingInput};
 use crate::outcome::{CallOutcome, CallResult};
 use crate::plan::ExecutionPlan;
 use crate::terminal::TerminalReason;
+use crate::time::UnixMillis;
 
-use super::phase::{Draft, Phase, Reconciling, Refused};
+use super::phase::{Draft, Earlier, Phase, Reconciling, Refused};
+use super::stop::Asks;
 use super::{Action, Invocation, StepError};
 
 impl Invocation {
-    /// Runs an authorized batch: a batch with writes after its start is committed.
+    /// Runs an authorized batch: a batch with writes to send is committed as started
+    /// first.
     pub(super) fn run_batch(&mut self, draft: Draft, batch: ValidBatch) -> Vec<Action> {
-        let writes = batch.calls.iter().any(|call| {
-            self.catalog
+        let earlier = draft.earlier.as_deref();
+        let writes = batch.calls.iter().enumerate().any(|(index, call)| {
+            // A reopened turn sends only the call that asked.
+            let sent = earlier.is_none_or(|earlier| earlier.results[index].is_none());
+            sent && self
+                .catalog
                 .get(&call.tool)
                 .is_some_and(|spec| spec.side_effect.writes())
         });
@@ -48,12 +55,25 @@ impl Invocation {
         }
     }
 
-    /// Runs an authorized batch.
-    pub(super) fn execute(&mut self, draft: Draft, batch: ValidBatch) -> Vec<Action> {
+    /// Runs an authorized batch: all its calls, or, in a turn reopened by a person's
+    /// answer to a tool's question, the call that asked, with the answer.
+    pub(super) fn execute(&mut self, mut draft: Draft, batch: ValidBatch) -> Vec<Action> {
         let turn = draft.turn;
-        let plan = ExecutionPlan::for_calls(&batch.calls, &self.catalog);
-        let calls = batch.calls.clone();
-        let results = vec![None; calls.len()];
+        let (results, calls, answer) = match draft.earlier.take() {
+            Some(earlier) => {
+                let Earlier { results, answer } = *earlier;
+                let calls = batch
+                    .calls
+                    .iter()
+                    .zip(&results)
+                    .filter(|(_, result)| result.is_none())
+                    .map(|(call, _)| call.clone())
+                    .collect();
+                (results, calls, Some(Box::new(answer)))
+            }
+            None => (vec![None; batch.calls.len()], batch.calls.clone(), None),
+        };
+        let plan = ExecutionPlan::for_calls(&calls, &self.catalog);
         let refused = draft
             .checked
             .as_ref()
@@ -69,6 +89,7 @@ impl Invocation {
             calls,
             plan,
             refused,
+            answer,
         }]
     }
 
@@ -79,6 +100,7 @@ impl Invocation {
         mut results: Vec<Option<CallOutcome>>,
         call_id: CallId,
         outcome: CallOutcome,
+        now: UnixMillis,
     ) -> Result<Vec<Action>, Refused> {
         let slot = match batch.calls.iter().position(|call| call.call_id == call_id) {
             None => Err(StepError::UnknownCall(call_id)),
@@ -106,7 +128,7 @@ impl Invocation {
             return Ok(Vec::new());
         }
         let results: Vec<CallOutcome> = results.into_iter().flatten().collect();
-        Ok(self.batch_done(draft, batch, results))
+        Ok(self.batch_done(draft, batch, results, now))
     }
 
     /// Every call has its result. Writes whose outcome is unknown are reconciled before
@@ -116,6 +138,7 @@ impl Invocation {
         draft: Draft,
         batch: ValidBatch,
         results: Vec<CallOutcome>,
+        now: UnixMillis,
     ) -> Vec<Action> {
         let pending: Vec<usize> = batch
             .calls
@@ -132,7 +155,7 @@ impl Invocation {
             .map(|(index, _)| index)
             .collect();
         if pending.is_empty() {
-            return self.commit_batch(draft, batch, results, None);
+            return self.commit_batch(draft, batch, results, None, now);
         }
         let turn = draft.turn;
         let calls = pending
@@ -154,6 +177,7 @@ impl Invocation {
         mut waiting: Reconciling,
         call_id: CallId,
         answer: Result<CallOutcome, String>,
+        now: UnixMillis,
     ) -> Result<Vec<Action>, Refused> {
         let Some(at) = waiting
             .pending
@@ -181,17 +205,18 @@ impl Invocation {
             unresolved,
             ..
         } = waiting;
-        Ok(self.commit_batch(draft, batch, results, unresolved))
+        Ok(self.commit_batch(draft, batch, results, unresolved, now))
     }
 
     /// Commits an executed turn, ending the invocation if a call could not be reconciled
-    /// or a stop is pending.
+    /// or a stop is pending, or waiting for a person if a call asked one for input.
     pub(super) fn commit_batch(
         &mut self,
         draft: Draft,
         batch: ValidBatch,
         results: Vec<CallOutcome>,
         unresolved: Option<(CallId, String)>,
+        now: UnixMillis,
     ) -> Vec<Action> {
         let mut record = draft.record(None);
         record.plan = Some(batch.fingerprint);
@@ -203,6 +228,25 @@ impl Invocation {
                 Some((call.tool.clone(), digest))
             })
             .collect();
+        // The first call that asked a person: the others that asked wait their turn.
+        let asking = batch
+            .calls
+            .iter()
+            .zip(&results)
+            .find_map(|(call, outcome)| {
+                let CallOutcome::InputRequired(request) = outcome else {
+                    return None;
+                };
+                Some((call, request))
+            })
+            .map(|(call, request)| {
+                let input = PendingInput {
+                    call_id: call.call_id.clone(),
+                    tool: call.tool.clone(),
+                    schema_json: request.schema_json.clone(),
+                };
+                (request.message.clone(), Box::new(input))
+            });
         record.results = batch
             .calls
             .into_iter()
@@ -213,8 +257,8 @@ impl Invocation {
             })
             .collect();
         let turn = EventBody::Turn(record);
-        match (unresolved, self.stop.take().map(|stop| *stop)) {
-            (Some((call_id, detail)), _) => self.end(
+        match (unresolved, self.stop.take().map(|stop| *stop), asking) {
+            (Some((call_id, detail)), _, _) => self.end(
                 vec![turn],
                 TerminalReason::ReconciliationRequired,
                 format!(
@@ -223,14 +267,21 @@ impl Invocation {
                 None,
                 None,
             ),
-            (None, Some(stop)) => self.end(
+            (None, Some(stop), _) => self.end(
                 vec![turn],
                 stop.reason(),
                 stop.detail().to_owned(),
                 None,
                 None,
             ),
-            (None, None) => self.commit(vec![turn]),
+            (None, None, Some((question, input))) => self.wait(
+                vec![turn],
+                TerminalReason::ClarificationRequired,
+                question,
+                Asks::Input(input),
+                now,
+            ),
+            (None, None, None) => self.commit(vec![turn]),
         }
     }
 }

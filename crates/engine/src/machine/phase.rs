@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use crate::decision::{CallId, ProposedDecision, Usage, ValidBatch};
 use crate::event::{EndRecord, EventBody, Permit, Refusal, Rejection, RejectionKind, TurnRecord};
-use crate::outcome::{CallOutcome, Outcome};
+use crate::outcome::{CallOutcome, InputAnswer, Outcome};
 
 use super::{Protocol, StepError};
 
@@ -21,6 +21,19 @@ pub(super) struct Draft {
     /// What policy said, once it judged the calls. Boxed: only invocations under
     /// policies have it, and every running one keeps a draft.
     pub(super) checked: Option<Box<Checked>>,
+    /// Set when a person answered a tool's question of this (reopened) turn. Boxed, as
+    /// `checked`.
+    pub(super) earlier: Option<Box<Earlier>>,
+}
+
+/// A reopened turn whose tool asked a person: what its calls gave before, and the
+/// answer the asking call is sent again with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Earlier {
+    /// Each call's committed result, in call order; only the asking call's is empty.
+    pub(super) results: Vec<Option<CallOutcome>>,
+    /// The answer.
+    pub(super) answer: InputAnswer,
 }
 
 /// What policy said about a draft's calls.
@@ -43,14 +56,15 @@ impl Draft {
             approved: false,
             started: false,
             checked: None,
+            earlier: None,
         }
     }
 
     /// Whether its calls are about to be sent without the model deciding again (a
-    /// human approved them, or their batch is resumed): policy checks them again, and a
-    /// call it refuses is not sent.
+    /// human approved them or answered one's question, or their batch is resumed):
+    /// policy checks them again, and a call it refuses is not sent.
     pub(super) fn at_dispatch(&self) -> bool {
-        self.approved || self.started
+        self.approved || self.started || self.earlier.is_some()
     }
 
     pub(super) fn record(self, rejection: Option<Rejection>) -> TurnRecord {

@@ -3,7 +3,7 @@
 
 use crate::canonical::Fingerprint;
 use crate::event::{Event, EventBody, RejectionKind};
-use crate::outcome::Totals;
+use crate::outcome::{CallOutcome, Totals};
 
 use super::RestoreError;
 
@@ -27,6 +27,10 @@ pub struct Protocol {
     /// A batch with writes has started in this invocation (it committed a
     /// `BatchStarted`): only then can the effect ledger have entries for it.
     pub wrote: bool,
+    /// Calls of the last committed turn that finished (all but those that asked a person
+    /// for input), if it ran calls: a reopened turn's commit counts only the calls it
+    /// adds, and its plan once.
+    pub finished_in_turn: Option<u32>,
     /// What humans did, once one replied. Boxed: most invocations never wait, and every
     /// running one keeps a protocol state (two while a batch starts).
     pub humans: Option<Box<Humans>>,
@@ -35,8 +39,9 @@ pub struct Protocol {
 /// What humans did in an invocation, as its replies committed it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Humans {
-    /// A human approved the last turn's proposal: that turn is committed again, with the
-    /// approved calls' results.
+    /// A human approved the last turn's proposal, or answered a question one of its
+    /// calls asked: that turn is committed again, with the approved calls' results or the
+    /// asking call's new one.
     pub reopened: bool,
     /// Time spent waiting for humans, in milliseconds.
     pub waited_ms: u64,
@@ -104,6 +109,19 @@ impl Protocol {
                         found: record.turn,
                     });
                 }
+                let asked = record
+                    .results
+                    .iter()
+                    .filter(|result| matches!(result.outcome, CallOutcome::InputRequired(_)))
+                    .count();
+                let finished = u32::try_from(record.results.len() - asked).unwrap_or(u32::MAX);
+                // The same turn again (a human reopened it): what its first commit ran.
+                let ran_before = if record.turn == self.totals.steps {
+                    self.finished_in_turn
+                } else {
+                    None
+                };
+                self.finished_in_turn = (!record.results.is_empty()).then_some(finished);
                 self.started = None;
                 if let Some(humans) = &mut self.humans {
                     humans.reopened = false;
@@ -122,9 +140,13 @@ impl Protocol {
                 }
                 if !record.results.is_empty() {
                     let plan = record.plan.ok_or(RestoreError::MissingPlan(record.turn))?;
-                    let executed = u32::try_from(record.results.len()).unwrap_or(u32::MAX);
-                    totals.tool_calls = totals.tool_calls.saturating_add(executed);
+                    let added = finished.saturating_sub(ran_before.unwrap_or(0));
+                    totals.tool_calls = totals.tool_calls.saturating_add(added);
                     self.last_plan = Some(match self.last_plan {
+                        // A reopened turn's plan ran once, whatever it sent again.
+                        Some((last, streak)) if last == plan && ran_before.is_some() => {
+                            (plan, streak)
+                        }
                         Some((last, streak)) if last == plan => (plan, streak + 1),
                         Some(_) | None => (plan, 1),
                     });
@@ -148,6 +170,10 @@ impl Protocol {
             EventBody::ClarificationAnswered(answer) => {
                 let humans = self.humans.get_or_insert_default();
                 humans.waited_ms = humans.waited_ms.saturating_add(answer.waited_ms);
+                // A tool's question reopens its turn; the model's starts the next one.
+                if answer.action.is_some() {
+                    humans.reopened = true;
+                }
             }
         }
         self.version = event.seq;

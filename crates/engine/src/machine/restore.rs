@@ -4,11 +4,12 @@ use std::sync::Arc;
 
 use crate::catalog::ToolCatalog;
 use crate::decision::{Usage, ValidBatch};
-use crate::event::{EndRecord, Event, EventBody, TurnRecord};
+use crate::event::{Answer, EndRecord, Event, EventBody, PendingInput, TurnRecord};
 use crate::limits::Limits;
+use crate::outcome::{CallOutcome, CallResult, InputAnswer};
 use crate::terminal::TerminalReason;
 
-use super::phase::{Draft, Phase};
+use super::phase::{Draft, Earlier, Phase};
 use super::{Invocation, RestoreError};
 
 impl Invocation {
@@ -26,6 +27,10 @@ impl Invocation {
         // The end the invocation waits after, and the last turn (the one a reply resumes).
         let mut waiting: Option<&EndRecord> = None;
         let mut last_turn: Option<&TurnRecord> = None;
+        // The turn a human approved, and what a reopened turn whose tool asked for input
+        // had, until that turn is committed again.
+        let mut approved_turn: Option<u32> = None;
+        let mut earlier: Option<Earlier> = None;
         for event in events {
             let bad = |why: &str| RestoreError::BadReply(event.seq, why.to_owned());
             match (&event.body, waiting) {
@@ -36,9 +41,12 @@ impl Invocation {
                         return Err(bad("not the pending proposal"));
                     }
                 }
-                (EventBody::ClarificationAnswered(_), Some(end)) => {
+                (EventBody::ClarificationAnswered(answer), Some(end)) => {
                     if end.reason != TerminalReason::ClarificationRequired {
                         return Err(bad("no question is pending"));
+                    }
+                    if answer.action.is_some() != end.input.is_some() {
+                        return Err(bad("not an answer to the pending question"));
                     }
                 }
                 (EventBody::Ended(end), Some(_)) if !end.waits() => {}
@@ -52,20 +60,43 @@ impl Invocation {
                 (_, None) => {}
             }
             invocation.protocol.apply(event)?;
-            waiting = None;
+            let replied_to = waiting.take();
             invocation.phase = match &event.body {
                 EventBody::Ended(end) => {
                     waiting = end.waits().then_some(end);
                     Phase::Ended(invocation.outcome_of(end))
                 }
-                EventBody::BatchStarted(record) => invocation.resuming(record)?,
+                EventBody::BatchStarted(record) => {
+                    invocation.resuming(record, earlier.as_ref(), approved_turn)?
+                }
                 EventBody::Turn(record) => {
                     last_turn = Some(record);
+                    earlier = None;
                     Phase::Idle
                 }
                 EventBody::ApprovalResolved(resolution) if resolution.approved => {
                     let record = last_turn.ok_or_else(|| bad("no turn was approved"))?;
+                    approved_turn = Some(record.turn);
                     invocation.approved(record)?
+                }
+                EventBody::ClarificationAnswered(answer) if answer.action.is_some() => {
+                    let record = last_turn.ok_or_else(|| bad("no turn asked"))?;
+                    let input = replied_to
+                        .and_then(|end| end.input.as_deref())
+                        .ok_or_else(|| bad("no tool asked"))?;
+                    let reopened = invocation
+                        .answered(record, input, answer, event.seq)
+                        .map_err(bad)?;
+                    let approved = approved_turn == Some(record.turn);
+                    let (draft, batch) = invocation.restored_batch(record)?;
+                    let mut draft = Draft {
+                        approved,
+                        usage: Usage::default(),
+                        ..draft
+                    };
+                    draft.earlier = Some(Box::new(reopened.clone()));
+                    earlier = Some(reopened);
+                    Phase::Approved { draft, batch }
                 }
                 EventBody::ApprovalResolved(_) | EventBody::ClarificationAnswered(_) => Phase::Idle,
             };
@@ -74,12 +105,59 @@ impl Invocation {
     }
 
     /// The phase of a batch restored from its `BatchStarted` event.
-    fn resuming(&self, record: &TurnRecord) -> Result<Phase, RestoreError> {
+    fn resuming(
+        &self,
+        record: &TurnRecord,
+        earlier: Option<&Earlier>,
+        approved_turn: Option<u32>,
+    ) -> Result<Phase, RestoreError> {
         let (mut draft, batch) = self.restored_batch(record)?;
         draft.started = true;
-        // The batch of a reopened turn runs under its approval.
-        draft.approved = self.protocol.reopened();
+        if self.protocol.reopened() {
+            // Reopened by an answer to a tool's question: only the asking call is sent,
+            // under the approval its turn had, if any.
+            if let Some(earlier) = earlier {
+                draft.earlier = Some(Box::new(earlier.clone()));
+                draft.approved = approved_turn == Some(record.turn);
+            } else {
+                // Reopened by an approval: the batch runs under it.
+                draft.approved = true;
+            }
+        }
         Ok(Phase::Resuming { draft, batch })
+    }
+
+    /// What a turn reopened by `answer` to the question `input` put had: its committed
+    /// results, the asking call's slot empty for the answer to fill.
+    fn answered(
+        &self,
+        record: &TurnRecord,
+        input: &PendingInput,
+        answer: &Answer,
+        seq: u64,
+    ) -> Result<Earlier, &'static str> {
+        let action = answer.action.ok_or("no tool asked")?;
+        let asked = |result: &CallResult| {
+            result.call_id == input.call_id
+                && matches!(result.outcome, CallOutcome::InputRequired(_))
+        };
+        if !record.results.iter().any(asked) {
+            return Err("the call that asked has no question in its turn");
+        }
+        let results = record
+            .results
+            .iter()
+            .map(|result| (!asked(result)).then(|| result.outcome.clone()))
+            .collect();
+        Ok(Earlier {
+            results,
+            answer: InputAnswer {
+                call_id: input.call_id.clone(),
+                action,
+                content_json: answer.answer.clone(),
+                seq,
+            },
+        })
     }
 
     /// The phase after a human approved the calls `record` proposed.

@@ -32,7 +32,7 @@ impl Invocation {
             }
             (
                 Phase::Starting {
-                    draft,
+                    mut draft,
                     batch,
                     after,
                 },
@@ -41,8 +41,15 @@ impl Invocation {
                 self.protocol = after;
                 if self.stop.is_some() {
                     // Stopped while the start was being committed: nothing was sent.
-                    let results = vec![CallOutcome::NotStarted; batch.calls.len()];
-                    return Ok(self.commit_batch(draft, batch, results, None));
+                    let results = match draft.earlier.take() {
+                        Some(earlier) => earlier
+                            .results
+                            .into_iter()
+                            .map(|result| result.unwrap_or(CallOutcome::NotStarted))
+                            .collect(),
+                        None => vec![CallOutcome::NotStarted; batch.calls.len()],
+                    };
+                    return Ok(self.commit_batch(draft, batch, results, None, now));
                 }
                 Ok(self.execute(draft, batch))
             }
@@ -73,12 +80,12 @@ impl Invocation {
                     results,
                 },
                 Input::CallFinished { call_id, outcome },
-            ) => self.call_finished(draft, batch, results, call_id, outcome),
+            ) => self.call_finished(draft, batch, results, call_id, outcome, now),
             (Phase::Reconciling(waiting), Input::Reconciled { call_id, outcome }) => {
-                self.reconciled(waiting, call_id, Ok(outcome))
+                self.reconciled(waiting, call_id, Ok(outcome), now)
             }
             (Phase::Reconciling(waiting), Input::ReconciliationFailed { call_id, detail }) => {
-                self.reconciled(waiting, call_id, Err(detail))
+                self.reconciled(waiting, call_id, Err(detail), now)
             }
             (Phase::Verifying { draft, answer }, Input::Verified(verification)) => {
                 Ok(self.verified(draft, answer, verification, now))

@@ -2,7 +2,7 @@
 //! or a wait for a human.
 
 use crate::canonical::Fingerprint;
-use crate::event::{EndRecord, EventBody, Wait};
+use crate::event::{EndRecord, EventBody, PendingInput, Wait};
 use crate::terminal::TerminalReason;
 use crate::time::UnixMillis;
 
@@ -11,6 +11,16 @@ use super::{Action, Invocation};
 
 /// The terminal detail of a cancel that gave no reason.
 pub(crate) const CANCELLED: &str = "cancelled by request";
+
+/// What a waiting end puts to the human beside its detail.
+pub(super) enum Asks {
+    /// Nothing more: the model's question.
+    Nothing,
+    /// Approve the proposal with this digest.
+    Approval(Fingerprint),
+    /// Give a tool the input it asked for.
+    Input(Box<PendingInput>),
+}
 
 /// Why a stop was requested.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,20 +162,27 @@ impl Invocation {
             proposal,
             wait: None,
             accepted_by: Vec::new(),
+            input: None,
         }));
         self.commit(bodies)
     }
 
     /// Ends the run to wait for a human: its log holds all a resume needs (the turn in
-    /// `bodies`, the proposal), and the wait is bounded by `limits.max_wait_ms`.
+    /// `bodies`, the proposal, the tool's question), and the wait is bounded by
+    /// `limits.max_wait_ms`.
     pub(super) fn wait(
         &mut self,
         mut bodies: Vec<EventBody>,
         reason: TerminalReason,
         detail: String,
-        proposal: Option<Fingerprint>,
+        asks: Asks,
         now: UnixMillis,
     ) -> Vec<Action> {
+        let (proposal, input) = match asks {
+            Asks::Nothing => (None, None),
+            Asks::Approval(proposal) => (Some(proposal), None),
+            Asks::Input(input) => (None, Some(input)),
+        };
         bodies.push(EventBody::Ended(EndRecord {
             reason,
             detail,
@@ -176,6 +193,7 @@ impl Invocation {
                 until: now.saturating_add(self.limits.max_wait_ms),
             }),
             accepted_by: Vec::new(),
+            input,
         }));
         self.commit(bodies)
     }

@@ -32,6 +32,7 @@ impl Invocation {
                         proposal: None,
                         wait: None,
                         accepted_by: checks,
+                        input: None,
                     }),
                 ])
             }

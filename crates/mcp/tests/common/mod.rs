@@ -123,6 +123,7 @@ pub fn call_request(
         }),
         effect_key: effect_key.to_owned(),
         attempt: 1,
+        input_answer: None,
     })
 }
 

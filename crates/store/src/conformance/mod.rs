@@ -29,8 +29,9 @@ use std::sync::Arc;
 
 use agentloop_engine::{
     Answer, CallId, CallOutcome, CallResult, EndRecord, ErrorType, Event, EventBody, Fingerprint,
-    MicroUsd, NextAction, ProposedCall, ProposedDecision, Rejection, RejectionKind, Resolution,
-    TerminalReason, ToolError, Totals, TurnRecord, UnixMillis, Usage, Wait,
+    InputAction, InputRequest, MicroUsd, NextAction, PendingInput, ProposedCall, ProposedDecision,
+    Rejection, RejectionKind, Resolution, TerminalReason, ToolError, Totals, TurnRecord,
+    UnixMillis, Usage, Wait,
 };
 use agentloop_testkit::conformance::{Check, run_checks};
 use uuid::Uuid;
@@ -209,6 +210,7 @@ fn ended(seq: u64, reason: TerminalReason) -> Event {
             proposal: None,
             wait: None,
             accepted_by: Vec::new(),
+            input: None,
         }),
     }
 }
@@ -268,6 +270,13 @@ pub fn every_kind_of_event() -> Vec<Event> {
                     outcome: CallOutcome::Unknown {
                         detail: "timed out after 30 s".to_owned(),
                     },
+                },
+                CallResult {
+                    call_id: CallId::new("f"),
+                    outcome: CallOutcome::InputRequired(InputRequest {
+                        message: "which account?".to_owned(),
+                        schema_json: r#"{"type":"object"}"#.to_owned(),
+                    }),
                 },
             ],
             rejection: None,
@@ -358,6 +367,11 @@ pub fn every_kind_of_event() -> Vec<Event> {
                 until: UnixMillis(7),
             }),
             accepted_by: Vec::new(),
+            input: Some(Box::new(PendingInput {
+                call_id: CallId::new("f"),
+                tool: "lookup".to_owned(),
+                schema_json: r#"{"type":"object"}"#.to_owned(),
+            })),
         }),
     });
     let seq = events.len() as u64 + 1;
@@ -378,6 +392,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
             answer: "the blue one".to_owned(),
             actor: "ana".to_owned(),
             waited_ms: 3,
+            action: Some(InputAction::Accept),
         }),
     });
     let seq = events.len() as u64 + 1;
@@ -1261,6 +1276,7 @@ pub async fn waits_for_humans(store: Arc<dyn EventStore>) {
                 until: UnixMillis(until),
             }),
             accepted_by: Vec::new(),
+            input: None,
         }),
     };
     let answer = |seq: u64| Event {
@@ -1269,6 +1285,7 @@ pub async fn waits_for_humans(store: Arc<dyn EventStore>) {
             answer: "acct-1".to_owned(),
             actor: "ana".to_owned(),
             waited_ms: 10,
+            action: None,
         }),
     };
     let asks = |seq: u64| {

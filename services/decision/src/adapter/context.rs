@@ -12,7 +12,8 @@ use agentloop_proto::v1::decision::{Final, Kind};
 use agentloop_proto::v1::event::Body;
 use agentloop_proto::v1::tool_result::Outcome as ResultOutcome;
 use agentloop_proto::v1::{
-    ApprovalVerdict, Refusal, Rejection, RejectionKind, ToolCall, ToolResult, TurnCommitted,
+    ApprovalVerdict, InputAction, Refusal, Rejection, RejectionKind, ToolCall, ToolResult,
+    TurnCommitted,
 };
 
 use crate::model::Question;
@@ -112,9 +113,26 @@ pub(crate) fn build(request: &Question<'_>, config: &ContextConfig) -> Prompt {
     let elide_below = turns.saturating_sub(config.keep_last_turns);
     let mut turn_index = 0usize;
     let mut elided = String::new();
-    for event in history {
+    // A turn reopened by an answer to its tool's question is committed again with the
+    // new result: the model reads its last commit only.
+    let reopened = |index: usize, turn: &TurnCommitted| {
+        let asked = turn
+            .results
+            .iter()
+            .any(|r| matches!(r.outcome, Some(ResultOutcome::InputRequired(_))));
+        asked
+            && history[index + 1..]
+                .iter()
+                .find_map(|e| match &e.body {
+                    Some(Body::Turn(next)) => Some(next.turn),
+                    _ => None,
+                })
+                .is_some_and(|next| next == turn.turn)
+    };
+    for (index, event) in history.iter().enumerate() {
         let Some(body) = &event.body else { continue };
         match body {
+            Body::Turn(turn) if reopened(index, turn) => {}
             Body::Turn(turn) => {
                 turn_index += 1;
                 if turn_index <= elide_below {
@@ -166,10 +184,24 @@ pub(crate) fn build(request: &Question<'_>, config: &ContextConfig) -> Prompt {
             }
             Body::ClarificationAnswered(answer) => {
                 flush_elided(&mut items, &mut elided, limit);
-                items.push(Item::User(format!(
-                    "The user answered your question: {}",
-                    truncate(&answer.answer, limit)
-                )));
+                let said = match answer.action() {
+                    InputAction::Unspecified => format!(
+                        "The user answered your question: {}",
+                        truncate(&answer.answer, limit)
+                    ),
+                    InputAction::Accept => format!(
+                        "[The user answered the tool's question with {}; the call was sent \
+                         again with it.]",
+                        truncate(&answer.answer, limit)
+                    ),
+                    InputAction::Decline => "[The user declined to answer the tool's \
+                                             question; the call was sent again saying so.]"
+                        .to_owned(),
+                    InputAction::Cancel => "[The user dismissed the tool's question; the \
+                                            call was sent again saying so.]"
+                        .to_owned(),
+                };
+                items.push(Item::User(said));
             }
         }
     }
@@ -256,6 +288,13 @@ fn observation(result: Option<&ToolResult>, call_id: &str, limit: usize) -> Obse
         Some(ResultOutcome::Cancelled(c)) => (format!("cancelled: {}", c.reason), true),
         Some(ResultOutcome::NotStarted(n)) => (format!("not started: {}", n.reason), true),
         Some(ResultOutcome::Unknown(u)) => (format!("outcome unknown: {}", u.detail), true),
+        Some(ResultOutcome::InputRequired(asked)) => (
+            format!(
+                "not finished: it asked the user {:?}, who did not answer",
+                truncate(&asked.message, limit)
+            ),
+            true,
+        ),
         None => ("not executed".to_owned(), true),
     };
     Observation {
