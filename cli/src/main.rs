@@ -450,6 +450,10 @@ struct ReplyArgs {
     /// The embedded run's acceptance rules, as `run` was given them.
     #[arg(long, value_name = "FILE", conflicts_with = "server")]
     acceptance: Option<PathBuf>,
+    /// The embedded run's tool registry, as `run` was given it: the resumed invocation
+    /// calls its tools (an MCP server that asked a question gets the answer).
+    #[arg(long, value_name = "FILE", conflicts_with = "server")]
+    tools: Option<PathBuf>,
     /// When the invocation waits for a human again: `follow` it, or `exit` (the
     /// default off a terminal).
     #[arg(long, value_enum)]
@@ -466,8 +470,12 @@ impl ReplyArgs {
         token: Option<String>,
         data_dir: &Path,
     ) -> anyhow::Result<(Target, client::Follow)> {
-        let target =
-            Target::open(self.server, token, data_dir, self.policies, self.acceptance).await?;
+        let embedding = Embedding {
+            tools: self.tools,
+            policies: self.policies,
+            acceptance: self.acceptance,
+        };
+        let target = Target::open(self.server, token, data_dir, embedding).await?;
         let follow = target.follow(self.json, self.on_wait);
         Ok((target, follow))
     }
@@ -765,8 +773,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                     client::run(server(&endpoint, cli.token.as_deref()), options, follow).await
                 }
                 None => {
-                    let data_dir_flags =
-                        embedded_flags(&cli.data_dir, &args.policies, args.acceptance.as_deref());
+                    let data_dir_flags = embedded_flags(
+                        &cli.data_dir,
+                        args.tools.as_deref(),
+                        &args.policies,
+                        args.acceptance.as_deref(),
+                    );
                     let mut stack_options = embedded(
                         cli.data_dir,
                         args.tools.as_deref(),
@@ -886,7 +898,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             limit,
             json,
         } => {
-            let target = Target::open(endpoint, cli.token, &cli.data_dir, Vec::new(), None).await?;
+            let target =
+                Target::open(endpoint, cli.token, &cli.data_dir, Embedding::default()).await?;
             let filter = pb::ListInvocationsRequest {
                 state: state
                     .map_or(pb::InvocationState::Unspecified, StateFilter::wire)
@@ -904,7 +917,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             from_seq,
             json,
         } => {
-            let target = Target::open(endpoint, cli.token, &cli.data_dir, Vec::new(), None).await?;
+            let target =
+                Target::open(endpoint, cli.token, &cli.data_dir, Embedding::default()).await?;
             let follow = client::Follow {
                 watcher: true,
                 ..target.follow(json, Some(client::OnWait::Follow))
@@ -922,7 +936,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             server: endpoint,
             json,
         } => {
-            let target = Target::open(endpoint, cli.token, &cli.data_dir, Vec::new(), None).await?;
+            let target =
+                Target::open(endpoint, cli.token, &cli.data_dir, Embedding::default()).await?;
             let result = humans::pending(target.server(), json, &target.resume_flags).await;
             target.close().await?;
             result
@@ -992,7 +1007,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 }),
             ..
         } => {
-            let target = Target::open(endpoint, cli.token, &cli.data_dir, Vec::new(), None).await?;
+            let target =
+                Target::open(endpoint, cli.token, &cli.data_dir, Embedding::default()).await?;
             let settle = effects::Settle {
                 invocation_id: invocation,
                 effect_key,
@@ -1244,8 +1260,16 @@ fn data_dir_flag(data_dir: &Path) -> String {
 /// The flags of an embedded stack as the printed commands name them: the data directory,
 /// and the policies and acceptance rules the invocation ran under, so a reply resumes it
 /// under the same.
-fn embedded_flags(data_dir: &Path, policies: &[PathBuf], acceptance: Option<&Path>) -> String {
+fn embedded_flags(
+    data_dir: &Path,
+    tools: Option<&Path>,
+    policies: &[PathBuf],
+    acceptance: Option<&Path>,
+) -> String {
     let mut flags = data_dir_flag(data_dir);
+    if let Some(file) = tools {
+        flags.push_str(&format!(" --tools {}", file.display()));
+    }
     for file in policies {
         flags.push_str(&format!(" --policies {}", file.display()));
     }
@@ -1264,16 +1288,29 @@ struct Target {
     resume_flags: String,
 }
 
+/// What the run that started an invocation was given, for the embedded orchestrator a
+/// reply starts: its tool registry, policies and acceptance rules.
+#[derive(Debug, Default)]
+struct Embedding {
+    tools: Option<PathBuf>,
+    policies: Vec<PathBuf>,
+    acceptance: Option<PathBuf>,
+}
+
 impl Target {
-    /// The orchestrator at `endpoint`, or the embedded one over `data_dir`, with the
-    /// `policies` and `acceptance` rules of the run that started the invocation.
+    /// The orchestrator at `endpoint`, or the embedded one over `data_dir`, with what
+    /// the run that started the invocation was given.
     async fn open(
         endpoint: Option<String>,
         token: Option<String>,
         data_dir: &Path,
-        policies: Vec<PathBuf>,
-        acceptance: Option<PathBuf>,
+        embedding: Embedding,
     ) -> anyhow::Result<Target> {
+        let Embedding {
+            tools,
+            policies,
+            acceptance,
+        } = embedding;
         Ok(match endpoint {
             Some(endpoint) => Target {
                 stack: None,
@@ -1282,8 +1319,14 @@ impl Target {
                 token,
             },
             None => {
-                let resume_flags = embedded_flags(data_dir, &policies, acceptance.as_deref());
-                let options = embedded(data_dir.to_owned(), None, policies, acceptance.as_deref())?;
+                let resume_flags =
+                    embedded_flags(data_dir, tools.as_deref(), &policies, acceptance.as_deref());
+                let options = embedded(
+                    data_dir.to_owned(),
+                    tools.as_deref(),
+                    policies,
+                    acceptance.as_deref(),
+                )?;
                 let running = local(options).await?;
                 // The token goes only to an orchestrator that verifies tokens: without
                 // `[auth]`, the reply names its actor itself.

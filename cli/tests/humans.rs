@@ -236,3 +236,107 @@ fn an_attached_run_follows_the_invocation_after_another_process_approves() {
     assert_eq!(summary["reason"], "completed");
     assert_eq!(summary["tool_calls"], 1);
 }
+
+/// server-everything's form question (stdio, from npm): `name` required, `integer`
+/// defaulting to 42.
+const ASKS_FORM: &str = r#"{"turns": [
+  {"tool_calls": [{"id": "form", "name": "everything__trigger-elicitation-request", "arguments": {}}]},
+  {"final": "the form came back", "evidence": ["form"]}
+]}"#;
+
+/// Whether `mcp-server-everything` is on `PATH`; when not, the test skips, unless
+/// `AGENTLOOP_REQUIRE_MCP=1` (CI sets it).
+fn everything_installed() -> bool {
+    let found = std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|dir| dir.join("mcp-server-everything").is_file())
+    });
+    assert!(
+        found || std::env::var("AGENTLOOP_REQUIRE_MCP").as_deref() != Ok("1"),
+        "mcp-server-everything is not installed and AGENTLOOP_REQUIRE_MCP=1"
+    );
+    found
+}
+
+#[test]
+fn a_tools_question_is_shown_by_pending_and_answered_by_answer() {
+    if !everything_installed() {
+        eprintln!("SKIPPED: mcp-server-everything is not on PATH");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    std::fs::write(
+        dir.join("tools.toml"),
+        "[[mcp_servers]]\nname = \"everything\"\ncommand = \"mcp-server-everything\"\nargs = [\"stdio\"]\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("script.json"), ASKS_FORM).unwrap();
+    let run = agentloop(
+        dir,
+        &[
+            "run",
+            "--tools",
+            "tools.toml",
+            "--script",
+            "script.json",
+            "--json",
+        ],
+    );
+    assert_eq!(run.status.code(), Some(11), "{}", text(&run.stderr));
+    let waiting = json(&run)["waiting"].clone();
+    assert_eq!(
+        waiting["text"],
+        "Please provide inputs for the following fields:"
+    );
+    assert_eq!(
+        waiting["input"]["tool"],
+        "everything__trigger-elicitation-request"
+    );
+    assert_eq!(waiting["input"]["schema"]["required"][0], "name");
+    let commands = waiting["commands"].to_string();
+    assert!(commands.contains("--decline"), "{commands}");
+    assert!(commands.contains("--tools tools.toml"), "{commands}");
+    let id = waiting["invocation_id"].as_str().unwrap().to_owned();
+
+    let pending = agentloop(dir, &["pending", "--json"]);
+    let listed = json(&pending);
+    assert_eq!(listed["input"], waiting["input"]);
+
+    // Outside the schema: refused, nothing written, still waiting.
+    let wrong = agentloop(
+        dir,
+        &["answer", &id, r#"{"integer": 7}"#, "--tools", "tools.toml"],
+    );
+    assert_eq!(wrong.status.code(), Some(1));
+    assert!(
+        text(&wrong.stderr).contains("requested schema"),
+        "{}",
+        text(&wrong.stderr)
+    );
+    assert_eq!(
+        json(&agentloop(dir, &["pending", "--json"]))["invocation_id"],
+        id.as_str()
+    );
+
+    let answered = agentloop(
+        dir,
+        &[
+            "answer",
+            &id,
+            r#"{"name": "Ada Lovelace"}"#,
+            "--tools",
+            "tools.toml",
+            "--json",
+        ],
+    );
+    assert_eq!(
+        answered.status.code(),
+        Some(0),
+        "{}",
+        text(&answered.stderr)
+    );
+    assert_eq!(json(&answered)["reason"], "completed");
+    let shown = text(&agentloop(dir, &["show", &id, "--json"]).stdout);
+    assert!(shown.contains("Name: Ada Lovelace"), "{shown}");
+    assert!(shown.contains("Favorite Integer: 42"), "a default: {shown}");
+}

@@ -9,6 +9,11 @@
 //    URL; one tenant's token never shows another tenant's run; a caller without the
 //    approver role is refused the approval the approver then gives; a platform
 //    operator's token sees every tenant, and the tenant filter narrows it to one.
+// 3. A tool's question: the reference MCP server `server-everything` (stdio, from npm)
+//    asks a person for a form; the inbox shows one control per field, its defaults
+//    filled in; the answer typed there reaches the server, which echoes it.
+//    Without `mcp-server-everything` on PATH this part is skipped, unless
+//    AGENTLOOP_REQUIRE_MCP=1 (CI sets it).
 //
 // Each page is photographed into SCREENSHOTS (default target/console-screenshots).
 // Run from the repository: `node tests/browser/console.test.mjs`, after
@@ -39,6 +44,14 @@ const APPROVE_THEN_FINAL = JSON.stringify({
 
 const ASKS = JSON.stringify({
   turns: [{ clarification: 'Which account should be refunded?' }, { final: 'noted' }],
+});
+
+// server-everything's form: `name` required, `integer` defaulting to 42.
+const ASKS_FORM = JSON.stringify({
+  turns: [
+    { tool_calls: [{ id: 'form', name: 'everything__trigger-elicitation-request', arguments: {} }] },
+    { final: 'the form came back', evidence: ['form'] },
+  ],
 });
 
 const HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">';
@@ -346,6 +359,83 @@ async function withAuth(browser) {
   }
 }
 
+/** Whether `program` is on PATH. */
+function onPath(program) {
+  return (process.env.PATH || '').split(':').some((dir) => {
+    try {
+      execFileSync('test', ['-x', join(dir, program)]);
+      return true;
+    } catch {
+      return false;
+    }
+  });
+}
+
+async function toolQuestion(browser) {
+  if (!onPath('mcp-server-everything')) {
+    assert.notEqual(process.env.AGENTLOOP_REQUIRE_MCP, '1', 'mcp-server-everything is not on PATH');
+    console.log('SKIPPED: a tool\'s question (mcp-server-everything is not on PATH)');
+    return;
+  }
+  const data = mkdtempSync(join(tmpdir(), 'agentloop-console-mcp-'));
+  const registry = join(data, 'tools.toml');
+  writeFileSync(registry, '[[mcp_servers]]\nname = "everything"\ncommand = "mcp-server-everything"\nargs = ["stdio"]\n');
+  const server = await dev(join(data, 'data'), ['--tools', registry]);
+  try {
+    const { base } = server;
+    // The gateway lists the server's tools once it has started it: until then the
+    // model's call is refused and the run ends; start again (bounded).
+    const deadline = Date.now() + WAIT_MS;
+    let id;
+    for (;;) {
+      id = await start(base, ASKS_FORM, 'Fill in the form');
+      const events = await until(base, id, (event) => waits(event) || ends(event));
+      if (waits(events.at(-1))) break;
+      assert.ok(Date.now() < deadline, 'the tool never asked: ' + JSON.stringify(events.at(-1)));
+      await new Promise((done) => setTimeout(done, 200));
+    }
+
+    const { context, page, problems, urls } = await open(browser, base);
+    await page.goto('/#/approvals');
+    const card = page.locator(`article.card[data-id="${id}"]`);
+    await card.getByRole('heading', { name: 'Question from a tool' }).waitFor();
+    await card.getByText('Please provide inputs for the following fields:').waitFor();
+    await card.getByText('everything__trigger-elicitation-request').waitFor();
+    // One control per field, the schema's defaults filled in.
+    assert.equal(await card.getByLabel('Integer', { exact: true }).inputValue(), '42');
+    await card.getByLabel('String (required)', { exact: true }).fill('Ada Lovelace');
+    await card.getByLabel('Boolean', { exact: true }).check();
+    await labelled(page);
+    await shot(page, '11-tool-question.png');
+    await card.getByRole('button', { name: 'Accept' }).click();
+    await card.waitFor({ state: 'detached' });
+
+    const events = await until(base, id, ends);
+    assert.equal(events.at(-1).ended.reason, 'TERMINAL_REASON_COMPLETED');
+    const answer = events.find((event) => event.clarificationAnswered).clarificationAnswered;
+    assert.equal(answer.action, 'INPUT_ACTION_ACCEPT');
+    const content = JSON.parse(answer.answer);
+    assert.equal(content.name, 'Ada Lovelace');
+    assert.equal(content.check, true);
+    assert.equal(content.integer, 42);
+    // The server got it: its tool's output echoes the answer.
+    const output = events.filter((event) => event.turn && event.turn.turn === 1).at(-1)
+      .turn.results[0].output.outputJson;
+    assert.match(output, /Name: Ada Lovelace/);
+    await page.goto(`/#/invocations/${id}`);
+    await page.getByText('Ended: completed').waitFor();
+    await page.getByText("Accepted a tool's question by console").waitFor();
+    await shot(page, '12-tool-question-answered.png');
+
+    assert.deepEqual(problems, [], 'the page ran without errors');
+    assert.ok(urls.every((url) => url.startsWith(base)), 'nothing loaded from elsewhere');
+    await context.close();
+  } finally {
+    server.stop();
+    rmSync(data, { recursive: true, force: true });
+  }
+}
+
 mkdirSync(SHOTS, { recursive: true });
 const browser = await chromium.launch({ executablePath: BROWSER, headless: true });
 try {
@@ -353,6 +443,8 @@ try {
   console.log('ok: without authentication');
   await withAuth(browser);
   console.log('ok: with authentication');
+  await toolQuestion(browser);
+  console.log("ok: a tool's question");
 } finally {
   await browser.close();
 }

@@ -424,6 +424,7 @@ function resultView(result) {
   if (result.cancelled) return el('div', { class: 'result bad' }, 'cancelled: ' + (result.cancelled.reason || ''));
   if (result.notStarted) return el('div', { class: 'result' }, 'not started: ' + (result.notStarted.reason || ''));
   if (result.unknown) return el('div', { class: 'result bad' }, 'outcome unknown: ' + (result.unknown.detail || ''));
+  if (result.inputRequired) return el('div', { class: 'result' }, 'asked a person: ' + (result.inputRequired.message || ''));
   return el('div', { class: 'result' }, 'no outcome');
 }
 
@@ -495,8 +496,10 @@ function eventView(event, effects) {
   }
   if (event.clarificationAnswered) {
     const c = event.clarificationAnswered;
+    const did = { INPUT_ACTION_ACCEPT: 'Accepted', INPUT_ACTION_DECLINE: 'Declined', INPUT_ACTION_CANCEL: 'Cancelled' }[c.action];
     return el('li', { class: 'event reply' },
-      head('Answered by ' + (c.actor || 'no one named')), code(c.answer || ''),
+      head((did ? did + " a tool's question" : 'Answered') + ' by ' + (c.actor || 'no one named')),
+      c.answer ? code(did ? pretty(c.answer) : c.answer) : null,
       c.waited ? el('p', { class: 'muted' }, 'after ' + c.waited) : null);
   }
   return el('li', { class: 'event' }, head('An event this console does not know'));
@@ -586,6 +589,9 @@ function replyForm(inv, done) {
         action('Approve', resolve('APPROVAL_VERDICT_APPROVE'), { class: 'approve' }),
         action('Deny', resolve('APPROVAL_VERDICT_DENY'), { class: 'deny' })));
   }
+  if (inv.pendingQuestion !== undefined && inv.pendingInput) {
+    return inputForm(inv, done);
+  }
   if (inv.pendingQuestion !== undefined) {
     const answer = el('textarea', { rows: 3 });
     return el('div', { class: 'wait question', dataset: { id } },
@@ -601,6 +607,95 @@ function replyForm(inv, done) {
       }, { class: 'answer' }));
   }
   return el('p', {}, 'Waits for a reply this console does not know.');
+}
+
+/**
+ * A tool's question (an MCP server's elicitation): one control per property of its
+ * requested schema (a flat object of strings, numbers, booleans and enums), filled with
+ * the schema's defaults; accept sends the filled ones as a JSON object, which the server
+ * checks against the schema; decline and cancel send nothing.
+ */
+function inputForm(inv, done) {
+  const id = inv.invocationId;
+  const asked = inv.pendingInput;
+  let schema = {};
+  try {
+    schema = JSON.parse(asked.requestedSchemaJson || '{}') || {};
+  } catch (error) {
+    schema = {};
+  }
+  const required = new Set(Array.isArray(schema.required) ? schema.required : []);
+  const properties = schema.properties && typeof schema.properties === 'object' ? schema.properties : {};
+  const controls = Object.entries(properties).map(([name, property]) => inputControl(name, property || {}, required.has(name)));
+  const reply = (inputAction, answer) => async () => {
+    await api('POST', '/v1/invocations/' + encodeURIComponent(id) + ':answerClarification', {
+      answer,
+      action: inputAction,
+      actor: actor(),
+    });
+    await done();
+  };
+  const accept = async () => {
+    const content = {};
+    for (const control of controls) {
+      const value = control.value();
+      if (value !== undefined) content[control.name] = value;
+    }
+    await reply('INPUT_ACTION_ACCEPT', JSON.stringify(content))();
+  };
+  return el('div', { class: 'wait question input', dataset: { id } },
+    el('h2', {}, 'Question from a tool'),
+    el('p', {}, inv.pendingQuestion),
+    el('p', { class: 'muted' }, 'Asked by ', el('code', {}, asked.tool || ''), ' (call ',
+      el('code', {}, asked.callId || ''), '); the call is sent again with the answer.'),
+    controls.map((control) => control.node),
+    el('div', { class: 'buttons' },
+      action('Accept', accept, { class: 'answer' }),
+      action('Decline', reply('INPUT_ACTION_DECLINE', ''), { class: 'deny' }),
+      action('Cancel', reply('INPUT_ACTION_CANCEL', ''), { class: 'deny' })));
+}
+
+/** One property of a requested schema as a labelled control, and how to read it. */
+function inputControl(name, property, required) {
+  const label = (property.title || name) + (required ? ' (required)' : '');
+  const hint = property.description ? el('p', { class: 'muted' }, property.description) : null;
+  const choices = property.enum
+    || (Array.isArray(property.oneOf) ? property.oneOf.map((o) => o.const) : null);
+  const titles = property.enumNames
+    || (Array.isArray(property.oneOf) ? property.oneOf.map((o) => o.title || o.const) : null);
+  const items = property.items || {};
+  const itemChoices = items.enum
+    || (Array.isArray(items.anyOf) ? items.anyOf.map((o) => o.const) : null);
+  const itemTitles = Array.isArray(items.anyOf) ? items.anyOf.map((o) => o.title || o.const) : itemChoices;
+  const has = property.default !== undefined;
+  let input;
+  let value;
+  if (property.type === 'boolean') {
+    input = el('input', { type: 'checkbox', checked: has && property.default === true });
+    // An unset optional box says nothing; a required one says false.
+    value = () => (input.checked ? true : (required || has ? false : undefined));
+  } else if (property.type === 'array' && itemChoices) {
+    const chosen = new Set(has && Array.isArray(property.default) ? property.default : []);
+    input = el('select', { multiple: true },
+      itemChoices.map((choice, i) => el('option', { value: String(choice), selected: chosen.has(choice) }, String(itemTitles[i]))));
+    value = () => {
+      const picked = Array.from(input.selectedOptions).map((o) => o.value);
+      return picked.length || required ? picked : undefined;
+    };
+  } else if (choices) {
+    input = el('select', {},
+      required ? null : el('option', { value: '' }, '—'),
+      choices.map((choice, i) => el('option', { value: String(choice), selected: has && property.default === choice }, String(titles ? titles[i] : choice))));
+    value = () => (input.value === '' ? undefined : input.value);
+  } else if (property.type === 'number' || property.type === 'integer') {
+    input = el('input', { type: 'number', step: property.type === 'integer' ? '1' : 'any', value: has ? String(property.default) : '' });
+    value = () => (input.value === '' ? undefined : Number(input.value));
+  } else {
+    input = el('input', { type: 'text', value: has ? String(property.default) : '' });
+    value = () => (input.value === '' && !required ? undefined : input.value);
+  }
+  input.dataset.property = name;
+  return { name, value, node: el('div', {}, field(label, input), hint) };
 }
 
 /**

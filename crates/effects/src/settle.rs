@@ -449,10 +449,10 @@ mod tests {
             recorded_after_send(&error, "r-1"),
             Recorded::rejected("insufficient funds")
         );
-        let asked = CallOutcome::InputRequired(agentloop_engine::InputRequest {
+        let asked = CallOutcome::InputRequired(Box::new(agentloop_engine::InputRequest {
             message: "which account?".into(),
             schema_json: "{}".into(),
-        });
+        }));
         for never in [
             CallOutcome::Cancelled,
             CallOutcome::NotStarted,

@@ -82,8 +82,9 @@ pub enum CallOutcome {
     },
     /// The tool cannot finish without a person's answer (an MCP server's elicitation)
     /// and applied nothing: the invocation waits for the answer, then sends the call
-    /// again with it.
-    InputRequired(InputRequest),
+    /// again with it. Boxed: rare, and every result of every batch is as large as the
+    /// largest kind.
+    InputRequired(Box<InputRequest>),
 }
 
 /// What a tool asks a person before it can finish.
@@ -211,10 +212,10 @@ mod tests {
             CallOutcome::Unknown {
                 detail: "lost".into(),
             },
-            CallOutcome::InputRequired(InputRequest {
+            CallOutcome::InputRequired(Box::new(InputRequest {
                 message: "which account?".into(),
                 schema_json: "{}".into(),
-            }),
+            })),
         ];
         for outcome in every {
             let tagged = serde_json::to_value(&outcome).unwrap();

@@ -397,3 +397,65 @@ fn a_cancel_while_the_answered_call_runs_keeps_the_other_results() {
     ));
     assert_eq!(record.results[1].outcome, CallOutcome::Cancelled);
 }
+
+#[test]
+fn a_gated_call_that_asks_is_sent_again_under_its_approval() {
+    let catalog = asking_catalog();
+    let mut world = world(vec![
+        tools(vec![call("w1", "ask_write", r#"{"to":"acct-1"}"#)]),
+        final_answer("done"),
+    ]);
+    // Policy gates the write: a human must approve it, and did.
+    world.policy = Box::new(|_| Verdict::RequireApproval {
+        reason: "a write".into(),
+    });
+    let run = drive_with_humans(
+        limits(),
+        Arc::clone(&catalog),
+        world,
+        Vec::new(),
+        &[true, true],
+    );
+    assert_eq!(
+        run.outcome.reason,
+        TerminalReason::Completed,
+        "{:?}",
+        run.log
+    );
+    let ids: Vec<&str> = run.executed.iter().map(|c| c.call_id.as_str()).collect();
+    assert_eq!(ids, ["w1", "w1"], "sent once approved, once answered");
+    let reopened = turns(&run.log)
+        .into_iter()
+        .rev()
+        .find(|t| t.turn == 1)
+        .unwrap();
+    assert_eq!(
+        reopened.results[0].outcome,
+        output(r#"{"action":"accept","content":{"answer":"yes"}}"#)
+    );
+
+    // Without an approval, a call gated since it asked is not sent with the answer.
+    let world = self::world(vec![
+        tools(vec![call("w1", "ask_write", r#"{"to":"acct-1"}"#)]),
+        final_answer("done"),
+    ]);
+    let waiting = drive(Invocation::new(limits(), Arc::clone(&catalog)), world);
+    assert_eq!(
+        waiting.outcome.reason,
+        TerminalReason::ClarificationRequired
+    );
+    let log = answered_with(&waiting.log, accept(r#"{"answer":"yes"}"#));
+    let restored = Invocation::restore(limits(), Arc::clone(&catalog), &log).unwrap();
+    let mut world = self::world(vec![final_answer("done")]);
+    world.policy = Box::new(|_| Verdict::RequireApproval {
+        reason: "a write".into(),
+    });
+    let run = drive_from(restored, world, log);
+    assert!(run.executed.is_empty(), "not sent: {:?}", run.executed);
+    let reopened = turns(&run.log)[1];
+    assert!(
+        matches!(&reopened.results[0].outcome, CallOutcome::Error(e) if e.error_type == ErrorType::PermissionDenied),
+        "{:?}",
+        reopened.results[0]
+    );
+}

@@ -186,12 +186,12 @@ pub fn answered(answer: &InputAnswer) -> String {
 /// A fake tool's question: `which account?`, answered by an object with a string
 /// `answer`.
 pub fn asks() -> CallOutcome {
-    CallOutcome::InputRequired(InputRequest {
+    CallOutcome::InputRequired(Box::new(InputRequest {
         message: "which account?".into(),
         schema_json:
             r#"{"type":"object","properties":{"answer":{"type":"string"}},"required":["answer"]}"#
                 .into(),
-    })
+    }))
 }
 
 /// Everything a run did.

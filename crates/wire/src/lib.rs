@@ -420,10 +420,10 @@ pub fn outcome_from(outcome: pb::tool_result::Outcome) -> CallOutcome {
         Outcome::Unknown(unknown) => CallOutcome::Unknown {
             detail: unknown.detail,
         },
-        Outcome::InputRequired(asked) => CallOutcome::InputRequired(InputRequest {
+        Outcome::InputRequired(asked) => CallOutcome::InputRequired(Box::new(InputRequest {
             message: asked.message,
             schema_json: asked.requested_schema_json,
-        }),
+        })),
     }
 }
 

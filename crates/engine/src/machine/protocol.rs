@@ -1,6 +1,8 @@
 //! The protocol state and the fold of committed events into it, shared by the live path
 //! (on commit) and by restore.
 
+use std::num::NonZeroU32;
+
 use crate::canonical::Fingerprint;
 use crate::event::{Event, EventBody, RejectionKind};
 use crate::outcome::{CallOutcome, Totals};
@@ -27,10 +29,11 @@ pub struct Protocol {
     /// A batch with writes has started in this invocation (it committed a
     /// `BatchStarted`): only then can the effect ledger have entries for it.
     pub wrote: bool,
-    /// Calls of the last committed turn that finished (all but those that asked a person
-    /// for input), if it ran calls: a reopened turn's commit counts only the calls it
-    /// adds, and its plan once.
-    pub finished_in_turn: Option<u32>,
+    /// One more than the calls of the last committed turn that finished (all but those
+    /// that asked a person for input), if it ran calls: a reopened turn's commit counts
+    /// only the calls it adds, and its plan once. One more, so that it takes four bytes
+    /// and a running invocation's state stays as small as it was.
+    pub finished_in_turn: Option<NonZeroU32>,
     /// What humans did, once one replied. Boxed: most invocations never wait, and every
     /// running one keeps a protocol state (two while a batch starts).
     pub humans: Option<Box<Humans>>,
@@ -117,11 +120,13 @@ impl Protocol {
                 let finished = u32::try_from(record.results.len() - asked).unwrap_or(u32::MAX);
                 // The same turn again (a human reopened it): what its first commit ran.
                 let ran_before = if record.turn == self.totals.steps {
-                    self.finished_in_turn
+                    self.finished_in_turn.map(|n| n.get() - 1)
                 } else {
                     None
                 };
-                self.finished_in_turn = (!record.results.is_empty()).then_some(finished);
+                self.finished_in_turn = (!record.results.is_empty())
+                    .then(|| NonZeroU32::new(finished.saturating_add(1)))
+                    .flatten();
                 self.started = None;
                 if let Some(humans) = &mut self.humans {
                     humans.reopened = false;

@@ -87,13 +87,11 @@ impl Invocation {
                     let reopened = invocation
                         .answered(record, input, answer, event.seq)
                         .map_err(bad)?;
-                    let approved = approved_turn == Some(record.turn);
-                    let (draft, batch) = invocation.restored_batch(record)?;
-                    let mut draft = Draft {
-                        approved,
-                        usage: Usage::default(),
-                        ..draft
-                    };
+                    let (mut draft, batch) = invocation.restored_batch(record)?;
+                    // Under the approval its turn had, if any.
+                    draft.approved = approved_turn == Some(record.turn);
+                    // Its tokens were counted when the turn was first committed.
+                    draft.usage = Usage::default();
                     draft.earlier = Some(Box::new(reopened.clone()));
                     earlier = Some(reopened);
                     Phase::Approved { draft, batch }

@@ -273,10 +273,10 @@ pub fn every_kind_of_event() -> Vec<Event> {
                 },
                 CallResult {
                     call_id: CallId::new("f"),
-                    outcome: CallOutcome::InputRequired(InputRequest {
+                    outcome: CallOutcome::InputRequired(Box::new(InputRequest {
                         message: "which account?".to_owned(),
                         schema_json: r#"{"type":"object"}"#.to_owned(),
-                    }),
+                    })),
                 },
             ],
             rejection: None,

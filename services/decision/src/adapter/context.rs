@@ -575,6 +575,86 @@ mod tests {
     }
 
     #[test]
+    fn a_turn_reopened_by_a_tools_question_is_read_once_with_its_answer() {
+        use agentloop_proto::v1::{
+            ClarificationAnswered, Decision, InvocationEnded, ToolOutput, ToolResult,
+            TurnCommitted, decision, event, tool_result,
+        };
+        let call = ToolCall {
+            call_id: "f1".into(),
+            tool: "form".into(),
+            arguments_json: "{}".into(),
+        };
+        let turn = |outcome| TurnCommitted {
+            turn: 1,
+            decision: Some(Decision {
+                kind: Some(decision::Kind::ToolCalls(decision::ToolCalls {
+                    calls: vec![call.clone()],
+                })),
+            }),
+            results: vec![ToolResult {
+                call_id: "f1".into(),
+                outcome: Some(outcome),
+            }],
+            ..Default::default()
+        };
+        let event = |seq, body| agentloop_proto::v1::Event {
+            seq,
+            body: Some(body),
+            ..Default::default()
+        };
+        let asked = tool_result::Outcome::InputRequired(tool_result::InputRequired {
+            message: "which name?".into(),
+            requested_schema_json: "{}".into(),
+        });
+        let answered = tool_result::Outcome::Output(ToolOutput {
+            output_json: r#"{"name":"Ada"}"#.into(),
+            receipt: String::new(),
+        });
+        let request = DecideRequest {
+            goal: "fill the form".into(),
+            turn: 2,
+            history: vec![
+                event(1, event::Body::Turn(turn(asked))),
+                event(
+                    2,
+                    event::Body::Ended(InvocationEnded {
+                        reason: 3,
+                        detail: "which name?".into(),
+                        wait_until: Some(Default::default()),
+                        ..Default::default()
+                    }),
+                ),
+                event(
+                    3,
+                    event::Body::ClarificationAnswered(ClarificationAnswered {
+                        answer: r#"{"name":"Ada"}"#.into(),
+                        actor: "ana".into(),
+                        action: InputAction::Accept.into(),
+                        ..Default::default()
+                    }),
+                ),
+                event(4, event::Body::Turn(turn(answered))),
+            ],
+            ..Default::default()
+        };
+        let prompt = build(&Question::from(&request), &test_config());
+        let text = format!("{:?}", prompt.items);
+        let calls: Vec<&Item> = prompt
+            .items
+            .iter()
+            .filter(|item| matches!(item, Item::Calls { .. }))
+            .collect();
+        assert_eq!(calls.len(), 1, "the call once: {text}");
+        assert!(
+            matches!(calls[0], Item::Calls { observations, .. } if observations[0].content.contains("Ada")),
+            "{text}"
+        );
+        assert!(!text.contains("not finished"), "{text}");
+        assert!(text.contains("answered the tool's question"), "{text}");
+    }
+
+    #[test]
     fn a_refused_call_reads_as_a_structured_refusal_naming_its_policies() {
         use agentloop_proto::v1::{Decision, ErrorType, decision, event};
         let call = |id: &str| ToolCall {
