@@ -284,9 +284,11 @@ impl McpExecutor {
                 });
             }
         };
-        // A question the call met decides its result, whatever the server made of the
-        // `cancel` it got.
-        match flight.asked() {
+        // A question the call met decides its result, whatever the server answered after
+        // the `cancel` it got; but only an answer: a call cut off after it asked may have
+        // done anything since, and is settled as any lost call.
+        let answered = matches!(answer, Ok(_) | Err(ServiceError::McpError(_)));
+        match flight.asked().filter(|_| answered) {
             Some(Asked::Question {
                 message,
                 schema_json,
