@@ -22,7 +22,7 @@ use rmcp::model::{
     ElicitationCapability, ErrorData, FormElicitationCapability, Implementation, LoggingLevel,
     LoggingMessageNotificationParam, ProtocolVersion,
 };
-use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::service::{InboundStreamOrigin, NotificationContext, RequestContext};
 
 use crate::elicit::Questions;
 use crate::logs::{Admit, Budget, MAX_LINE_BYTES};
@@ -78,7 +78,7 @@ impl ClientHandler for Client {
     async fn create_elicitation(
         &self,
         request: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
         match request {
             ElicitRequestParams::FormElicitationParams {
@@ -87,7 +87,12 @@ impl ClientHandler for Client {
                 ..
             } => {
                 let schema = serde_json::to_value(&requested_schema).unwrap_or_default();
-                Ok(self.questions.answer(&message, &schema))
+                // The POST whose response stream carried it, over streamable HTTP.
+                let origin = match context.extensions.get::<InboundStreamOrigin>() {
+                    Some(InboundStreamOrigin::OutboundRequest(id)) => Some(id),
+                    Some(InboundStreamOrigin::Unassociated) | None => None,
+                };
+                Ok(self.questions.answer(&message, &schema, origin))
             }
             // A URL question, or a kind newer than this gateway: not one it can show.
             ElicitRequestParams::UrlElicitationParams { .. } | _ => {

@@ -9,14 +9,16 @@
 //! does between the two sends is its own: a server that applies something before it asks
 //! must be idempotent under the effect key it is given.
 //!
-//! MCP's elicitation request does not say which of a connection's calls it belongs to.
-//! With one call in flight on the connection it is that one; with several, nobody can
-//! tell, so the question is answered `cancel` and no call waits for it.
+//! MCP's elicitation request does not say which call it belongs to. Over streamable
+//! HTTP it comes on the response stream of that call's POST, which rmcp records
+//! (`InboundStreamOrigin`): the call with that request ID asked. Otherwise (stdio), with
+//! one call in flight on the connection it is that one; with several, nobody can tell,
+//! so the question is answered `cancel` and no call waits for it.
 
 use std::sync::{Mutex, PoisonError};
 
 use agentloop_proto::v1::{InputAction, InputAnswer};
-use rmcp::model::{ElicitResult, ElicitationAction};
+use rmcp::model::{ElicitResult, ElicitationAction, RequestId};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -78,6 +80,8 @@ struct Calls {
 #[derive(Debug)]
 struct Flying {
     id: u64,
+    /// The JSON-RPC ID of its `tools/call`, once sent.
+    request: Option<RequestId>,
     /// The answer the call was sent with, until the server's question takes it.
     answer: Option<InputAnswer>,
     /// Whether it had an answer (taken or not).
@@ -117,6 +121,7 @@ impl Questions {
         let answered = answer.is_some();
         calls.flying.push(Flying {
             id,
+            request: None,
             answer,
             answered,
             asked: None,
@@ -127,8 +132,14 @@ impl Questions {
         }
     }
 
-    /// The answer to a server's form question `message` with `schema`.
-    pub(crate) fn answer(&self, message: &str, schema: &Value) -> ElicitResult {
+    /// The answer to a server's form question `message` with `schema`, which came on
+    /// the response stream of request `origin`, when the transport knows.
+    pub(crate) fn answer(
+        &self,
+        message: &str,
+        schema: &Value,
+        origin: Option<&RequestId>,
+    ) -> ElicitResult {
         if self.mode == Elicitation::Decline {
             return ElicitResult::new(ElicitationAction::Decline);
         }
@@ -136,12 +147,24 @@ impl Questions {
             .then(|| defaults_answer(schema))
             .flatten();
         let mut calls = self.calls();
-        let [call] = calls.flying.as_mut_slice() else {
+        let in_flight = calls.flying.len();
+        let by_origin = origin.and_then(|origin| {
+            calls
+                .flying
+                .iter()
+                .position(|call| call.request.as_ref() == Some(origin))
+        });
+        let asker = match (by_origin, calls.flying.as_mut_slice()) {
+            (Some(at), flying) => flying.get_mut(at),
+            (None, [call]) => Some(call),
+            (None, _) => None,
+        };
+        let Some(call) = asker else {
             if let Some(content) = defaults {
                 return accept(content);
             }
             tracing::warn!(
-                in_flight = calls.flying.len(),
+                in_flight,
                 "an MCP server asked a question that no single call can be waiting for; \
                  answered cancel"
             );
@@ -179,6 +202,14 @@ impl Questions {
 }
 
 impl InFlight<'_> {
+    /// The call was sent as JSON-RPC request `request`.
+    pub(crate) fn sent(&self, request: RequestId) {
+        let mut calls = self.questions.calls();
+        if let Some(call) = calls.flying.iter_mut().find(|call| call.id == self.id) {
+            call.request = Some(request);
+        }
+    }
+
     /// What the call's questions came to, once it is over.
     pub(crate) fn asked(&self) -> Option<Asked> {
         let calls = self.questions.calls();
@@ -255,10 +286,10 @@ mod tests {
     fn a_lone_call_without_an_answer_waits_for_a_person() {
         let questions = Questions::new(Elicitation::Ask);
         let call = questions.fly(None);
-        let result = questions.answer("which name?", &schema());
+        let result = questions.answer("which name?", &schema(), None);
         assert_eq!(action(&result), ElicitationAction::Cancel);
         // Only the first question waits.
-        questions.answer("and another?", &schema());
+        questions.answer("and another?", &schema(), None);
         let Some(Asked::Question {
             message,
             schema_json,
@@ -282,7 +313,7 @@ mod tests {
             action: InputAction::Accept.into(),
             content_json: r#"{"name":"ana","tier":"pro"}"#.into(),
         }));
-        let result = questions.answer("which name?", &schema());
+        let result = questions.answer("which name?", &schema(), None);
         assert_eq!(action(&result), ElicitationAction::Accept);
         assert_eq!(
             result.content,
@@ -290,7 +321,7 @@ mod tests {
         );
         assert_eq!(call.asked(), None);
         // A second question cannot be answered by the same send.
-        let again = questions.answer("and your age?", &schema());
+        let again = questions.answer("and your age?", &schema(), None);
         assert_eq!(action(&again), ElicitationAction::Cancel);
         assert!(matches!(call.asked(), Some(Asked::Refused(_))));
     }
@@ -306,7 +337,7 @@ mod tests {
                 action: given.into(),
                 content_json: String::new(),
             }));
-            assert_eq!(action(&questions.answer("q", &schema())), expected);
+            assert_eq!(action(&questions.answer("q", &schema(), None)), expected);
         }
     }
 
@@ -319,12 +350,12 @@ mod tests {
             "properties": {"tier": {"type": "string", "default": "free"}},
             "required": ["tier"]
         });
-        let result = questions.answer("tier?", &all_defaults);
+        let result = questions.answer("tier?", &all_defaults, None);
         assert_eq!(action(&result), ElicitationAction::Accept);
         assert_eq!(result.content, Some(serde_json::json!({"tier": "free"})));
         assert_eq!(call.asked(), None);
         // `name` has no default: a person is asked.
-        let result = questions.answer("which name?", &schema());
+        let result = questions.answer("which name?", &schema(), None);
         assert_eq!(action(&result), ElicitationAction::Cancel);
         assert!(matches!(call.asked(), Some(Asked::Question { .. })));
     }
@@ -333,17 +364,38 @@ mod tests {
     fn a_question_no_single_call_can_own_is_cancelled() {
         let questions = Questions::new(Elicitation::Ask);
         assert_eq!(
-            action(&questions.answer("q", &schema())),
+            action(&questions.answer("q", &schema(), None)),
             ElicitationAction::Cancel
         );
         let first = questions.fly(None);
         let second = questions.fly(None);
         assert_eq!(
-            action(&questions.answer("q", &schema())),
+            action(&questions.answer("q", &schema(), None)),
             ElicitationAction::Cancel
         );
         assert_eq!(first.asked(), None);
         assert_eq!(second.asked(), None);
+    }
+
+    #[test]
+    fn the_stream_a_question_came_on_names_the_call_that_asked() {
+        let questions = Questions::new(Elicitation::Ask);
+        let first = questions.fly(None);
+        first.sent(RequestId::Number(7));
+        let second = questions.fly(Some(InputAnswer {
+            action: InputAction::Accept.into(),
+            content_json: r#"{"name":"ana"}"#.into(),
+        }));
+        second.sent(RequestId::Number(8));
+        let asked = questions.answer("which name?", &schema(), Some(&RequestId::Number(7)));
+        assert_eq!(action(&asked), ElicitationAction::Cancel);
+        assert!(matches!(first.asked(), Some(Asked::Question { .. })));
+        let answered = questions.answer("which name?", &schema(), Some(&RequestId::Number(8)));
+        assert_eq!(action(&answered), ElicitationAction::Accept);
+        assert_eq!(second.asked(), None);
+        // A stream no call of these was sent on: nobody can tell.
+        let unknown = questions.answer("q", &schema(), Some(&RequestId::Number(9)));
+        assert_eq!(action(&unknown), ElicitationAction::Cancel);
     }
 
     #[test]
@@ -352,7 +404,7 @@ mod tests {
         assert!(!questions.declared());
         let call = questions.fly(None);
         assert_eq!(
-            action(&questions.answer("q", &schema())),
+            action(&questions.answer("q", &schema(), None)),
             ElicitationAction::Decline
         );
         assert_eq!(call.asked(), None);
@@ -366,7 +418,7 @@ mod tests {
             "type": "object",
             "description": "x".repeat(MAX_QUESTION_SCHEMA_BYTES)
         });
-        questions.answer("q", &big);
+        questions.answer("q", &big, None);
         assert!(matches!(call.asked(), Some(Asked::Refused(_))));
     }
 }

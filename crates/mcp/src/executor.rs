@@ -270,6 +270,7 @@ impl McpExecutor {
                 ))));
             }
         };
+        flight.sent(handle.id.clone());
         let mut cancel = CancelOnDrop::new(&link.peer, handle.id.clone(), &self.shared.name);
         let answer = match tokio::time::timeout_at(deadline, handle.await_response()).await {
             Ok(answer) => {
