@@ -22,11 +22,10 @@ use rmcp::model::{ElicitResult, ElicitationAction, RequestId};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// Longest question kept, in bytes; a longer one is cut at a character boundary.
-pub const MAX_QUESTION_BYTES: usize = 4 * 1024;
-/// Largest requested schema a call may wait on, in bytes (as JSON): a larger question
-/// is declined and the call fails.
-pub const MAX_QUESTION_SCHEMA_BYTES: usize = 64 * 1024;
+/// A question longer than this is cut at a character boundary; a requested schema
+/// larger than this (as JSON) fails the call. The gateway takes no larger one from any
+/// executor.
+pub use agentloop_proto::input::{MAX_QUESTION_BYTES, MAX_QUESTION_SCHEMA_BYTES};
 
 /// What the gateway does with a server's questions for a person.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

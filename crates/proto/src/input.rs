@@ -3,6 +3,18 @@
 
 use serde_json::{Map, Value};
 
+/// Longest question a tool may ask (`ToolResult.InputRequired.message`), in bytes.
+pub const MAX_QUESTION_BYTES: usize = 4 * 1024;
+/// Largest schema a tool's question may request (`requested_schema_json`), in bytes.
+pub const MAX_QUESTION_SCHEMA_BYTES: usize = 64 * 1024;
+
+/// Whether a tool's question is within [`MAX_QUESTION_BYTES`] and
+/// [`MAX_QUESTION_SCHEMA_BYTES`]: what the tool gateway takes from an executor.
+pub fn within_bounds(asked: &crate::v1::tool_result::InputRequired) -> bool {
+    asked.message.len() <= MAX_QUESTION_BYTES
+        && asked.requested_schema_json.len() <= MAX_QUESTION_SCHEMA_BYTES
+}
+
 /// Sets each top-level property of `schema` that has a default and is missing from
 /// `content` to that default, as MCP's elicitation asks of clients (SEP-1034).
 /// Requested schemas are flat objects of primitives, so deeper defaults do not occur.

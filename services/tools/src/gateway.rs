@@ -457,6 +457,19 @@ impl Gateway {
         match forwarded {
             Ok(reply) => match reply.result {
                 Some(ToolResult {
+                    outcome: Some(Outcome::InputRequired(asked)),
+                    ..
+                }) if !agentloop_proto::input::within_bounds(&asked) => failure_outcome(
+                    side_effect,
+                    &CallFailure::MalformedReply {
+                        detail: format!(
+                            "a question over {} bytes or a schema over {} bytes",
+                            agentloop_proto::input::MAX_QUESTION_BYTES,
+                            agentloop_proto::input::MAX_QUESTION_SCHEMA_BYTES
+                        ),
+                    },
+                ),
+                Some(ToolResult {
                     call_id: reply_id,
                     outcome: Some(outcome),
                 }) if reply_id == call_id || reply_id.is_empty() => outcome,

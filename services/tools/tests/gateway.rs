@@ -21,11 +21,12 @@ use agentloop_proto::v1::stage_answer::Answer;
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_proto::v1::tool_gateway_service_client::ToolGatewayServiceClient;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
-use agentloop_proto::v1::tool_result::Outcome;
+use agentloop_proto::v1::tool_result::{InputRequired, Outcome};
 use agentloop_proto::v1::{
     Check, CheckKind, CheckVerdict, CitedResult, Claim, DescribeRequest, DescribeResponse,
-    EffectEntry, EffectState, ErrorType, ExecuteStageRequest, ListToolsRequest, ReconcileStatus,
-    ToolCall, ToolExecutorServiceExecuteRequest, ToolExecutorServiceExecuteResponse,
+    EffectEntry, EffectState, ErrorType, ExecuteStageRequest, InputAction, InputAnswer,
+    ListToolsRequest, ReconcileStatus, SideEffect, ToolCall, ToolDescriptor,
+    ToolExecutorServiceExecuteRequest, ToolExecutorServiceExecuteResponse,
     ToolExecutorServiceReconcileRequest, ToolExecutorServiceReconcileResponse,
     ToolExecutorServiceVerifyRequest, ToolExecutorServiceVerifyResponse,
     ToolGatewayServiceExecuteRequest, ToolGatewayServiceReconcileRequest,
@@ -652,6 +653,150 @@ async fn an_in_process_executor_is_called_without_a_network() {
     .await
     .expect("the in-process call was not dropped at the deadline")
     .unwrap();
+}
+
+// ---- A tool's question ----------------------------------------------------------------
+
+/// An executor whose one tool, `ask`, asks a question (a huge one when its arguments
+/// say `{"big":true}`), and records the answers it is sent with.
+#[derive(Clone, Default)]
+struct Asking {
+    answers: Arc<Mutex<Vec<Option<InputAnswer>>>>,
+}
+
+#[tonic::async_trait]
+impl ToolExecutorService for Asking {
+    async fn describe(
+        &self,
+        _: tonic::Request<DescribeRequest>,
+    ) -> Result<tonic::Response<DescribeResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("registered by the test"))
+    }
+
+    async fn execute(
+        &self,
+        request: tonic::Request<ToolExecutorServiceExecuteRequest>,
+    ) -> Result<tonic::Response<ToolExecutorServiceExecuteResponse>, tonic::Status> {
+        let request = request.into_inner();
+        self.answers
+            .lock()
+            .unwrap()
+            .push(request.input_answer.clone());
+        let call = request.call.unwrap_or_default();
+        let big = call.arguments_json.contains("big");
+        let message = if big {
+            "?".repeat(5_000)
+        } else {
+            "which account?".to_owned()
+        };
+        Ok(tonic::Response::new(ToolExecutorServiceExecuteResponse {
+            result: Some(ToolResult {
+                call_id: call.call_id,
+                outcome: Some(Outcome::InputRequired(InputRequired {
+                    message,
+                    requested_schema_json: r#"{"type":"object"}"#.into(),
+                })),
+            }),
+        }))
+    }
+
+    async fn reconcile(
+        &self,
+        _: tonic::Request<ToolExecutorServiceReconcileRequest>,
+    ) -> Result<tonic::Response<ToolExecutorServiceReconcileResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("reads only"))
+    }
+
+    async fn verify(
+        &self,
+        _: tonic::Request<ToolExecutorServiceVerifyRequest>,
+    ) -> Result<tonic::Response<ToolExecutorServiceVerifyResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("no verifiers"))
+    }
+}
+
+#[tokio::test]
+async fn a_tools_question_comes_back_bounded_and_its_answer_is_passed_on_checked() {
+    let endpoint = "http://asking.localhost";
+    let ask = ToolDescriptor {
+        name: "ask".into(),
+        description: "asks a person".into(),
+        input_schema_json: r#"{"type":"object"}"#.into(),
+        side_effect: SideEffect::ReadOnly.into(),
+        timeout: Some(prost_types::Duration {
+            seconds: 5,
+            nanos: 0,
+        }),
+        ..ToolDescriptor::default()
+    };
+    let registry = ToolsConfig::from_descriptors(endpoint, vec![ask]).unwrap();
+    let executor = Asking::default();
+    let service: Arc<dyn ToolExecutorService> = Arc::new(executor.clone());
+    let gateway = Gateway::with_in_process(
+        registry,
+        GatewayLimits::default(),
+        vec![(endpoint.to_owned(), service)],
+        ClientConfig::default(),
+    )
+    .await
+    .unwrap();
+    let (_served, mut client) = serve_gateway(gateway).await;
+    let answered = |action: InputAction, content: &str| ToolGatewayServiceExecuteRequest {
+        input_answer: Some(InputAnswer {
+            action: action.into(),
+            content_json: content.into(),
+        }),
+        ..request("ask", "{}", "")
+    };
+
+    // The question passes through; the answer reaches the executor as sent.
+    match execute(&mut client, answered(InputAction::Accept, r#"{"a":1}"#))
+        .await
+        .unwrap()
+    {
+        Outcome::InputRequired(asked) => assert_eq!(asked.message, "which account?"),
+        other => panic!("{other:?}"),
+    }
+    let seen = executor.answers.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [Some(InputAnswer {
+            action: InputAction::Accept.into(),
+            content_json: r#"{"a":1}"#.into(),
+        })]
+    );
+
+    // A question over the bound is not taken from the executor.
+    match execute(&mut client, request("ask", r#"{"big":true}"#, ""))
+        .await
+        .unwrap()
+    {
+        Outcome::Error(error) => assert!(error.message.contains("malformed"), "{error:?}"),
+        other => panic!("{other:?}"),
+    }
+
+    // An answer that cannot be one is refused before anything is sent.
+    for (action, content) in [
+        (InputAction::Unspecified, ""),
+        (InputAction::Accept, ""),
+        (InputAction::Decline, "{}"),
+        (InputAction::Cancel, "{}"),
+    ] {
+        let refused = execute(&mut client, answered(action, content))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{action:?}");
+    }
+    let big = "x".repeat(GatewayLimits::default().max_arguments_bytes + 1);
+    let refused = execute(&mut client, answered(InputAction::Accept, &big))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert_eq!(
+        executor.answers.lock().unwrap().len(),
+        2,
+        "nothing more was sent"
+    );
 }
 
 // ---- Verify -------------------------------------------------------------------------
