@@ -730,6 +730,21 @@ async fn refused_replies_write_nothing(wiring: Wiring) {
     )
     .await;
     approval_refused(&mut client, &mut checker, &question, &digest, "an approval").await;
+    // The model's question takes words, not a tool's input.
+    let accepted = client.answer_clarification(pb::AnswerClarificationRequest {
+        invocation_id: question.clone(),
+        answer: "{}".into(),
+        actor: "carol".into(),
+        action: pb::InputAction::Accept.into(),
+    });
+    refused(
+        &mut checker,
+        &question,
+        accepted,
+        Code::FailedPrecondition,
+        "a tool's input",
+    )
+    .await;
     answer(&mut client, &question, "the first").await.unwrap();
     let again = answer(&mut client, &question, "the second").await;
     assert_eq!(

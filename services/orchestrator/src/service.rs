@@ -797,16 +797,12 @@ impl OrchestratorService for Api {
             .and_then(|end| end.input.as_deref());
         let action = wire::input_action_from(request.action());
         let (answer, action) = match (asked, action) {
-            (None, Some(_)) => {
-                return Err(invalid(
-                    "action is for a tool's question; this invocation does not wait for one",
-                )
-                .into());
-            }
             (None, None) if request.answer.trim().is_empty() => {
                 return Err(invalid("answer is required").into());
             }
-            (None, None) => (request.answer, None),
+            // An action without a tool's question: the engine refuses it as the wrong
+            // kind of reply, as it refuses an answer to an approval.
+            (None, action) => (request.answer, action),
             (Some(asked), None | Some(InputAction::Accept)) => {
                 let content =
                     input::accepted(&asked.schema_json, &request.answer).map_err(invalid)?;
