@@ -77,7 +77,7 @@ impl Invocation {
                 EventBody::ApprovalResolved(resolution) if resolution.approved => {
                     let record = last_turn.ok_or_else(|| bad("no turn was approved"))?;
                     approved_turn = Some(record.turn);
-                    invocation.approved(record)?
+                    invocation.reopened(record, true, None)?
                 }
                 EventBody::ClarificationAnswered(answer) if answer.action.is_some() => {
                     let record = last_turn.ok_or_else(|| bad("no turn asked"))?;
@@ -87,14 +87,11 @@ impl Invocation {
                     let reopened = invocation
                         .answered(record, input, answer, event.seq)
                         .map_err(bad)?;
-                    let (mut draft, batch) = invocation.restored_batch(record)?;
                     // Under the approval its turn had, if any.
-                    draft.approved = approved_turn == Some(record.turn);
-                    // Its tokens were counted when the turn was first committed.
-                    draft.usage = Usage::default();
-                    draft.earlier = Some(Box::new(reopened.clone()));
+                    let approved = approved_turn == Some(record.turn);
+                    let phase = invocation.reopened(record, approved, Some(reopened.clone()))?;
                     earlier = Some(reopened);
-                    Phase::Approved { draft, batch }
+                    phase
                 }
                 EventBody::ApprovalResolved(_) | EventBody::ClarificationAnswered(_) => Phase::Idle,
             };
@@ -158,12 +155,21 @@ impl Invocation {
         })
     }
 
-    /// The phase after a human approved the calls `record` proposed.
-    fn approved(&self, record: &TurnRecord) -> Result<Phase, RestoreError> {
+    /// The phase after a human replied to the turn `record`: approved its calls (then
+    /// they run under the approval), or answered the question one of them asked (then
+    /// that one is sent again with `earlier`'s answer, under the approval the turn had,
+    /// if `approved`).
+    fn reopened(
+        &self,
+        record: &TurnRecord,
+        approved: bool,
+        earlier: Option<Earlier>,
+    ) -> Result<Phase, RestoreError> {
         let (mut draft, batch) = self.restored_batch(record)?;
-        draft.approved = true;
+        draft.approved = approved;
         // Its tokens were counted when the turn was first committed.
         draft.usage = Usage::default();
+        draft.earlier = earlier.map(Box::new);
         Ok(Phase::Approved { draft, batch })
     }
 
