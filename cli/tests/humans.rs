@@ -244,23 +244,9 @@ const ASKS_FORM: &str = r#"{"turns": [
   {"final": "the form came back", "evidence": ["form"]}
 ]}"#;
 
-/// Whether `mcp-server-everything` is on `PATH`; when not, the test skips, unless
-/// `AGENTLOOP_REQUIRE_MCP=1` (CI sets it).
-fn everything_installed() -> bool {
-    let found = std::env::var_os("PATH").is_some_and(|paths| {
-        std::env::split_paths(&paths).any(|dir| dir.join("mcp-server-everything").is_file())
-    });
-    assert!(
-        found || std::env::var("AGENTLOOP_REQUIRE_MCP").as_deref() != Ok("1"),
-        "mcp-server-everything is not installed and AGENTLOOP_REQUIRE_MCP=1"
-    );
-    found
-}
-
 #[test]
 fn a_tools_question_is_shown_by_pending_and_answered_by_answer() {
-    if !everything_installed() {
-        eprintln!("SKIPPED: mcp-server-everything is not on PATH");
+    if !agentloop_e2e::mcp_server_installed("mcp-server-everything") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -356,3 +356,24 @@ pub fn bin_dir() -> std::path::PathBuf {
         .expect("the test runs from target/<profile>/deps")
         .to_path_buf()
 }
+
+/// Whether the MCP server `program` is on `PATH`. When it is not, the test skips, saying
+/// so on stderr, unless `AGENTLOOP_REQUIRE_MCP=1` (CI sets it), which makes that a
+/// failure.
+pub fn mcp_server_installed(program: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()));
+    if !found {
+        assert!(
+            std::env::var("AGENTLOOP_REQUIRE_MCP").as_deref() != Ok("1"),
+            "{program} is not installed and AGENTLOOP_REQUIRE_MCP=1"
+        );
+        // Straight to stderr: the harness hides eprintln! of a passing test.
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: {program} is not on PATH; set AGENTLOOP_REQUIRE_MCP=1 to fail instead"
+        );
+    }
+    found
+}

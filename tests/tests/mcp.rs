@@ -18,7 +18,6 @@
     clippy::wildcard_enum_match_arm
 )]
 
-use std::io::Write;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -26,25 +25,6 @@ use agentloop_e2e::*;
 use agentloop_proto::v1 as pb;
 use agentloop_stack::Wiring;
 use agentloop_tools::ToolsConfig;
-
-/// Whether `program` is on `PATH`; when not, the test skips (or fails under
-/// `AGENTLOOP_REQUIRE_MCP=1`).
-fn installed(program: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()));
-    if !found {
-        assert!(
-            std::env::var("AGENTLOOP_REQUIRE_MCP").as_deref() != Ok("1"),
-            "{program} is not installed and AGENTLOOP_REQUIRE_MCP=1"
-        );
-        // Straight to stderr: the harness hides eprintln! of a passing test.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED: {program} is not on PATH; set AGENTLOOP_REQUIRE_MCP=1 to fail instead"
-        );
-    }
-    found
-}
 
 /// server-everything over streamable HTTP on a free port, killed when dropped.
 async fn everything() -> (tokio::process::Child, u16) {
@@ -120,7 +100,7 @@ const SCRIPT: &str = r#"{"turns": [
 
 #[tokio::test]
 async fn a_scripted_model_calls_tools_of_two_reference_mcp_servers() {
-    if !installed("mcp-server-time") || !installed("mcp-server-everything") {
+    if !mcp_server_installed("mcp-server-time") || !mcp_server_installed("mcp-server-everything") {
         return;
     }
     let (_everything, port) = everything().await;
@@ -213,7 +193,7 @@ async fn seen_by_fake(
 /// server receives `notifications/cancelled` for that very request.
 #[tokio::test]
 async fn cancelling_an_invocation_cancels_its_mcp_call_at_the_server() {
-    if !installed("python3") {
+    if !mcp_server_installed("python3") {
         return;
     }
     let fake = concat!(
@@ -322,7 +302,7 @@ fn form_output(events: &[pb::Event]) -> String {
 
 #[tokio::test]
 async fn an_mcp_servers_question_waits_for_a_person_whose_answer_reaches_the_server() {
-    if !installed("mcp-server-everything") {
+    if !mcp_server_installed("mcp-server-everything") {
         return;
     }
     let (_everything, port) = everything().await;
