@@ -557,6 +557,7 @@ impl Stack {
             ..options.orchestrator
         };
         let auth = Authenticator::from_config(&config.server.auth).await?;
+        let auth_on = auth.is_some();
         let workers = Workers::in_process(&config.workers);
         let runtime = Runtime::new(
             config.runtime(),
@@ -582,7 +583,8 @@ impl Stack {
                     .await
                     .with_context(|| format!("cannot serve HTTP on {address}"))?;
                 let bound = listener.local_addr()?;
-                let gateway = agentloop_orchestrator::http_api(grpc, &telemetry)?;
+                let card = config.a2a.card(auth_on);
+                let gateway = agentloop_orchestrator::http_api(grpc, &telemetry, card)?;
                 let stopped = stop.clone();
                 let task = tokio::spawn(agentloop_http::serve(listener, gateway, async move {
                     stopped.cancelled().await;

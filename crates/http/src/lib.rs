@@ -27,6 +27,9 @@
 //!   served at `/v1/openapi.json`.
 //! - **Pages** ([`Gateway::with_pages`]): a GET outside the API's routes may be answered
 //!   by fixed files, such as the orchestrator's console; they carry their own headers.
+//! - **Mounts** ([`Gateway::with_mount`]): another protocol served on the same listener
+//!   (the orchestrator's A2A endpoint) answers the paths it claims, after the same
+//!   browser checks and with its body read within the same bound.
 
 mod openapi;
 mod origin;
@@ -98,6 +101,18 @@ pub type Pages = fn(&str) -> Option<Response<Bytes>>;
 /// The body of every answer.
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
+/// Another protocol beside the API on the same listener: it answers the requests whose
+/// path it claims, their bodies already read (at most [`MAX_BODY_BYTES`]).
+pub trait Mount: std::fmt::Debug + Send + Sync + 'static {
+    /// Whether the request for `path` is this mount's.
+    fn claims(&self, method: &Method, path: &str) -> bool;
+    /// The answer to `request`.
+    fn handle(
+        &self,
+        request: Request<Bytes>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Response<Body>> + Send + 'static>>;
+}
+
 /// A gRPC service, as tonic serves it.
 pub trait Grpc:
     Service<
@@ -130,6 +145,8 @@ pub struct Gateway<S> {
     grpc: S,
     /// Answers a GET of a path no route has, if it is one of its pages.
     pages: Option<Pages>,
+    /// Answers the paths it claims instead of the API.
+    mount: Option<Arc<dyn Mount>>,
     /// Served on a loopback address: only loopback host names are answered.
     loopback: bool,
 }
@@ -159,6 +176,7 @@ impl<S: Grpc> Gateway<S> {
             }),
             grpc,
             pages: None,
+            mount: None,
             loopback: false,
         })
     }
@@ -167,6 +185,13 @@ impl<S: Grpc> Gateway<S> {
     #[must_use]
     pub fn with_pages(mut self, pages: Pages) -> Gateway<S> {
         self.pages = Some(pages);
+        self
+    }
+
+    /// Hands the requests `mount` claims to it.
+    #[must_use]
+    pub fn with_mount(mut self, mount: Arc<dyn Mount>) -> Gateway<S> {
+        self.mount = Some(mount);
         self
     }
 
@@ -183,6 +208,17 @@ impl<S: Grpc> Gateway<S> {
             return error(&status);
         }
         let path = parts.uri.path();
+        if let Some(mount) = self
+            .mount
+            .as_ref()
+            .filter(|m| m.claims(&parts.method, path))
+        {
+            let body = match read(body).await {
+                Ok(body) => body,
+                Err(response) => return response,
+            };
+            return mount.handle(Request::from_parts(parts, body)).await;
+        }
         if path == OPENAPI_PATH && parts.method == Method::GET {
             let document = self.shared.openapi.get_or_init(|| {
                 let document = openapi::document(&self.shared.routes);
@@ -219,16 +255,9 @@ impl<S: Grpc> Gateway<S> {
                 };
             }
         };
-        let body = match Limited::new(body, MAX_BODY_BYTES).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(why) if why.is::<http_body_util::LengthLimitError>() => {
-                let mut response = error(&Status::resource_exhausted(format!(
-                    "the body is larger than {MAX_BODY_BYTES} bytes"
-                )));
-                *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
-                return response;
-            }
-            Err(_) => return error(&Status::invalid_argument("the body could not be read")),
+        let body = match read(body).await {
+            Ok(body) => body,
+            Err(response) => return response,
         };
         let message = match transcode::request(route, bound, parts.uri.query(), &body) {
             Ok(message) => message,
@@ -240,6 +269,27 @@ impl<S: Grpc> Gateway<S> {
             true => events(route, response),
             false => unary(route, response).await,
         }
+    }
+}
+
+/// A request's body, or the answer that refuses it (too large, or unreadable).
+async fn read<B>(body: B) -> Result<Bytes, Response<Body>>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    match Limited::new(body, MAX_BODY_BYTES).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(why) if why.is::<http_body_util::LengthLimitError>() => {
+            let mut response = error(&Status::resource_exhausted(format!(
+                "the body is larger than {MAX_BODY_BYTES} bytes"
+            )));
+            *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+            Err(response)
+        }
+        Err(_) => Err(error(&Status::invalid_argument(
+            "the body could not be read",
+        ))),
     }
 }
 

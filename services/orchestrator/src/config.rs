@@ -22,6 +22,9 @@ pub struct OrchestratorConfig {
     /// Where the public API is also served as HTTP/JSON (`docs/http.md`); unset: not
     /// served. Its callers are authenticated as the gRPC API's, by the same code.
     pub http_listen: Option<SocketAddr>,
+    /// How the orchestrator presents itself as an A2A agent on `http_listen`
+    /// (`docs/a2a.md`).
+    pub a2a: AgentConfig,
     /// Where the embedded event store keeps its files (unused with `database_url`).
     pub data_dir: PathBuf,
     /// A PostgreSQL event store (`postgres://…`) shared by several orchestrator
@@ -57,6 +60,7 @@ impl Default for OrchestratorConfig {
         OrchestratorConfig {
             server: ServerSettings::on_port(50051),
             http_listen: None,
+            a2a: AgentConfig::default(),
             data_dir: PathBuf::from(".agentloop"),
             decision_endpoint: "http://127.0.0.1:50052".into(),
             policy_endpoint: "http://127.0.0.1:50053".into(),
@@ -69,6 +73,37 @@ impl Default for OrchestratorConfig {
             workers: WorkersConfig::default(),
             tenants: TenantLimits::default(),
             unknown: UnknownKeys,
+        }
+    }
+}
+
+/// The orchestrator's Agent Card, as far as an operator words it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The agent's name.
+    pub name: String,
+    /// What it does, for people and for a calling agent's model.
+    pub description: String,
+}
+
+impl Default for AgentConfig {
+    fn default() -> AgentConfig {
+        let card = agentloop_a2a::CardSettings::default();
+        AgentConfig {
+            name: card.name,
+            description: card.description,
+        }
+    }
+}
+
+impl AgentConfig {
+    /// The card's settings; `bearer` when the API authenticates its callers.
+    pub fn card(&self, bearer: bool) -> agentloop_a2a::CardSettings {
+        agentloop_a2a::CardSettings {
+            name: self.name.clone(),
+            description: self.description.clone(),
+            bearer,
         }
     }
 }

@@ -21,7 +21,7 @@ use agentloop_proto::v1 as pb;
 use agentloop_runtime::Runtime;
 use agentloop_server::Observed;
 
-pub use config::OrchestratorConfig;
+pub use config::{AgentConfig, OrchestratorConfig};
 pub use error::OrchestratorError;
 pub use service::Api;
 
@@ -33,10 +33,11 @@ pub fn service(runtime: &Runtime, auth: Option<Authenticator>) -> OrchestratorAp
 }
 
 /// The public API as HTTP/JSON ([`agentloop_http`]), with the operator console
-/// ([`agentloop_console`]) at `/`: every call goes through `service`, the gRPC API the
-/// orchestrator's listener serves, so both transports share one implementation, its
-/// authentication and its bounds; each call is recorded in `telemetry` as a gRPC one
-/// is (its server span, its answer's code).
+/// ([`agentloop_console`]) at `/` and the A2A agent ([`agentloop_a2a`]) presented by
+/// `card`: every call goes through `service`, the gRPC API the orchestrator's listener
+/// serves, so all three share one implementation, its authentication and its bounds;
+/// each call is recorded in `telemetry` as a gRPC one is (its server span, its answer's
+/// code).
 ///
 /// # Errors
 ///
@@ -44,14 +45,18 @@ pub fn service(runtime: &Runtime, auth: Option<Authenticator>) -> OrchestratorAp
 pub fn http_api(
     service: OrchestratorApi,
     telemetry: &agentloop_telemetry::Telemetry,
+    card: agentloop_a2a::CardSettings,
 ) -> Result<agentloop_http::Gateway<Observed<OrchestratorApi>>, agentloop_http::RouteError> {
     use tonic::server::NamedService;
+    let observed = agentloop_server::observed(telemetry, service);
+    let agent = agentloop_a2a::Agent::new(observed.clone(), card);
     Ok(agentloop_http::Gateway::new(
         agentloop_proto::FILE_DESCRIPTOR_SET,
         OrchestratorApi::NAME,
-        agentloop_server::observed(telemetry, service),
+        observed,
     )?
-    .with_pages(agentloop_console::page))
+    .with_pages(agentloop_console::page)
+    .with_mount(std::sync::Arc::new(agent)))
 }
 
 /// The gRPC API as [`service`] serves it.
@@ -65,6 +70,7 @@ pub type OrchestratorApi = pb::orchestrator_service_server::OrchestratorServiceS
 pub async fn run(
     listener: tokio::net::TcpListener,
     http: Option<tokio::net::TcpListener>,
+    card: agentloop_a2a::CardSettings,
     runtime: Runtime,
     auth: Option<Authenticator>,
     tls: Option<tonic::transport::ServerTlsConfig>,
@@ -75,7 +81,7 @@ pub async fn run(
     let telemetry = agentloop_server::process_telemetry();
     let gateway = http
         .is_some()
-        .then(|| http_api(api.clone(), &telemetry))
+        .then(|| http_api(api.clone(), &telemetry, card))
         .transpose()?;
     let shutdown = shutdown.shared();
     let http = async {

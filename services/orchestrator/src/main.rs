@@ -109,9 +109,10 @@ async fn serve(started: Started<OrchestratorConfig, ()>) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let card = config.a2a.card(auth.is_some());
     let runtime = Runtime::new(config.runtime(), store, ports, workers, telemetry.clone());
     tracing::info!(worker = runtime.worker_id(), "worker started");
     runtime.resume().await?;
     let shutdown = agentloop_server::shutdown_signal();
-    Ok(agentloop_orchestrator::run(listener, http, runtime, auth, tls, shutdown).await?)
+    Ok(agentloop_orchestrator::run(listener, http, card, runtime, auth, tls, shutdown).await?)
 }

@@ -207,9 +207,17 @@ impl Cluster {
         let shutdown = CancellationToken::new();
         let (o, s) = (runtime.clone(), shutdown.clone());
         let server = tokio::spawn(async move {
-            agentloop_orchestrator::run(l, None, o, None, None, s.cancelled_owned())
-                .await
-                .unwrap();
+            agentloop_orchestrator::run(
+                l,
+                None,
+                agentloop_a2a::CardSettings::default(),
+                o,
+                None,
+                None,
+                s.cancelled_owned(),
+            )
+            .await
+            .unwrap();
         });
         Worker {
             endpoint,
