@@ -1,7 +1,8 @@
 //! agentloop as an A2A agent, driven by a client no one here wrote: the official Python
 //! SDK (`a2a-sdk`, pinned in `tests/a2a/requirements.txt`) runs `tests/a2a/client.py`
 //! against the embedded stack's HTTP listener. The script reports what the client saw;
-//! these tests judge it, and check the stack's side (a write applied once).
+//! these tests judge it, and check the stack's side (a write applied once). Then the
+//! other way round: a remote agent (another agentloop) as a tool (`[[a2a_agents]]`).
 //!
 //! Needs a Python with `a2a-sdk` (`AGENTLOOP_A2A_PYTHON`, else `python3`). Without it the
 //! tests skip, saying why on stderr, unless `AGENTLOOP_REQUIRE_PYTHON=1` (CI sets it),
@@ -10,7 +11,8 @@
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
-    clippy::indexing_slicing
+    clippy::indexing_slicing,
+    clippy::wildcard_enum_match_arm
 )]
 
 use std::sync::Arc;
@@ -19,6 +21,7 @@ use agentloop_auth::testing::{Alg, TokenIssuer};
 use agentloop_decision::ScriptedModel;
 use agentloop_e2e::*;
 use agentloop_orchestrator::OrchestratorConfig;
+use agentloop_proto::v1 as pb;
 use serde_json::{Value, json};
 
 /// A lookup, then an answer citing it.
@@ -261,4 +264,71 @@ async fn another_tenants_task_does_not_exist_and_its_owner_cancels_it() {
     assert_eq!(seen["cancelled"], "TASK_STATE_CANCELED");
     assert_eq!(seen["cancel_again"], "TaskNotCancelableError");
     system.stop().await;
+}
+
+/// The remote agent's script: it takes a moment, then answers.
+const REMOTE: &str = r#"{"turns": [{"final": "remote says 42", "delay_ms": 200}]}"#;
+
+/// Calls the remote agent's tool, then answers citing it.
+const CALL_REMOTE: &str = r#"{"turns": [
+  {"tool_calls": [{"id": "r1", "name": "remote", "arguments": {"message": "What is the answer?"}}]},
+  {"final": "the remote agent says 42", "evidence": ["r1"]}]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_agent_is_a_tool_whose_message_id_is_the_effect_key() {
+    // The remote agent: another agentloop, serving A2A.
+    let remote = system(REMOTE, OrchestratorConfig::default()).await;
+    let url = remote.stack().http_endpoint().unwrap();
+    // The caller: its registry has the remote agent as a tool, and nothing else.
+    let registry = agentloop_tools::ToolsConfig::parse(&format!(
+        "[[a2a_agents]]\nname = \"remote\"\nurl = \"{url}\"\ntimeout_ms = 30000\n"
+    ))
+    .unwrap();
+    let caller = System::start_with(
+        Wiring::Embedded,
+        OrchestratorConfig::default(),
+        |services| {
+            services.tools = Some(registry);
+        },
+    )
+    .await;
+    let mut client = caller.client().await;
+    let (invocation, events) = run_to_end(&mut client, start_request(CALL_REMOTE)).await;
+    assert_eq!(
+        reason(&invocation),
+        pb::TerminalReason::Completed,
+        "{invocation:?}"
+    );
+    let result = &turns(&events)[0].results[0];
+    let Some(pb::tool_result::Outcome::Output(output)) = &result.outcome else {
+        panic!("{result:?}")
+    };
+    let output: Value = serde_json::from_str(&output.output_json).unwrap();
+    assert_eq!(output["answer"], "remote says 42", "{output}");
+
+    // One task on the remote agent, keyed by the call's effect key.
+    let mut remote_client = remote.client().await;
+    let tasks = remote_client
+        .list_invocations(pb::ListInvocationsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .invocations;
+    assert_eq!(tasks.len(), 1, "{tasks:?}");
+    let effects = client
+        .list_effects(pb::ListEffectsRequest {
+            invocation_id: invocation.invocation_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    assert_eq!(effects[0].state(), pb::EffectState::Committed);
+    assert_eq!(tasks[0].idempotency_key, effects[0].effect_key);
+    assert_eq!(effects[0].receipt, tasks[0].invocation_id);
+    assert_eq!(output["taskId"], tasks[0].invocation_id.as_str());
+    caller.stop().await;
+    remote.stop().await;
 }

@@ -16,13 +16,17 @@
 //!   tool's question (with the schema its answer must satisfy) and an approval (with
 //!   the digest a reply must name). A message with the task's ID is the reply
 //!   ([`task::reply`]).
+//! - **A remote agent as a tool** ([`remote`]): an `[[a2a_agents]]` entry of the tool
+//!   registry, called once per effect key.
 //! - **Idempotent sends.** A new task's invocation is keyed by the message ID, so a
 //!   client that sends the same message again gets the same task.
 
 pub mod agent;
 mod error;
+pub mod remote;
 pub mod task;
 pub mod types;
 
 pub use agent::{Agent, CardSettings};
 pub use error::A2aError;
+pub use remote::{RemoteAgent, RemoteAgentConfig, RemoteConfigError, RemoteSideEffect};

@@ -2,16 +2,18 @@
 //! proto (`lf.a2a.v1`): lowerCamelCase names (a request's snake_case names are read
 //! too), enums by their full names, `google.protobuf.Struct` and `Value` as plain JSON.
 //!
-//! Requests are read leniently: a field this agent does not use is ignored, as a proto
-//! JSON reader that knows a newer minor version would. Answers carry only what is set.
+//! Everything is read leniently: a field not used is ignored, as a proto JSON reader that
+//! knows a newer minor version would, and a field left out has its default (proto JSON
+//! leaves default values out). Answers carry only what is set.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// Who wrote a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
     /// Not given.
+    #[default]
     #[serde(rename = "ROLE_UNSPECIFIED")]
     Unspecified,
     /// The client.
@@ -67,8 +69,8 @@ impl Part {
 }
 
 /// A message of a conversation with the agent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct Message {
     /// Chosen by its writer; a client's message ID makes its send idempotent.
     #[serde(default, alias = "message_id")]
@@ -94,9 +96,10 @@ pub struct Message {
 }
 
 /// Where a task is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TaskState {
     /// Not given; a filter with it matches every state.
+    #[default]
     #[serde(rename = "TASK_STATE_UNSPECIFIED")]
     Unspecified,
     /// Accepted, not started.
@@ -142,8 +145,8 @@ impl TaskState {
 }
 
 /// A task's state, with the agent's words about it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct TaskStatus {
     /// The state.
     pub state: TaskState,
@@ -157,8 +160,8 @@ pub struct TaskStatus {
 }
 
 /// An output of a task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct Artifact {
     /// Unique within the task.
     pub artifact_id: String,
@@ -170,8 +173,8 @@ pub struct Artifact {
 }
 
 /// A task: one invocation of the agent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct Task {
     /// The task's ID: the invocation's.
     pub id: String,
@@ -303,8 +306,8 @@ pub struct ListTasksRequest {
 }
 
 /// The answer to `ListTasks`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct ListTasksResponse {
     /// The page, newest first.
     pub tasks: Vec<Task>,
@@ -317,8 +320,8 @@ pub struct ListTasksResponse {
 }
 
 /// Where and how the agent is reached.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct AgentInterface {
     /// The endpoint.
     pub url: String,
@@ -329,8 +332,8 @@ pub struct AgentInterface {
 }
 
 /// What the agent can do besides answering.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct AgentCapabilities {
     /// `SendStreamingMessage` and `SubscribeToTask`.
     pub streaming: bool,
@@ -341,8 +344,8 @@ pub struct AgentCapabilities {
 }
 
 /// A thing the agent does.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct AgentSkill {
     /// Unique within the card.
     pub id: String,
@@ -355,8 +358,8 @@ pub struct AgentSkill {
 }
 
 /// The card an agent publishes at `/.well-known/agent-card.json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct AgentCard {
     /// The agent's name.
     pub name: String,

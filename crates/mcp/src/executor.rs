@@ -541,24 +541,9 @@ async fn cancel(peer: Peer<RoleClient>, id: RequestId, server: Arc<str>, reason:
     }
 }
 
-/// The request's `grpc-timeout` (gRPC's format: up to eight digits and a unit), which
-/// the gateway sets on in-process calls too.
+/// The request's `grpc-timeout`, which the gateway sets on in-process calls too.
 fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
-    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
-    let digits = value.get(..value.len().checked_sub(1)?)?;
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let amount: u64 = digits.parse().ok()?;
-    match value.get(digits.len()..)? {
-        "H" => Some(Duration::from_secs(amount * 3600)),
-        "M" => Some(Duration::from_secs(amount * 60)),
-        "S" => Some(Duration::from_secs(amount)),
-        "m" => Some(Duration::from_millis(amount)),
-        "u" => Some(Duration::from_micros(amount)),
-        "n" => Some(Duration::from_nanos(amount)),
-        _ => None,
-    }
+    agentloop_proto::grpc_timeout(metadata.get("grpc-timeout")?.to_str().ok()?)
 }
 
 #[cfg(test)]

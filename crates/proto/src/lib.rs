@@ -90,6 +90,26 @@ pub fn prefix(text: &str, max_bytes: usize) -> &str {
     text.get(..end).unwrap_or_default()
 }
 
+/// The deadline a `grpc-timeout` header value gives (gRPC's format: up to eight digits
+/// and a unit), which tonic's clients and the tool gateway's in-process calls set.
+pub fn grpc_timeout(value: &str) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let digits = value.get(..value.len().checked_sub(1)?)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    match value.get(digits.len()..)? {
+        "H" => Some(Duration::from_secs(amount * 3600)),
+        "M" => Some(Duration::from_secs(amount * 60)),
+        "S" => Some(Duration::from_secs(amount)),
+        "m" => Some(Duration::from_millis(amount)),
+        "u" => Some(Duration::from_micros(amount)),
+        "n" => Some(Duration::from_nanos(amount)),
+        _ => None,
+    }
+}
+
 /// Test support shared by every service's tests.
 #[cfg(feature = "testing")]
 pub mod testing {

@@ -1,6 +1,6 @@
 //! The tool registry as configuration: a TOML file of `[[tools]]` and `[[verifiers]]`
 //! written by hand, `[[executors]]` that describe themselves (their `Describe` output,
-//! read by the gateway) and `[[mcp_servers]]`. A crate of its own because the tool
+//! read by the gateway), `[[mcp_servers]]` and `[[a2a_agents]]`. A crate of its own because the tool
 //! gateway, the policy service and the CLI load the same file, and no service depends on
 //! another. It is only the format: the live registry, which follows executors as they
 //! come and go, is the gateway's.
@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use agentloop_a2a::RemoteAgentConfig;
 use agentloop_engine::{SideEffect, canonical_json};
 use agentloop_mcp::McpServerConfig;
 use agentloop_proto::v1::{self, DescribeResponse, ToolDescriptor, VerifierDescriptor};
@@ -116,6 +117,9 @@ pub enum ConfigError {
     /// An `[[mcp_servers]]` entry is invalid or its name is given twice.
     #[error("{0}")]
     InvalidMcpServer(String),
+    /// An `[[a2a_agents]]` entry is invalid or its name is given twice.
+    #[error("{0}")]
+    InvalidA2aAgent(String),
     /// An `[[executors]]` entry is invalid or given twice.
     #[error("executor {endpoint:?}: {reason}")]
     InvalidExecutor {
@@ -445,6 +449,10 @@ pub struct ToolsConfig {
     /// `<server>__<tool>`. Only the gateway reads them, as it does `executors`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mcp_servers: Vec<McpServerConfig>,
+    /// Remote A2A agents (`[[a2a_agents]]`), each offered as one tool named as its
+    /// entry, a call being one task of the agent. Only the gateway reads them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub a2a_agents: Vec<RemoteAgentConfig>,
 }
 
 impl ToolsConfig {
@@ -570,6 +578,7 @@ impl ToolsConfig {
         self.verifiers.extend(other.verifiers);
         self.executors.extend(other.executors);
         self.mcp_servers.extend(other.mcp_servers);
+        self.a2a_agents.extend(other.a2a_agents);
         self.validate()?;
         Ok(self)
     }
@@ -607,10 +616,21 @@ impl ToolsConfig {
                 return Err(ConfigError::DuplicateVerifier(verifier.name.clone()));
             }
         }
-        if self.executors.len() + self.mcp_servers.len() > MAX_EXECUTORS {
-            return Err(ConfigError::TooManyExecutors {
-                count: self.executors.len() + self.mcp_servers.len(),
-            });
+        let executors = self.executors.len() + self.mcp_servers.len() + self.a2a_agents.len();
+        if executors > MAX_EXECUTORS {
+            return Err(ConfigError::TooManyExecutors { count: executors });
+        }
+        let mut agents = BTreeSet::new();
+        for agent in &self.a2a_agents {
+            agent
+                .validate()
+                .map_err(|error| ConfigError::InvalidA2aAgent(error.to_string()))?;
+            if !agents.insert(agent.name.as_str()) {
+                return Err(ConfigError::InvalidA2aAgent(format!(
+                    "A2A agent {:?} is named twice",
+                    agent.name
+                )));
+            }
         }
         let mut servers = BTreeSet::new();
         for server in &self.mcp_servers {

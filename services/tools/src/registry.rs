@@ -381,6 +381,7 @@ impl Registrar {
             verifiers,
             executors,
             mcp_servers,
+            a2a_agents,
         } = config;
         // Each MCP server is an executor of its own, in this process, registered by an
         // endpoint that is never dialled.
@@ -393,10 +394,21 @@ impl Registrar {
                     .map_err(|error| ConfigError::InvalidMcpServer(error.to_string()))
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
+        // Each remote A2A agent likewise: one tool, described from its card.
+        let mut in_process = in_process;
+        let mut agents = Vec::with_capacity(a2a_agents.len());
+        for agent in a2a_agents {
+            let endpoint = a2a_endpoint(&agent.name);
+            let executor = agentloop_a2a::RemoteAgent::new(agent)
+                .map_err(|error| ConfigError::InvalidA2aAgent(error.to_string()))?;
+            agents.push(endpoint.clone());
+            in_process.push((endpoint, Arc::new(executor) as Arc<dyn ToolExecutorService>));
+        }
         let described = executors
             .into_iter()
             .map(|e| e.endpoint)
             .chain(mcp.iter().map(|(endpoint, _)| endpoint.clone()))
+            .chain(agents)
             .map(|endpoint| Described {
                 endpoint,
                 configured: true,
@@ -612,6 +624,11 @@ impl Registrar {
 /// is, that no network request is ever made to.
 pub(crate) fn mcp_endpoint(name: &str) -> String {
     format!("http://mcp.in-process.localhost/{name}")
+}
+
+/// The endpoint an `[[a2a_agents]]` entry's executor is registered by; never dialled.
+pub(crate) fn a2a_endpoint(name: &str) -> String {
+    format!("http://a2a.in-process.localhost/{name}")
 }
 
 /// Keeps the registry current until the gateway is dropped: health every `every`,

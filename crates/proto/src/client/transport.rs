@@ -263,23 +263,9 @@ impl Plain {
     }
 }
 
-/// The deadline a request carries (`grpc-timeout`: up to 8 digits and a unit).
+/// The deadline a request carries.
 fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get("grpc-timeout")?.to_str().ok()?;
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
-    if digits.is_empty() || digits.len() > 8 {
-        return None;
-    }
-    let amount: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(amount * 3600),
-        "M" => Duration::from_secs(amount * 60),
-        "S" => Duration::from_secs(amount),
-        "m" => Duration::from_millis(amount),
-        "u" => Duration::from_micros(amount),
-        "n" => Duration::from_nanos(amount),
-        _ => return None,
-    })
+    crate::grpc_timeout(headers.get("grpc-timeout")?.to_str().ok()?)
 }
 
 /// A request body that looks one frame ahead, so that its last DATA frame says it is
