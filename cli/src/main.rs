@@ -97,6 +97,18 @@ enum Command {
         /// one `[acceptance.<profile>]` table).
         #[arg(long, value_name = "FILE")]
         acceptance: Option<PathBuf>,
+        /// The model of the invocations started without a script of their own (an A2A
+        /// client's tasks, the console's, the API's): `openai:MODEL` or
+        /// `anthropic:MODEL`. Without it (and without `--script`) they end `model_error`.
+        #[arg(long, value_name = "SPEC", conflicts_with = "script")]
+        model: Option<String>,
+        /// The price of `--model` in US dollars per million input and output tokens.
+        #[arg(long, value_name = "INPUT,OUTPUT", requires = "model")]
+        price: Option<agentloop_decision::Price>,
+        /// A scripted model (JSON) for the invocations started without a script of their
+        /// own: each replays it from its first turn.
+        #[arg(long, value_name = "FILE")]
+        script: Option<PathBuf>,
     },
     /// Starts an invocation with a scripted model or a real one and follows it to its end.
     Run(RunArgs),
@@ -683,13 +695,26 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             insecure_no_auth,
             policies,
             acceptance,
+            model,
+            price,
+            script,
         } => {
-            let options = embedded(
+            let mut options = embedded(
                 cli.data_dir,
                 tools.as_deref(),
                 policies,
                 acceptance.as_deref(),
             )?;
+            options.services.model = match (model, script) {
+                (Some(spec), _) => Some(model::from_spec(&spec, price)?),
+                (None, Some(path)) => {
+                    let text = client::read_script(&path)?;
+                    let scripted = agentloop_decision::ScriptedModel::parse(&text)
+                        .map_err(|e| anyhow::anyhow!("--script {}: {e}", path.display()))?;
+                    Some(Arc::new(scripted) as Arc<dyn agentloop_decision::Model>)
+                }
+                (None, None) => None,
+            };
             let serving = Serving {
                 config: config.as_deref(),
                 listen,
@@ -705,6 +730,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             if let Some(endpoint) = running.stack().http_endpoint() {
                 println!("agentloop dev: the console on {endpoint}/");
                 println!("agentloop dev: the HTTP/JSON API on {endpoint}/v1/invocations");
+                println!(
+                    "agentloop dev: the A2A agent on {endpoint} (its card at {endpoint}/.well-known/agent-card.json)"
+                );
             }
             if let Some(address) = running.metrics_address() {
                 println!("agentloop dev: metrics on http://{address}/metrics");

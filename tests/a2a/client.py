@@ -85,6 +85,22 @@ async def complete(base):
     seen["again"] = again.task.id
     streaming = await client(base)
     seen["stream"] = await collect(streaming.send_message(message("And again, streamed.")))
+    try:
+        await blocking.get_task(pb.GetTaskRequest(id="not-a-task"))
+        seen["bogus"] = "answered"
+    except TaskNotFoundError:
+        seen["bogus"] = "not found"
+    listed = await blocking.list_tasks(pb.ListTasksRequest(history_length=0))
+    seen["listed"] = [
+        {"id": t.id, "state": state(t.status.state), "artifacts": len(t.artifacts),
+         "history": len(t.history)}
+        for t in listed.tasks
+    ]
+    try:
+        await blocking.list_tasks(pb.ListTasksRequest(page_size=0))
+        seen["page_size_0"] = "answered"
+    except InvalidParamsError:
+        seen["page_size_0"] = "invalid"
     return seen
 
 

@@ -179,6 +179,21 @@ async fn a_task_is_answered_with_its_evidence_streamed_and_sent_again_idempotent
     );
     assert_eq!(seen["stream"][1][2], json!(["turn 1: called lookup"]));
     assert_eq!(seen["stream"][3][2], json!(["profile=active"]));
+
+    // An ID that is no invocation's is no task; a listing leaves the artifacts out
+    // unless asked, cuts the history as asked, and refuses a page of no tasks.
+    assert_eq!(seen["bogus"], "not found");
+    let listed = seen["listed"].as_array().unwrap();
+    assert_eq!(listed.len(), 2, "the task sent twice is one: {listed:?}");
+    assert!(listed.iter().any(|task| task["id"] == id));
+    for task in listed {
+        assert_eq!(task["state"], "TASK_STATE_COMPLETED");
+        assert_eq!(
+            (task["artifacts"].as_u64(), task["history"].as_u64()),
+            (Some(0), Some(0))
+        );
+    }
+    assert_eq!(seen["page_size_0"], "invalid");
     system.stop().await;
 }
 

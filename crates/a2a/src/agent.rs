@@ -26,7 +26,8 @@ use crate::types::{
     SendMessageRequest, SendMessageResponse, StreamResponse, TaskRequest, TaskState,
 };
 
-/// Where the Agent Card is served.
+/// Where the Agent Card is served (and under [`RPC_PATH`], for a client given the
+/// endpoint as the agent's URL).
 pub const CARD_PATH: &str = "/.well-known/agent-card.json";
 /// Where the JSON-RPC binding is served.
 pub const RPC_PATH: &str = "/a2a";
@@ -44,6 +45,8 @@ const CANCEL_WAIT: Duration = Duration::from_secs(10);
 const STREAM_BUFFER: usize = 32;
 /// Most tasks one `ListTasks` page holds.
 const MAX_PAGE: i32 = 100;
+/// Tasks on a `ListTasks` page that names no size.
+const DEFAULT_PAGE: i32 = 50;
 
 /// How the agent presents itself in its card.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,7 +207,10 @@ impl<S: agentloop_http::Grpc + Sync> Agent<S> {
             }
             "GetTask" => {
                 let request: TaskRequest = params_of(params)?;
-                to_value(&task::task(&get(&api, headers, &request.id).await?))
+                let history = history_length(request.history_length)?;
+                let mut task = task::task(&get(&api, headers, &request.id).await?);
+                task::keep_history(&mut task, history);
+                to_value(&task)
             }
             "CancelTask" => {
                 let request: TaskRequest = params_of(params)?;
@@ -421,14 +427,40 @@ impl<S: agentloop_http::Grpc + Sync> Agent<S> {
         headers: &HeaderMap,
         request: ListTasksRequest,
     ) -> Result<Value, A2aError> {
-        let page_size = request.page_size.unwrap_or(50).clamp(1, MAX_PAGE);
+        let page_size = match request.page_size {
+            None => DEFAULT_PAGE,
+            Some(size @ 1..=MAX_PAGE) => size,
+            Some(size) => {
+                return Err(A2aError::InvalidParams(format!(
+                    "pageSize {size} is not in 1..={MAX_PAGE}"
+                )));
+            }
+        };
+        let history = history_length(request.history_length)?;
+        let after = request
+            .status_timestamp_after
+            .as_deref()
+            .map(|text| {
+                text.parse::<prost_types::Timestamp>().map_err(|_| {
+                    A2aError::InvalidParams(format!(
+                        "statusTimestampAfter {text:?} is not an RFC 3339 time"
+                    ))
+                })
+            })
+            .transpose()?;
+        let wanted = request
+            .status
+            .filter(|state| *state != TaskState::Unspecified);
         let listed = api
             .clone()
             .list_invocations(call(
                 headers,
                 pb::ListInvocationsRequest {
-                    page_size: u32::try_from(page_size).unwrap_or(50),
+                    page_size: page_size.unsigned_abs(),
                     page_token: request.page_token.clone(),
+                    state: wanted
+                        .map_or(pb::InvocationState::Unspecified, task::invocation_state)
+                        .into(),
                     tenant: request.tenant.clone(),
                     ..pb::ListInvocationsRequest::default()
                 },
@@ -438,11 +470,23 @@ impl<S: agentloop_http::Grpc + Sync> Agent<S> {
         let tasks: Vec<_> = listed
             .invocations
             .iter()
-            .map(task::task)
-            .filter(|task| {
-                request.status.is_none_or(|state| {
-                    state == TaskState::Unspecified || state == task.status.state
+            .filter(|invocation| {
+                after.as_ref().is_none_or(|after| {
+                    invocation
+                        .updated_at
+                        .as_ref()
+                        .is_some_and(|at| (at.seconds, at.nanos) >= (after.seconds, after.nanos))
                 })
+            })
+            .map(task::task)
+            .filter(|task| wanted.is_none_or(|state| state == task.status.state))
+            .filter(|task| request.context_id.is_empty() || task.context_id == request.context_id)
+            .map(|mut task| {
+                task::keep_history(&mut task, history);
+                if request.include_artifacts != Some(true) {
+                    task.artifacts.clear();
+                }
+                task
             })
             .collect();
         to_value(&ListTasksResponse {
@@ -469,7 +513,7 @@ where
     fn handle(&self, request: Request<Bytes>) -> Call {
         let agent = self.clone();
         Box::pin(async move {
-            if request.uri().path() == CARD_PATH {
+            if is_card(request.uri().path()) {
                 let card = agent.card(request.headers());
                 return match serde_json::to_vec(&card) {
                     Ok(body) => respond(StatusCode::OK, "application/json", Bytes::from(body)),
@@ -491,6 +535,10 @@ where
             agent.rpc(request).await
         })
     }
+}
+
+fn is_card(path: &str) -> bool {
+    path == CARD_PATH || path.strip_prefix(RPC_PATH) == Some(CARD_PATH)
 }
 
 /// A JSON-RPC request.
@@ -544,6 +592,16 @@ fn envelope(headers: &HeaderMap, body: &[u8]) -> Result<Envelope, (Value, A2aErr
     Ok(Envelope { id, method, params })
 }
 
+/// A `historyLength` as asked: `None` keeps the whole history.
+fn history_length(asked: Option<i32>) -> Result<Option<usize>, A2aError> {
+    asked
+        .map(|length| {
+            usize::try_from(length)
+                .map_err(|_| A2aError::InvalidParams(format!("historyLength {length} is negative")))
+        })
+        .transpose()
+}
+
 fn params_of<T: DeserializeOwned>(params: Value) -> Result<T, A2aError> {
     serde_json::from_value(params).map_err(|e| A2aError::InvalidParams(format!("params: {e}")))
 }
@@ -573,6 +631,14 @@ async fn get<S: agentloop_http::Grpc + Sync>(
     headers: &HeaderMap,
     id: &str,
 ) -> Result<pb::Invocation, A2aError> {
+    // Every task's ID is an invocation's: anything else names no task (the API would
+    // call it a malformed argument).
+    if uuid::Uuid::parse_str(id).is_err() {
+        return Err(A2aError::TaskNotFound(format!(
+            "no task {:?}",
+            agentloop_proto::prefix(id, 128)
+        )));
+    }
     api.clone()
         .get_invocation(call(
             headers,
@@ -744,5 +810,15 @@ mod tests {
             panic!("0.3 accepted")
         };
         assert_eq!((id, error.code()), (json!("x"), -32009));
+    }
+
+    #[test]
+    fn a_history_length_is_never_negative_and_the_card_is_found_under_the_endpoint() {
+        assert_eq!(history_length(None), Ok(None));
+        assert_eq!(history_length(Some(2)), Ok(Some(2)));
+        assert_eq!(history_length(Some(-1)).map_err(|e| e.code()), Err(-32602));
+        assert!(is_card("/.well-known/agent-card.json"));
+        assert!(is_card("/a2a/.well-known/agent-card.json"));
+        assert!(!is_card("/v1/.well-known/agent-card.json"));
     }
 }

@@ -45,6 +45,27 @@ pub fn task(invocation: &pb::Invocation) -> Task {
     }
 }
 
+/// Keeps at most the last `length` messages of `task`'s history (all for `None`).
+pub fn keep_history(task: &mut Task, length: Option<usize>) {
+    if let Some(length) = length {
+        let drop = task.history.len().saturating_sub(length);
+        task.history.drain(..drop);
+    }
+}
+
+/// The state of the invocations a task in `state` may be: the one to list them by.
+pub fn invocation_state(state: TaskState) -> pb::InvocationState {
+    match state {
+        TaskState::Submitted => pb::InvocationState::Pending,
+        TaskState::Working => pb::InvocationState::Running,
+        TaskState::InputRequired | TaskState::AuthRequired => pb::InvocationState::Waiting,
+        TaskState::Completed | TaskState::Failed | TaskState::Canceled | TaskState::Rejected => {
+            pb::InvocationState::Ended
+        }
+        TaskState::Unspecified => pb::InvocationState::Unspecified,
+    }
+}
+
 /// The state of `invocation`, with the agent's words on it.
 fn status(invocation: &pb::Invocation) -> TaskStatus {
     let reason = invocation.terminal_reason();
@@ -598,6 +619,17 @@ mod tests {
                 Err(A2aError::InvalidParams(_))
             ));
         }
+    }
+
+    #[test]
+    fn a_history_is_cut_to_its_last_messages() {
+        let mut task = task(&waiting(pb::TerminalReason::ClarificationRequired));
+        keep_history(&mut task, None);
+        assert_eq!(task.history.len(), 1);
+        keep_history(&mut task, Some(5));
+        assert_eq!(task.history.len(), 1);
+        keep_history(&mut task, Some(0));
+        assert!(task.history.is_empty());
     }
 
     #[test]

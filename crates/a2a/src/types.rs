@@ -285,6 +285,9 @@ pub struct TaskRequest {
     pub tenant: String,
     /// The task.
     pub id: String,
+    /// `GetTask`: most messages of its history to return.
+    #[serde(default, alias = "history_length")]
+    pub history_length: Option<i32>,
 }
 
 /// `ListTasks`.
@@ -294,15 +297,27 @@ pub struct ListTasksRequest {
     /// The tenant the caller acts for.
     #[serde(default)]
     pub tenant: String,
+    /// Only the tasks of this conversation.
+    #[serde(default, alias = "context_id")]
+    pub context_id: String,
     /// Only the tasks in this state.
     #[serde(default)]
     pub status: Option<TaskState>,
-    /// Most tasks to return; the server caps it.
+    /// Most tasks to return, 1 to 100; 50 when not given.
     #[serde(default, alias = "page_size")]
     pub page_size: Option<i32>,
     /// Where the previous page ended.
     #[serde(default, alias = "page_token")]
     pub page_token: String,
+    /// Most messages of each task's history to return.
+    #[serde(default, alias = "history_length")]
+    pub history_length: Option<i32>,
+    /// Only the tasks whose status changed at or after this time (RFC 3339).
+    #[serde(default, alias = "status_timestamp_after")]
+    pub status_timestamp_after: Option<String>,
+    /// Whether each task's artifacts are returned (not by default).
+    #[serde(default, alias = "include_artifacts")]
+    pub include_artifacts: Option<bool>,
 }
 
 /// The answer to `ListTasks`.
@@ -315,7 +330,7 @@ pub struct ListTasksResponse {
     pub next_page_token: String,
     /// The page's size as served.
     pub page_size: i32,
-    /// How many tasks this page holds (the total is not counted).
+    /// How many tasks this page holds: the total is not counted.
     pub total_size: i32,
 }
 
