@@ -206,6 +206,22 @@ pub async fn run_to_end(
     (get(client, &id).await, events)
 }
 
+/// The effect-ledger entries of invocation `id`, as the orchestrator's API lists them.
+pub async fn effects(
+    client: &mut OrchestratorServiceClient<Transport>,
+    id: &str,
+) -> Vec<pb::EffectEntry> {
+    client
+        .list_effects(pb::ListEffectsRequest {
+            invocation_id: id.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+}
+
 /// The terminal reason of an invocation.
 pub fn reason(invocation: &pb::Invocation) -> pb::TerminalReason {
     invocation.terminal_reason()

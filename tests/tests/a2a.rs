@@ -330,15 +330,7 @@ async fn a_remote_agent_is_a_tool_whose_message_id_is_the_effect_key() {
         .into_inner()
         .invocations;
     assert_eq!(tasks.len(), 1, "{tasks:?}");
-    let effects = client
-        .list_effects(pb::ListEffectsRequest {
-            invocation_id: invocation.invocation_id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .entries;
+    let effects = effects(&mut client, &invocation.invocation_id).await;
     assert_eq!(effects.len(), 1, "{effects:?}");
     assert_eq!(effects[0].state(), pb::EffectState::Committed);
     assert_eq!(tasks[0].idempotency_key, effects[0].effect_key);

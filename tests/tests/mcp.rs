@@ -390,15 +390,7 @@ async fn an_mcp_servers_question_waits_for_a_person_whose_answer_reaches_the_ser
         "a default: {output}"
     );
     // Each send was an effect of its own: the first applied nothing, the second applied.
-    let effects = client
-        .list_effects(pb::ListEffectsRequest {
-            invocation_id: id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .entries;
+    let effects = effects(&mut client, &id).await;
     let mut states: Vec<pb::EffectState> = effects.iter().map(|e| e.state()).collect();
     states.sort_unstable();
     assert_eq!(

@@ -4,13 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentloop_http::{Body, Mount};
+use agentloop_http::{Body, Mount, respond};
 use agentloop_proto::v1 as pb;
 use bytes::Bytes;
 use futures::StreamExt;
-use http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, HOST};
+use http::header::{AUTHORIZATION, HOST};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, StreamBody};
 use pb::orchestrator_service_client::OrchestratorServiceClient;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -737,11 +736,7 @@ fn stream(id: Value, events: mpsc::Receiver<Result<StreamResponse, A2aError>>) -
         frame.extend(b"\n\n");
         Ok(http_body::Frame::data(Bytes::from(frame)))
     });
-    let mut response = Response::new(StreamBody::new(frames.boxed()).boxed_unsync());
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    response
+    agentloop_http::event_stream(frames)
 }
 
 fn success(id: &Value, result: Value) -> Response<Body> {
@@ -766,19 +761,6 @@ fn failure(id: &Value, error: &A2aError) -> Response<Body> {
             HeaderValue::from_static("Bearer"),
         );
     }
-    response
-}
-
-fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
-    let mut response = Response::new(Full::new(body).boxed_unsync());
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    headers.insert(
-        "x-content-type-options",
-        HeaderValue::from_static("nosniff"),
-    );
     response
 }
 

@@ -240,11 +240,7 @@ impl RemoteAgent {
 
     /// The smaller of the entry's timeout and the request's `grpc-timeout`.
     fn deadline(&self, metadata: &tonic::metadata::MetadataMap) -> Duration {
-        let requested = metadata
-            .get("grpc-timeout")
-            .and_then(|value| value.to_str().ok())
-            .and_then(agentloop_proto::grpc_timeout);
-        requested.map_or(self.timeout(), |requested| requested.min(self.timeout()))
+        agentloop_proto::within_deadline(metadata, self.timeout())
     }
 
     async fn bearer(&self) -> Result<Option<String>, Failure> {

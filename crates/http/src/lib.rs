@@ -418,14 +418,23 @@ fn events(route: &Route, response: Response<tonic::body::Body>) -> Response<Body
             }
         }
     });
-    let mut response = Response::new(StreamBody::new(stream.boxed()).boxed_unsync());
+    event_stream(stream)
+}
+
+/// Server-Sent Events: each item of `events` is one or more whole events.
+pub fn event_stream<S>(events: S) -> Response<Body>
+where
+    S: futures::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send + 'static,
+{
+    let mut response = Response::new(StreamBody::new(events.boxed()).boxed_unsync());
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
 
-fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
+/// An answer of `status` with `body`, never cached nor sniffed.
+pub fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
     let mut response = Response::new(Full::new(body).boxed_unsync());
     *response.status_mut() = status;
     let headers = response.headers_mut();

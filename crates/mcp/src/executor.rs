@@ -409,10 +409,7 @@ impl ToolExecutorService for McpExecutor {
         &self,
         request: Request<ToolExecutorServiceExecuteRequest>,
     ) -> Result<Response<ToolExecutorServiceExecuteResponse>, Status> {
-        let mut timeout = self.config.timeout();
-        if let Some(requested) = grpc_timeout(request.metadata()) {
-            timeout = timeout.min(requested);
-        }
+        let timeout = agentloop_proto::within_deadline(request.metadata(), self.config.timeout());
         let result = self.call(request.into_inner(), timeout).await?;
         Ok(Response::new(ToolExecutorServiceExecuteResponse {
             result: Some(result),
@@ -541,11 +538,6 @@ async fn cancel(peer: Peer<RoleClient>, id: RequestId, server: Arc<str>, reason:
     }
 }
 
-/// The request's `grpc-timeout`, which the gateway sets on in-process calls too.
-fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
-    agentloop_proto::grpc_timeout(metadata.get("grpc-timeout")?.to_str().ok()?)
-}
-
 #[cfg(test)]
 mod tests {
 
@@ -553,23 +545,30 @@ mod tests {
 
     #[test]
     fn grpc_timeouts_parse_as_the_gateway_sets_them() {
+        let limit = Duration::from_secs(60);
         let mut request = Request::new(());
         request.set_timeout(Duration::from_millis(1500));
-        let parsed = grpc_timeout(request.metadata()).unwrap();
         // tonic may encode it in a finer unit; the value is the same.
-        assert_eq!(parsed, Duration::from_millis(1500));
+        assert_eq!(
+            agentloop_proto::within_deadline(request.metadata(), limit),
+            Duration::from_millis(1500)
+        );
         for (value, expected) in [
-            ("2S", Some(Duration::from_secs(2))),
-            ("1H", Some(Duration::from_secs(3600))),
-            ("10n", Some(Duration::from_nanos(10))),
-            ("123456789S", None),
-            ("S", None),
-            ("5x", None),
-            ("-1S", None),
+            ("2S", Duration::from_secs(2)),
+            ("1H", limit),
+            ("10n", Duration::from_nanos(10)),
+            ("123456789S", limit),
+            ("S", limit),
+            ("5x", limit),
+            ("-1S", limit),
         ] {
             let mut metadata = tonic::metadata::MetadataMap::new();
             metadata.insert("grpc-timeout", value.parse().unwrap());
-            assert_eq!(grpc_timeout(&metadata), expected, "{value}");
+            assert_eq!(
+                agentloop_proto::within_deadline(&metadata, limit),
+                expected,
+                "{value}"
+            );
         }
     }
 

@@ -110,6 +110,19 @@ pub fn grpc_timeout(value: &str) -> Option<std::time::Duration> {
     }
 }
 
+/// The smaller of `limit` and the time a request's `grpc-timeout` leaves: how long an
+/// executor in the gateway's process may take for a call.
+pub fn within_deadline(
+    metadata: &tonic::metadata::MetadataMap,
+    limit: std::time::Duration,
+) -> std::time::Duration {
+    metadata
+        .get("grpc-timeout")
+        .and_then(|value| value.to_str().ok())
+        .and_then(grpc_timeout)
+        .map_or(limit, |requested| requested.min(limit))
+}
+
 /// Test support shared by every service's tests.
 #[cfg(feature = "testing")]
 pub mod testing {
