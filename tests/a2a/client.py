@@ -70,6 +70,9 @@ async def complete(base):
     seen = {}
     blocking = await client(base, streaming=False)
     seen["card"] = json_format.MessageToDict(blocking._card)
+    # A client given the endpoint as the agent's URL finds the same card under it.
+    beside = await create_client(base + "/a2a")
+    seen["card_under_endpoint"] = json_format.MessageToDict(beside._card)
     request = message("What is the profile and the policy?")
     [answer] = [event async for event in blocking.send_message(request)]
     task = answer.task

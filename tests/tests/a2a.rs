@@ -128,6 +128,7 @@ async fn a_task_is_answered_with_its_evidence_streamed_and_sent_again_idempotent
         card.get("securitySchemes").is_none(),
         "no auth, no scheme: {card}"
     );
+    assert_eq!(&seen["card_under_endpoint"], card);
 
     // The blocking send answers once the task has ended: the answer and what backs it.
     let task = &seen["task"];

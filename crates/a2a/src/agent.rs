@@ -506,7 +506,7 @@ where
     S::Future: Send,
 {
     fn claims(&self, method: &Method, path: &str) -> bool {
-        (path == CARD_PATH && matches!(*method, Method::GET | Method::HEAD)) || path == RPC_PATH
+        claimed(method, path)
     }
 
     fn handle(&self, request: Request<Bytes>) -> Call {
@@ -538,6 +538,12 @@ where
 
 fn is_card(path: &str) -> bool {
     path == CARD_PATH || path.strip_prefix(RPC_PATH) == Some(CARD_PATH)
+}
+
+/// Whether a request is the endpoint's: a read of the card, or anything at [`RPC_PATH`]
+/// (a method other than POST is answered 405 there).
+fn claimed(method: &Method, path: &str) -> bool {
+    (is_card(path) && matches!(*method, Method::GET | Method::HEAD)) || path == RPC_PATH
 }
 
 /// A JSON-RPC request.
@@ -799,8 +805,16 @@ mod tests {
         assert_eq!(history_length(None), Ok(None));
         assert_eq!(history_length(Some(2)), Ok(Some(2)));
         assert_eq!(history_length(Some(-1)).map_err(|e| e.code()), Err(-32602));
-        assert!(is_card("/.well-known/agent-card.json"));
-        assert!(is_card("/a2a/.well-known/agent-card.json"));
-        assert!(!is_card("/v1/.well-known/agent-card.json"));
+        for path in [
+            "/.well-known/agent-card.json",
+            "/a2a/.well-known/agent-card.json",
+            "/a2a",
+        ] {
+            assert!(claimed(&Method::GET, path), "{path}");
+        }
+        assert!(claimed(&Method::POST, "/a2a"));
+        assert!(!claimed(&Method::POST, "/.well-known/agent-card.json"));
+        assert!(!claimed(&Method::GET, "/v1/.well-known/agent-card.json"));
+        assert!(!claimed(&Method::GET, "/v1/invocations"));
     }
 }
