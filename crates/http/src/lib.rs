@@ -104,7 +104,7 @@ pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 /// Another protocol beside the API on the same listener: it answers the requests whose
 /// path it claims, their bodies already read (at most [`MAX_BODY_BYTES`]).
 pub trait Mount: std::fmt::Debug + Send + Sync + 'static {
-    /// Whether the request for `path` is this mount's.
+    /// Whether a `method` request for `path` is this mount's.
     fn claims(&self, method: &Method, path: &str) -> bool;
     /// The answer to `request`.
     fn handle(
