@@ -214,8 +214,13 @@ impl RemoteAgent {
             (None, Some(path)) => Token::File(path.clone()),
             (None, None) => Token::None,
         };
+        // reqwest's rustls has no provider of its own (`rustls-no-provider`); the process
+        // may not have installed one yet.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        // No redirects: the bearer token goes to the configured agent and nowhere else.
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| RemoteConfigError {
                 name: config.name.clone(),
@@ -332,16 +337,23 @@ impl RemoteAgent {
             Failure::Malformed(format!("HTTP {status}, and the body is not JSON: {e}"))
         })?;
         if let Some(error) = answer.get("error") {
-            return Err(Failure::Refused {
-                code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
-                message: agentloop_proto::prefix(
-                    error
-                        .get("message")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default(),
-                    1024,
-                )
-                .to_owned(),
+            let code = error.get("code").and_then(Value::as_i64).unwrap_or(0);
+            let message = agentloop_proto::prefix(
+                error
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default(),
+                1024,
+            )
+            .to_owned();
+            // A refusal of the request itself (its form, its credentials, an A2A rule)
+            // applied nothing; an internal error, or a code of the agent's own, may have
+            // come after it did something.
+            let refused = matches!(code, -32700 | -32600 | -32601 | -32602 | -32009..=-32001)
+                || matches!(status.as_u16(), 401 | 403);
+            return Err(match refused {
+                true => Failure::Refused { code, message },
+                false => Failure::Lost(format!("error {code}: {message}")),
             });
         }
         let result = answer
@@ -356,7 +368,7 @@ impl RemoteAgent {
     }
 
     /// Reads `task` again until it ends, or waits for input, or `deadline` passes; the
-    /// task as last read.
+    /// task as last read. A read that fails is a lost answer, never a message not sent.
     async fn until_settled(
         &self,
         mut task: Task,
@@ -372,7 +384,11 @@ impl RemoteAgent {
             if left.is_zero() {
                 break;
             }
-            task = self.get_task(&task.id.clone(), left).await?;
+            // The message was sent: whatever fails now, the task may be running.
+            task = self
+                .get_task(&task.id.clone(), left)
+                .await
+                .map_err(|failure| Failure::Lost(failure.to_string()))?;
         }
         Ok(task)
     }
@@ -838,6 +854,28 @@ mod tests {
         );
         assert!(matches!(refused, pb::tool_result::Outcome::Error(ref e)
                 if e.error_type() == pb::ErrorType::InvalidArguments && !e.retryable));
+    }
+
+    #[tokio::test]
+    async fn a_read_that_fails_after_the_send_is_a_lost_answer_never_a_message_not_sent() {
+        // Nothing listens on port 9: the read fails to connect.
+        let agent = RemoteAgent::new(entry()).unwrap();
+        *agent.endpoint.write().await = Some("http://127.0.0.1:9/a2a".to_owned());
+        let running = Task {
+            id: "t".into(),
+            status: crate::types::TaskStatus {
+                state: TaskState::Working,
+                ..crate::types::TaskStatus::default()
+            },
+            ..Task::default()
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let failure = agent.until_settled(running, deadline).await.unwrap_err();
+        assert!(matches!(failure, Failure::Lost(_)), "{failure:?}");
+        assert!(matches!(
+            failed(failure, true),
+            pb::tool_result::Outcome::Unknown(_)
+        ));
     }
 
     #[test]
