@@ -168,6 +168,12 @@ impl OrchestratorConfig {
             return Err("tenants.start_burst needs tenants.starts_per_s".into());
         }
         self.server.auth.validate()?;
+        if self.a2a.name.trim().is_empty() || self.a2a.name.len() > 256 {
+            return Err("a2a.name must be 1 to 256 bytes".into());
+        }
+        if self.a2a.description.len() > 4096 {
+            return Err("a2a.description must be at most 4096 bytes".into());
+        }
         if self.http_listen.is_some() && self.server.server_tls.is_some() {
             return Err(
                 "http_listen serves plain HTTP: with server_tls, terminate TLS in front of it \
@@ -188,5 +194,35 @@ impl OrchestratorConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_card_is_named_within_bounds() {
+        assert_eq!(OrchestratorConfig::default().validate(), Ok(()));
+        for a2a in [
+            AgentConfig {
+                name: " ".into(),
+                ..AgentConfig::default()
+            },
+            AgentConfig {
+                name: "n".repeat(257),
+                ..AgentConfig::default()
+            },
+            AgentConfig {
+                description: "d".repeat(4097),
+                ..AgentConfig::default()
+            },
+        ] {
+            let config = OrchestratorConfig {
+                a2a,
+                ..OrchestratorConfig::default()
+            };
+            assert!(config.validate().is_err(), "{:?}", config.a2a);
+        }
     }
 }
