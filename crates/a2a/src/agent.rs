@@ -189,18 +189,7 @@ impl<S: agentloop_http::Grpc + Sync> Agent<S> {
                 let invocation = self.send(&api, &request, headers).await?;
                 let invocation = match at_once {
                     true => invocation,
-                    false => {
-                        let id = invocation.invocation_id.clone();
-                        match tokio::time::timeout(
-                            MAX_BLOCK,
-                            follow(api.clone(), headers.clone(), invocation, None),
-                        )
-                        .await
-                        {
-                            Ok(settled) => settled?,
-                            Err(_) => get(&api, headers, &id).await?,
-                        }
-                    }
+                    false => settled_within(&api, headers, invocation, MAX_BLOCK).await?,
                 };
                 to_value(&SendMessageResponse::Task(task::task(&invocation)))
             }
@@ -233,15 +222,7 @@ impl<S: agentloop_http::Grpc + Sync> Agent<S> {
                     .into_inner()
                     .invocation
                     .ok_or_else(|| A2aError::Internal("the cancel returned no task".into()))?;
-                let ended = match tokio::time::timeout(
-                    CANCEL_WAIT,
-                    follow(api.clone(), headers.clone(), cancelled, None),
-                )
-                .await
-                {
-                    Ok(ended) => ended?,
-                    Err(_) => get(&api, headers, &request.id).await?,
-                };
+                let ended = settled_within(&api, headers, cancelled, CANCEL_WAIT).await?;
                 to_value(&task::task(&ended))
             }
             "ListTasks" => {
@@ -351,42 +332,17 @@ impl<S: agentloop_http::Grpc + Sync> Agent<S> {
             false => "a2a-client".to_owned(),
         };
         let invocation_id = message.task_id.clone();
-        let answer = |answer: String, action: pb::InputAction| pb::AnswerClarificationRequest {
-            invocation_id: invocation_id.clone(),
-            answer,
-            actor: actor.clone(),
-            action: action.into(),
-        };
         let resumed = match task::reply(&waiting, message)? {
-            Reply::Answer(text) => {
-                api.clone()
-                    .answer_clarification(call(headers, answer(text, pb::InputAction::Unspecified)))
-                    .await?
-                    .into_inner()
-                    .invocation
-            }
-            Reply::Accept(content) => {
-                api.clone()
-                    .answer_clarification(call(headers, answer(content, pb::InputAction::Accept)))
-                    .await?
-                    .into_inner()
-                    .invocation
-            }
-            Reply::Decline => {
+            Reply::Answer { answer, action } => {
                 api.clone()
                     .answer_clarification(call(
                         headers,
-                        answer(String::new(), pb::InputAction::Decline),
-                    ))
-                    .await?
-                    .into_inner()
-                    .invocation
-            }
-            Reply::Cancel => {
-                api.clone()
-                    .answer_clarification(call(
-                        headers,
-                        answer(String::new(), pb::InputAction::Cancel),
+                        pb::AnswerClarificationRequest {
+                            invocation_id,
+                            answer,
+                            actor,
+                            action: action.into(),
+                        },
                     ))
                     .await?
                     .into_inner()
@@ -405,10 +361,10 @@ impl<S: agentloop_http::Grpc + Sync> Agent<S> {
                     .resolve_approval(call(
                         headers,
                         pb::ResolveApprovalRequest {
-                            invocation_id: invocation_id.clone(),
+                            invocation_id,
                             proposal_digest,
                             verdict: verdict.into(),
-                            actor: actor.clone(),
+                            actor,
                             comment,
                         },
                     ))
@@ -655,6 +611,26 @@ async fn get<S: agentloop_http::Grpc + Sync>(
         .into_inner()
         .invocation
         .ok_or_else(|| A2aError::Internal(format!("no task {id} in the answer")))
+}
+
+/// `invocation` once it ends or waits for the client, followed for at most `bound`; after
+/// that, as it is then.
+async fn settled_within<S: agentloop_http::Grpc + Sync>(
+    api: &Api<S>,
+    headers: &HeaderMap,
+    invocation: pb::Invocation,
+    bound: Duration,
+) -> Result<pb::Invocation, A2aError> {
+    let id = invocation.invocation_id.clone();
+    match tokio::time::timeout(
+        bound,
+        follow(api.clone(), headers.clone(), invocation, None),
+    )
+    .await
+    {
+        Ok(settled) => settled,
+        Err(_) => get(api, headers, &id).await,
+    }
 }
 
 /// Follows `invocation` from its last event until it ends or waits for the client, and

@@ -279,8 +279,8 @@ impl RemoteAgent {
         Ok(body)
     }
 
-    /// The agent's card.
-    async fn card(&self) -> Result<AgentCard, Failure> {
+    /// The agent's card, read now, and its JSON-RPC endpoint, kept for the calls.
+    async fn card(&self) -> Result<(AgentCard, String), Failure> {
         let url = format!("{}{CARD_PATH}", self.config.url.trim_end_matches('/'));
         let response = self
             .http
@@ -296,7 +296,11 @@ impl RemoteAgent {
             )));
         }
         let body = RemoteAgent::body(response).await?;
-        serde_json::from_slice(&body).map_err(|e| Failure::Malformed(format!("the card: {e}")))
+        let card: AgentCard = serde_json::from_slice(&body)
+            .map_err(|e| Failure::Malformed(format!("the card: {e}")))?;
+        let endpoint = jsonrpc_interface(&card)?;
+        *self.endpoint.write().await = Some(endpoint.clone());
+        Ok((card, endpoint))
     }
 
     /// The JSON-RPC endpoint, from the card (read once).
@@ -304,10 +308,7 @@ impl RemoteAgent {
         if let Some(endpoint) = self.endpoint.read().await.clone() {
             return Ok(endpoint);
         }
-        let card = self.card().await?;
-        let endpoint = jsonrpc_interface(&card)?;
-        *self.endpoint.write().await = Some(endpoint.clone());
-        Ok(endpoint)
+        Ok(self.card().await?.1)
     }
 
     /// Calls `method` with `params` and reads its result, within `timeout`.
@@ -426,20 +427,17 @@ impl RemoteAgent {
                     Ok(SendMessageResponse::Message(message)) => {
                         // A direct reply, without a task: the answer itself.
                         Ok(Task {
-                            id: message.message_id.clone(),
-                            context_id: message.context_id.clone(),
+                            id: message.message_id,
                             status: crate::types::TaskStatus {
                                 state: TaskState::Completed,
-                                message: None,
-                                timestamp: None,
+                                ..crate::types::TaskStatus::default()
                             },
                             artifacts: vec![crate::types::Artifact {
                                 artifact_id: "reply".to_owned(),
-                                name: String::new(),
                                 parts: message.parts,
+                                ..crate::types::Artifact::default()
                             }],
-                            history: Vec::new(),
-                            metadata: None,
+                            ..Task::default()
                         })
                     }
                     Err(failure) => Err(failure),
@@ -730,13 +728,9 @@ impl ToolExecutorService for RemoteAgent {
         &self,
         _request: Request<DescribeRequest>,
     ) -> Result<Response<DescribeResponse>, Status> {
-        let card = self.card().await.map_err(|failure| {
+        let (card, _) = self.card().await.map_err(|failure| {
             Status::unavailable(format!("A2A agent {}: {failure}", self.name()))
         })?;
-        let endpoint = jsonrpc_interface(&card).map_err(|failure| {
-            Status::unavailable(format!("A2A agent {}: {failure}", self.name()))
-        })?;
-        *self.endpoint.write().await = Some(endpoint);
         Ok(Response::new(DescribeResponse {
             tools: vec![self.descriptor(&card)],
             ..DescribeResponse::default()

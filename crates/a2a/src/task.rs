@@ -326,14 +326,15 @@ pub fn goal(message: &Message) -> Result<String, A2aError> {
 /// What a message to a waiting task says.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reply {
-    /// Words for the model's question.
-    Answer(String),
-    /// The content that answers a tool's question (a JSON object, as text).
-    Accept(String),
-    /// A tool's question declined.
-    Decline,
-    /// A tool's question dismissed.
-    Cancel,
+    /// An answer, as `AnswerClarification` takes it: words for the model's question
+    /// (action unspecified), or for a tool's question the content (a JSON object as
+    /// text) with `accept`, or nothing with `decline` or `cancel`.
+    Answer {
+        /// The words or the content.
+        answer: String,
+        /// What the client did with a tool's question.
+        action: pb::InputAction,
+    },
     /// An approval resolved, naming the proposal the client was shown.
     Resolve {
         /// Approve (`true`) or deny.
@@ -396,9 +397,11 @@ pub fn reply(invocation: &pb::Invocation, message: &Message) -> Result<Reply, A2
     }
     if invocation.pending_input.is_some() {
         return match (data, text.trim().to_ascii_lowercase().as_str()) {
-            (Some(content @ Value::Object(_)), _) => Ok(Reply::Accept(content.to_string())),
-            (None, "decline") => Ok(Reply::Decline),
-            (None, "cancel") => Ok(Reply::Cancel),
+            (Some(content @ Value::Object(_)), _) => {
+                Ok(answered(content.to_string(), pb::InputAction::Accept))
+            }
+            (None, "decline") => Ok(answered(String::new(), pb::InputAction::Decline)),
+            (None, "cancel") => Ok(answered(String::new(), pb::InputAction::Cancel)),
             _ => Err(A2aError::InvalidParams(
                 "this task waits for a tool's question: reply with a data part holding the \
                  object that answers it, or the text decline or cancel"
@@ -410,8 +413,12 @@ pub fn reply(invocation: &pb::Invocation, message: &Message) -> Result<Reply, A2
         true => Err(A2aError::InvalidParams(
             "this task waits for an answer to its question: reply with text".to_owned(),
         )),
-        false => Ok(Reply::Answer(text)),
+        false => Ok(answered(text, pb::InputAction::Unspecified)),
     }
+}
+
+fn answered(answer: String, action: pb::InputAction) -> Reply {
+    Reply::Answer { answer, action }
 }
 
 #[cfg(test)]
@@ -535,7 +542,7 @@ mod tests {
         );
         assert_eq!(
             reply(&invocation, &says(vec![Part::text("Paris")])),
-            Ok(Reply::Answer("Paris".into()))
+            Ok(answered("Paris".into(), pb::InputAction::Unspecified))
         );
         assert!(matches!(
             reply(&invocation, &says(vec![Part::data(json!({"a": 1}))])),
@@ -560,15 +567,18 @@ mod tests {
         );
         assert_eq!(
             reply(&invocation, &says(vec![Part::data(json!({"name": "Ada"}))])),
-            Ok(Reply::Accept(r#"{"name":"Ada"}"#.into()))
+            Ok(answered(
+                r#"{"name":"Ada"}"#.into(),
+                pb::InputAction::Accept
+            ))
         );
         assert_eq!(
             reply(&invocation, &says(vec![Part::text(" Decline ")])),
-            Ok(Reply::Decline)
+            Ok(answered(String::new(), pb::InputAction::Decline))
         );
         assert_eq!(
             reply(&invocation, &says(vec![Part::text("cancel")])),
-            Ok(Reply::Cancel)
+            Ok(answered(String::new(), pb::InputAction::Cancel))
         );
         for wrong in [Part::text("Ada"), Part::data(json!(["Ada"]))] {
             assert!(matches!(
