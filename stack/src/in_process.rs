@@ -44,7 +44,7 @@ impl DecisionPort for InProcessDecision {
             None => {
                 // Only what the model reads becomes a message.
                 let reads = self.0.reads(ask.profile);
-                let window = &ask.history[ask.history.len().saturating_sub(reads.history)..];
+                let window = calls::window(ask.history, reads.history);
                 let history = calls::history(invocation_id, window);
                 let tools: Vec<_> = match reads.tools {
                     true => ask.tools.iter().map(calls::descriptor).collect(),

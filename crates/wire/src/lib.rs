@@ -184,6 +184,11 @@ pub fn decided(response: pb::DecideResponse) -> (ProposedDecision, Usage) {
         Some(Outcome::Invalid(invalid)) => {
             ProposedDecision::unparseable(invalid.reason, invalid.raw)
         }
+        // Asked of a whole request, which leaves nothing out: the service broke the
+        // protocol as an empty response does.
+        Some(Outcome::Resend(_)) => ProposedDecision::Unparseable {
+            text: "a request to send again what was sent whole".into(),
+        },
         None => ProposedDecision::Unparseable {
             text: "an empty response".into(),
         },

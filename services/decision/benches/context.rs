@@ -76,6 +76,8 @@ fn request(turn: u32) -> DecideRequest {
         context_from_seq: u64::from(first),
         summary: if first > 1 { format!("{} earlier turns", first - 1) } else { String::new() },
         scripted_model_json: String::new(),
+        history_left_out: 0,
+        tools_left_out: false,
     }
 }
 

@@ -49,7 +49,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use agentloop_proto::v1::decision_service_server::DecisionService;
-use agentloop_proto::v1::{DecideRequest, DecideResponse, ToolDescriptor};
+use agentloop_proto::v1::{DecideRequest, DecideResponse, ToolDescriptor, decide_response};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
@@ -336,6 +336,21 @@ impl DecisionServer {
         self.model_of(profile)
             .map_or(Reads::NOTHING, |model| model.reads())
     }
+
+    /// What the model that answers `request` reads: a script reads nothing.
+    fn reads_of(&self, request: &DecideRequest) -> Reads {
+        match request.scripted_model_json.is_empty() {
+            true => self.reads(&request.profile),
+            false => Reads::NOTHING,
+        }
+    }
+}
+
+/// Whether `request` left out events or tools that `reads` needs. Events are left out
+/// oldest first, so what remains is enough when it holds as many as the model reads.
+fn left_out_too_much(request: &DecideRequest, reads: Reads) -> bool {
+    (request.history_left_out > 0 && request.history.len() < reads.history)
+        || (request.tools_left_out && reads.tools)
 }
 
 impl DecisionServer {
@@ -389,8 +404,20 @@ impl DecisionService for DecisionServer {
         request: tonic::Request<DecideRequest>,
     ) -> Result<tonic::Response<DecideResponse>, tonic::Status> {
         let request = request.into_inner();
+        let reads = self.reads_of(&request);
+        if left_out_too_much(&request, reads) {
+            return Ok(tonic::Response::new(DecideResponse {
+                outcome: Some(decide_response::Outcome::Resend(reads.into())),
+                reads: Some(reads.into()),
+                ..DecideResponse::default()
+            }));
+        }
         match DecisionServer::decide(self, &request).await {
-            Ok(reply) => Ok(tonic::Response::new(reply.into())),
+            Ok(reply) => {
+                let mut response = DecideResponse::from(reply);
+                response.reads = Some(reads.into());
+                Ok(tonic::Response::new(response))
+            }
             Err(error) => {
                 tracing::debug!(invocation_id = %request.invocation_id, turn = request.turn, %error, "decide failed");
                 Err(error.into())

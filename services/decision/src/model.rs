@@ -81,6 +81,16 @@ pub struct ModelReply {
     pub response_id: String,
 }
 
+/// What a model reads, as an answer tells the caller.
+impl From<Reads> for agentloop_proto::v1::Reads {
+    fn from(reads: Reads) -> Self {
+        Self {
+            history: u32::try_from(reads.history).unwrap_or(u32::MAX),
+            tools: reads.tools,
+        }
+    }
+}
+
 /// The reply on the wire: the one place the decision service converts its answer.
 impl From<ModelReply> for DecideResponse {
     fn from(reply: ModelReply) -> Self {
@@ -106,6 +116,7 @@ impl From<ModelReply> for DecideResponse {
             usage: Some(agentloop_wire::usage(reply.usage)),
             model: reply.model,
             response_id: reply.response_id,
+            reads: None,
         }
     }
 }

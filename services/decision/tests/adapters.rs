@@ -154,6 +154,8 @@ fn request() -> DecideRequest {
         context_from_seq: 1,
         summary: String::new(),
         scripted_model_json: String::new(),
+        history_left_out: 0,
+        tools_left_out: false,
     }
 }
 

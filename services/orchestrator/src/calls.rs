@@ -112,20 +112,38 @@ pub fn descriptor(tool: &Tool) -> pb::ToolDescriptor {
     }
 }
 
-/// A turn's question as the decision service's request, the tools included.
-pub fn decide_request(ask: &Ask<'_>) -> pb::DecideRequest {
+/// A turn's question as the decision service's request, with as much of the window and
+/// the tools as `reads` names (all of both when `None`), and what was left out said.
+pub fn decide_request(ask: &Ask<'_>, reads: Option<pb::Reads>) -> pb::DecideRequest {
     let invocation_id = ask.invocation.to_string();
+    let (events, tools) = reads.map_or((usize::MAX, true), |reads| {
+        (
+            usize::try_from(reads.history).unwrap_or(usize::MAX),
+            reads.tools,
+        )
+    });
+    let sent = window(ask.history, events);
     pb::DecideRequest {
         turn: ask.turn,
         goal: ask.goal.to_owned(),
         profile: ask.profile.to_owned(),
-        tools: ask.tools.iter().map(descriptor).collect(),
-        history: history(&invocation_id, ask.history),
-        context_from_seq: ask.history.first().map_or(0, |stored| stored.event.seq),
+        tools: match tools {
+            true => ask.tools.iter().map(descriptor).collect(),
+            false => Vec::new(),
+        },
+        history: history(&invocation_id, sent),
+        context_from_seq: sent.first().map_or(0, |stored| stored.event.seq),
         summary: String::new(),
         scripted_model_json: ask.script.map(Script::text).unwrap_or_default().to_owned(),
         invocation_id,
+        history_left_out: u32::try_from(ask.history.len() - sent.len()).unwrap_or(u32::MAX),
+        tools_left_out: !tools && !ask.tools.is_empty(),
     }
+}
+
+/// The last `events` of a window: what a model that reads that many is shown.
+pub fn window(history: &[StoredEvent], events: usize) -> &[StoredEvent] {
+    &history[history.len().saturating_sub(events)..]
 }
 
 /// A window of committed events as the decision service reads them.

@@ -4,9 +4,10 @@
 //! adapter: over the network the trait is the client's ([`Remote`]), in the same
 //! process the gateway's own implementation, with no network between.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use agentloop_effects::EffectState;
@@ -35,7 +36,7 @@ use crate::calls;
 /// Ports over gRPC connections (the distributed deployment).
 pub fn ports(decision: Transport, policy: Transport, tools: Transport, ledger: Transport) -> Ports {
     Ports {
-        decision: Arc::new(Decision(agentloop_proto::client::decision(decision))),
+        decision: Arc::new(Decision::new(agentloop_proto::client::decision(decision))),
         policy: Arc::new(Policy(agentloop_proto::client::policy(policy))),
         tools: Arc::new(Tools::remote(Remote(
             agentloop_proto::client::tool_gateway(tools),
@@ -51,15 +52,71 @@ fn answer<T>(answered: Result<tonic::Response<T>, Status>) -> Result<T, Failure>
         .map_err(|status| calls::failure(&status))
 }
 
+/// Most profiles whose model's reads a [`Decision`] port remembers; past them, the
+/// requests of a new profile carry everything.
+const MAX_KNOWN_PROFILES: usize = 256;
+
 /// The decision service over gRPC.
-#[derive(Debug, Clone)]
-pub struct Decision(pub DecisionServiceClient<Transport>);
+///
+/// Each answer says what the model reads of a request; the requests that follow for the
+/// same profile carry only that much of the window and the tools, as a model in the
+/// orchestrator's own process is given. Should the service's model read more by then
+/// (its configuration changed, or a replica configured otherwise answers), the service
+/// says so without asking the model, and the turn goes again whole, once.
+#[derive(Debug)]
+pub struct Decision {
+    client: DecisionServiceClient<Transport>,
+    /// By profile: what its model reads, for requests without a script and with one.
+    reads: Mutex<HashMap<String, [Option<pb::Reads>; 2]>>,
+}
+
+impl Decision {
+    /// The port over `client`; it knows no model's reads yet.
+    pub fn new(client: DecisionServiceClient<Transport>) -> Decision {
+        Decision {
+            client,
+            reads: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn known(&self, profile: &str, scripted: bool) -> Option<pb::Reads> {
+        let reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
+        reads
+            .get(profile)
+            .and_then(|known| known[usize::from(scripted)])
+    }
+
+    fn learn(&self, profile: &str, scripted: bool, said: Option<pb::Reads>) {
+        let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
+        let room = reads.len() < MAX_KNOWN_PROFILES;
+        match reads.get_mut(profile) {
+            Some(known) => known[usize::from(scripted)] = said,
+            None if said.is_some() && room => {
+                let mut known = [None; 2];
+                known[usize::from(scripted)] = said;
+                reads.insert(profile.to_owned(), known);
+            }
+            None => {}
+        }
+    }
+}
 
 #[async_trait]
 impl DecisionPort for Decision {
     async fn decide(&self, ask: Ask<'_>) -> Result<Decided, Failure> {
-        let request = calls::decide_request(&ask);
-        answer(self.0.clone().decide(request).await).map(calls::decided)
+        let scripted = ask.script.is_some();
+        let known = self.known(ask.profile, scripted);
+        let request = calls::decide_request(&ask, known);
+        let mut response = answer(self.client.clone().decide(request).await)?;
+        if known.is_some()
+            && let Some(pb::decide_response::Outcome::Resend(_)) = response.outcome
+        {
+            // A whole request leaves nothing out, so it is never answered so again.
+            let whole = calls::decide_request(&ask, None);
+            response = answer(self.client.clone().decide(whole).await)?;
+        }
+        self.learn(ask.profile, scripted, response.reads);
+        Ok(calls::decided(response))
     }
 }
 
