@@ -46,10 +46,7 @@ impl DecisionPort for InProcessDecision {
                 let reads = self.0.reads(ask.profile);
                 let window = calls::window(ask.history, reads.history);
                 let history = calls::history(invocation_id, window);
-                let tools: Vec<_> = match reads.tools {
-                    true => ask.tools.iter().map(calls::descriptor).collect(),
-                    false => Vec::new(),
-                };
+                let tools = calls::descriptors(ask.tools, reads.tools);
                 let question = Question {
                     invocation_id,
                     turn: ask.turn,

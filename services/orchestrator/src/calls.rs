@@ -98,7 +98,7 @@ pub fn tool(descriptor: pb::ToolDescriptor) -> Tool {
 }
 
 /// The runtime's tool as a descriptor, for the model.
-pub fn descriptor(tool: &Tool) -> pb::ToolDescriptor {
+fn descriptor(tool: &Tool) -> pb::ToolDescriptor {
     pb::ToolDescriptor {
         name: tool.name.clone(),
         description: tool.description.clone(),
@@ -127,10 +127,7 @@ pub fn decide_request(ask: &Ask<'_>, reads: Option<pb::Reads>) -> pb::DecideRequ
         turn: ask.turn,
         goal: ask.goal.to_owned(),
         profile: ask.profile.to_owned(),
-        tools: match tools {
-            true => ask.tools.iter().map(descriptor).collect(),
-            false => Vec::new(),
-        },
+        tools: descriptors(ask.tools, tools),
         history: history(&invocation_id, sent),
         context_from_seq: sent.first().map_or(0, |stored| stored.event.seq),
         summary: String::new(),
@@ -138,6 +135,15 @@ pub fn decide_request(ask: &Ask<'_>, reads: Option<pb::Reads>) -> pb::DecideRequ
         invocation_id,
         history_left_out: u32::try_from(ask.history.len() - sent.len()).unwrap_or(u32::MAX),
         tools_left_out: !tools && !ask.tools.is_empty(),
+    }
+}
+
+/// The tools as descriptors for a model that reads them (`read`); none for one that
+/// does not.
+pub fn descriptors(tools: &[Tool], read: bool) -> Vec<pb::ToolDescriptor> {
+    match read {
+        true => tools.iter().map(descriptor).collect(),
+        false => Vec::new(),
     }
 }
 
