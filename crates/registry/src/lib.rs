@@ -2,8 +2,8 @@
 //! written by hand, `[[executors]]` that describe themselves (their `Describe` output,
 //! read by the gateway), `[[mcp_servers]]` and `[[a2a_agents]]`. A crate of its own
 //! because the tool gateway, the policy service and the CLI load the same file, and no
-//! service depends on another. It is only the format: the live registry, which follows executors as they
-//! come and go, is the gateway's.
+//! service depends on another. It is only the format: the live registry, which follows
+//! executors as they come and go, is the gateway's.
 //!
 //! Verifiers are registered beside tools because they are served by the same executors
 //! (over the same channel, under the same concurrency slots) and owned by the same
