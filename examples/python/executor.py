@@ -377,6 +377,11 @@ class Executor:
             output_json=entry["output_json"],
             detail=f"applied by attempt {entry['attempt']} of call {entry['call_id']}")
 
+    def ExecuteStage(self, request, context):
+        # Optional: UNIMPLEMENTED makes the gateway send each call of a stage as an
+        # Execute of its own.
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "calls come one by one")
+
     def Verify(self, request, context):
         # This executor serves no verifier; UNIMPLEMENTED makes a check that names one
         # fail closed.

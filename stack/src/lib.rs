@@ -32,8 +32,8 @@ use agentloop_orchestrator::{Api, OrchestratorConfig};
 use agentloop_policy::{PolicyConfig, PolicyServer, Profiles};
 use agentloop_proto::client::{ClientConfig, Transport, connect};
 use agentloop_proto::server;
+use agentloop_proto::server::ToolExecutor;
 use agentloop_proto::v1 as pb;
-use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_runtime::{Ports, Runtime, Workers};
 use agentloop_server::{Access, ServeError, ServiceSet};
 use agentloop_store::{EventStore, SqliteStore, StoreError};
@@ -321,7 +321,7 @@ impl Services {
         match wiring {
             Wiring::Embedded => {
                 let tools = tools_for(IN_PROCESS_EXECUTOR)?;
-                let executor: Arc<dyn ToolExecutorService> = Arc::new(demo.clone());
+                let executor: Arc<ToolExecutor> = Arc::new(demo.clone());
                 let gateway = Gateway::with_in_process(
                     tools,
                     options.gateway,

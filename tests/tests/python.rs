@@ -352,6 +352,41 @@ async fn the_python_client_runs_the_python_executors_tools_through_an_approval()
     assert_eq!(effects[0].receipt, reservation);
     assert_eq!(applied[0]["effect_key"], effects[0].effect_key.as_str());
 
+    // A stage of two reads through the gateway. This executor answers its own
+    // `ExecuteStage` UNIMPLEMENTED, so the gateway sends each call as an `Execute`.
+    let transport =
+        agentloop_stack::channel_as(&endpoints.tools, Some(&endpoints.tokens.orchestrator))
+            .await
+            .unwrap();
+    let look = |call_id: &str, sku: &str| pb::ToolGatewayServiceExecuteRequest {
+        invocation_id: "python-e2e-stage".into(),
+        call: Some(pb::ToolCall {
+            call_id: call_id.into(),
+            tool: "py_inventory_lookup".into(),
+            arguments_json: format!(r#"{{"sku": "{sku}"}}"#),
+        }),
+        attempt: 1,
+        ..Default::default()
+    };
+    for _ in 0..2 {
+        let answers = agentloop_proto::client::tool_gateway(transport.clone())
+            .execute_stage(pb::ExecuteStageRequest {
+                calls: vec![look("w", "widget-7"), look("g", "gadget-2")],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .answers;
+        let skus: Vec<serde_json::Value> = answers
+            .into_iter()
+            .map(|answer| match answer.answer {
+                Some(pb::stage_answer::Answer::Result(result)) => output(&result).0["sku"].clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(skus, ["widget-7", "gadget-2"]);
+    }
+
     stack.stop().await.unwrap();
     executor.terminate().await;
 }
@@ -434,6 +469,18 @@ async fn the_python_executor_applies_one_effect_key_once() {
     assert!(described.verifiers.is_empty());
     let registered = ToolsConfig::from_describe(&executor.endpoint, described.clone()).unwrap();
     assert_eq!(registered.tools.len(), 2);
+    // It serves no stages, which the contract allows: the gateway sends calls one by one.
+    let stage = client
+        .execute_stage(pb::ToolExecutorServiceExecuteStageRequest {
+            calls: vec![execute_request(
+                "",
+                "py_inventory_lookup",
+                r#"{"sku": "gadget-2"}"#,
+            )],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(stage.code(), Code::Unimplemented, "{stage:?}");
 
     // The same write twice with one key: one apply, one receipt.
     let key = "python-e2e-key-1";

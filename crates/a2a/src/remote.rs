@@ -755,6 +755,19 @@ impl ToolExecutorService for RemoteAgent {
         }))
     }
 
+    type ExecuteStageStream = agentloop_proto::server::StageStream;
+
+    /// Not served: a remote agent's executor runs in the gateway's process, which sends
+    /// it each call as an `Execute` of its own.
+    async fn execute_stage(
+        &self,
+        _request: tonic::Request<agentloop_proto::v1::ToolExecutorServiceExecuteStageRequest>,
+    ) -> Result<tonic::Response<Self::ExecuteStageStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented(
+            "an A2A agent's calls go one by one",
+        ))
+    }
+
     async fn reconcile(
         &self,
         request: Request<ToolExecutorServiceReconcileRequest>,

@@ -7,15 +7,19 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentloop_proto::MAX_STAGE_CALLS;
+use agentloop_proto::server::StageStream;
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_proto::v1::tool_result::Outcome;
 use agentloop_proto::v1::{
     DescribeRequest, DescribeResponse, ErrorType, NextAction, ReconcileStatus, SideEffect,
-    ToolCall, ToolDescriptor, ToolExecutorServiceExecuteRequest,
-    ToolExecutorServiceExecuteResponse, ToolExecutorServiceReconcileRequest,
+    StageAnswer, ToolCall, ToolDescriptor, ToolExecutorServiceExecuteRequest,
+    ToolExecutorServiceExecuteResponse, ToolExecutorServiceExecuteStageRequest,
+    ToolExecutorServiceExecuteStageResponse, ToolExecutorServiceReconcileRequest,
     ToolExecutorServiceReconcileResponse, ToolExecutorServiceVerifyRequest,
     ToolExecutorServiceVerifyResponse, ToolOutput, ToolResult, VerifierDescriptor,
 };
+use futures::stream::FuturesUnordered;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::{Request, Response, Status};
 
@@ -701,17 +705,23 @@ impl Executor {
     /// A [`RequestError`] for a malformed request (no call, an oversized field, a write
     /// without an effect key), an unknown tool, a record that cannot take the write, or
     /// an executor that stopped.
-    pub async fn execute_request(
+    //
+    // Not an `async fn`: the future is `run_request`'s own, without a layer that would
+    // hold the request a second time while the call runs.
+    pub fn execute_request(
         &self,
         request: Request<ToolExecutorServiceExecuteRequest>,
+    ) -> impl Future<Output = Result<Executed, RequestError>> + Send + '_ {
+        let caller = caller(&request);
+        self.run_request(caller, request.into_inner())
+    }
+
+    /// Runs one checked request for `caller`: `Execute`, or one call of a stage.
+    async fn run_request(
+        &self,
+        caller: Option<String>,
+        mut request: ToolExecutorServiceExecuteRequest,
     ) -> Result<Executed, RequestError> {
-        // Who calls, as the guard in front of this service established it
-        // (`auth.callers`). `None` when the port is open or the call comes in-process.
-        let caller = request
-            .extensions()
-            .get::<agentloop_auth::Caller>()
-            .map(|caller| caller.0.clone());
-        let mut request = request.into_inner();
         let call = request
             .call
             .take()
@@ -741,6 +751,32 @@ impl Executor {
             caller,
         };
         tool.runner.run(&self.inner, call).await
+    }
+
+    /// One call of a stage, answered as `Execute` would have. A write is refused before
+    /// anything runs: it goes through `Execute`, under the gateway's effect ledger.
+    async fn stage_call(
+        &self,
+        caller: Option<String>,
+        request: ToolExecutorServiceExecuteRequest,
+    ) -> StageAnswer {
+        let write = request
+            .call
+            .as_ref()
+            .and_then(|call| self.inner.tool(&call.tool))
+            .filter(|tool| tool.record.is_some());
+        let answered = match write {
+            Some(tool) => Err(RequestError::InvalidRequest(format!(
+                "{} is a write: it goes through Execute, not in a stage",
+                tool.descriptor.name
+            ))),
+            None => self.run_request(caller, request).await,
+        };
+        agentloop_proto::stage_answer(
+            answered
+                .map(|executed| executed.result)
+                .map_err(Status::from),
+        )
     }
 
     fn reconcile_effect(
@@ -844,6 +880,41 @@ impl ToolExecutorService for Executor {
         ))
     }
 
+    type ExecuteStageStream = StageStream;
+
+    /// Each call runs in a future of the stream, so the answers go out in the order the
+    /// calls finish, and dropping the stream (the gateway gave up, or went away)
+    /// cancels those still running, as a dropped `Execute` would.
+    async fn execute_stage(
+        &self,
+        request: Request<ToolExecutorServiceExecuteStageRequest>,
+    ) -> Result<Response<StageStream>, Status> {
+        let caller = caller(&request);
+        let calls = request.into_inner().calls;
+        if calls.len() > MAX_STAGE_CALLS {
+            return Err(RequestError::InvalidRequest(format!(
+                "{} calls in one stage, more than {MAX_STAGE_CALLS}",
+                calls.len()
+            ))
+            .into());
+        }
+        let answers: FuturesUnordered<_> = calls
+            .into_iter()
+            .zip(0u32..)
+            .map(|(call, index)| {
+                let executor = self.clone();
+                let caller = caller.clone();
+                async move {
+                    Ok(ToolExecutorServiceExecuteStageResponse {
+                        index,
+                        answer: Some(executor.stage_call(caller, call).await),
+                    })
+                }
+            })
+            .collect();
+        Ok(Response::new(Box::pin(answers)))
+    }
+
     async fn reconcile(
         &self,
         request: Request<ToolExecutorServiceReconcileRequest>,
@@ -859,6 +930,15 @@ impl ToolExecutorService for Executor {
             self.verify_claim(request.into_inner()).await?,
         ))
     }
+}
+
+/// Who calls, as the guard in front of this service established it (`auth.callers`).
+/// `None` when the port is open or the call comes in-process.
+fn caller<T>(request: &Request<T>) -> Option<String> {
+    request
+        .extensions()
+        .get::<agentloop_auth::Caller>()
+        .map(|caller| caller.0.clone())
 }
 
 #[cfg(test)]

@@ -39,6 +39,9 @@
 //!    certificate through [`Access`]), flips health to
 //!    NOT_SERVING as soon as shutdown begins, and lets in-flight calls finish for
 //!    [`ExecutorBuilder::drain_timeout`] before it cancels them.
+//! 6. **A stage of reads is one request.** `ExecuteStage` runs the read-only calls the
+//!    gateway sends together at the same time and streams each answer as it finishes,
+//!    so a slow call holds back no other; it refuses writes, which come one by one.
 //!
 //! It is *not* a framework for the tools' own data: a write whose effect lives in
 //! another system must pass [`Context::effect_key`] on as that system's idempotency key
@@ -168,6 +171,7 @@ use agentloop_server::{Access, ServeError, ServiceSet};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use agentloop_proto::server::StageStream;
 pub use agentloop_proto::v1::{ErrorType, NextAction, SideEffect};
 pub use error::{BuildError, RequestError};
 pub use executor::{

@@ -18,16 +18,18 @@ use agentloop_executor::{
     BuildError, CallError, Context, Disposition, Executor, ExecutorService, Record, SideEffect,
     Tool, Verdict, Verifier,
 };
+use agentloop_proto::MAX_STAGE_CALLS;
 use agentloop_proto::client::{self, ClientConfig, Transport};
+use agentloop_proto::v1::stage_answer::Answer;
 use agentloop_proto::v1::tool_executor_service_client::ToolExecutorServiceClient;
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_proto::v1::tool_result::Outcome;
 use agentloop_proto::v1::{
     CheckVerdict, Claim, DescribeRequest, DescribeResponse, EffectEntry, ErrorType, NextAction,
     ReconcileStatus, ToolCall, ToolExecutorServiceExecuteRequest,
-    ToolExecutorServiceExecuteResponse, ToolExecutorServiceReconcileRequest,
-    ToolExecutorServiceReconcileResponse, ToolExecutorServiceVerifyRequest,
-    ToolExecutorServiceVerifyResponse,
+    ToolExecutorServiceExecuteResponse, ToolExecutorServiceExecuteStageRequest,
+    ToolExecutorServiceReconcileRequest, ToolExecutorServiceReconcileResponse,
+    ToolExecutorServiceVerifyRequest, ToolExecutorServiceVerifyResponse,
 };
 use agentloop_server::Access;
 use schemars::JsonSchema;
@@ -692,6 +694,16 @@ impl ToolExecutorService for Counting {
         Ok(Response::new(executed.into_response()))
     }
 
+    type ExecuteStageStream = agentloop_proto::server::StageStream;
+
+    /// A stage holds reads only, which this wrapper does not count.
+    async fn execute_stage(
+        &self,
+        request: tonic::Request<agentloop_proto::v1::ToolExecutorServiceExecuteStageRequest>,
+    ) -> Result<tonic::Response<Self::ExecuteStageStream>, tonic::Status> {
+        self.executor.execute_stage(request).await
+    }
+
     async fn reconcile(
         &self,
         request: Request<ToolExecutorServiceReconcileRequest>,
@@ -908,6 +920,118 @@ async fn a_deadline_that_passes_fires_the_token() {
     tokio::time::timeout(WITHIN, token.cancelled())
         .await
         .expect("the token never fired");
+    server.stop().await;
+}
+
+// ---- Stages ------------------------------------------------------------------------
+
+/// A call of a stage, as the gateway sends it.
+fn staged(
+    call_id: &str,
+    tool: &str,
+    args: &str,
+    effect_key: &str,
+) -> ToolExecutorServiceExecuteRequest {
+    let mut staged = request(tool, args, effect_key);
+    if let Some(call) = &mut staged.call {
+        call.call_id = call_id.into();
+    }
+    staged
+}
+
+#[tokio::test]
+async fn a_stage_streams_each_answer_as_it_comes_refuses_writes_and_cancels_with_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tokens, mut handed) = mpsc::unbounded_channel();
+    let credit = Credit::default();
+    let credits = Arc::clone(&credit.calls);
+    let executor = Executor::builder()
+        .record(Record::open(dir.path()).unwrap())
+        .tool(Echo)
+        .tool(credit)
+        .tool(Hang { tokens })
+        .build()
+        .unwrap();
+    let mut server = Server::open(executor).await;
+    let calls = vec![
+        staged("c0", "hang", "{}", ""),
+        staged("c1", "echo", r#"{"text":"hi","times":2}"#, ""),
+        staged("c2", "credit", CREDIT, "effect-1"),
+        staged("c3", "teleport", "{}", ""),
+        staged("c4", "echo", r#"{"text":5}"#, ""),
+    ];
+    let mut answers = server
+        .client
+        .execute_stage(ToolExecutorServiceExecuteStageRequest { calls })
+        .await
+        .unwrap()
+        .into_inner();
+    // Every call but the one that hangs is answered, each under its index, while
+    // `hang` still runs: the answers do not wait for each other.
+    let mut got = std::collections::BTreeMap::new();
+    while got.len() < 4 {
+        let reply = tokio::time::timeout(WITHIN, answers.message())
+            .await
+            .expect("a stage's answer never came")
+            .unwrap()
+            .expect("the stage ended early");
+        let answer = reply.answer.unwrap().answer.unwrap();
+        assert!(
+            got.insert(reply.index, answer).is_none(),
+            "index {} twice",
+            reply.index
+        );
+    }
+    match &got[&1] {
+        Answer::Result(result) => {
+            assert_eq!(result.call_id, "c1");
+            assert_eq!(output(result.outcome.clone().unwrap()).0["text"], "hihi");
+        }
+        other => panic!("{other:?}"),
+    }
+    match &got[&2] {
+        Answer::Refused(refused) => {
+            assert_eq!(
+                Code::from(refused.code),
+                Code::InvalidArgument,
+                "{refused:?}"
+            );
+            assert!(refused.message.contains("Execute"), "{refused:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    match &got[&3] {
+        Answer::Refused(refused) => assert_eq!(Code::from(refused.code), Code::NotFound),
+        other => panic!("{other:?}"),
+    }
+    match &got[&4] {
+        Answer::Result(result) => {
+            let refused = error(result.outcome.clone().unwrap());
+            assert_eq!(refused.error_type, ErrorType::InvalidArguments as i32);
+        }
+        other => panic!("{other:?}"),
+    }
+    // The write in the stage never ran.
+    assert_eq!(credits.load(Ordering::SeqCst), 0);
+    let token = tokio::time::timeout(WITHIN, handed.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!token.is_cancelled());
+    drop(answers);
+    tokio::time::timeout(WITHIN, token.cancelled())
+        .await
+        .expect("dropping the stage's stream did not cancel its call");
+
+    let over = (0..=MAX_STAGE_CALLS)
+        .map(|i| staged(&format!("c{i}"), "echo", r#"{"text":"hi"}"#, ""))
+        .collect();
+    let status = server
+        .client
+        .execute_stage(ToolExecutorServiceExecuteStageRequest { calls: over })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     server.stop().await;
 }
 

@@ -42,7 +42,8 @@ const CANCEL_SEND_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One MCP server as a tool executor: `Describe` is `tools/list`, `Execute` is
 /// `tools/call`, under the names `<server>__<tool>`. Register it with the gateway as an
-/// in-process executor (`Arc<McpExecutor>` is an `Arc<dyn ToolExecutorService>`).
+/// in-process executor (`Arc<McpExecutor>` is an
+/// `Arc<`[`agentloop_proto::server::ToolExecutor`]`>`).
 ///
 /// It keeps its server connected in a task of its own (see [`Health`]); calls while the
 /// server is down answer UNAVAILABLE at once. Dropping the executor, or
@@ -414,6 +415,20 @@ impl ToolExecutorService for McpExecutor {
         Ok(Response::new(ToolExecutorServiceExecuteResponse {
             result: Some(result),
         }))
+    }
+
+    type ExecuteStageStream = agentloop_proto::server::StageStream;
+
+    /// Not served: an MCP server's executor runs in the gateway's process, which sends
+    /// it each call as an `Execute` of its own (a future per call costs less there than
+    /// a stream of answers).
+    async fn execute_stage(
+        &self,
+        _request: tonic::Request<agentloop_proto::v1::ToolExecutorServiceExecuteStageRequest>,
+    ) -> Result<tonic::Response<Self::ExecuteStageStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented(
+            "an MCP server's calls go one by one",
+        ))
     }
 
     async fn reconcile(

@@ -47,9 +47,26 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("agen
 /// outputs larger than this must be stored elsewhere and referenced.
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
-/// Most calls one `ToolGatewayService.ExecuteStage` request may carry; the gateway
-/// refuses a larger stage whole, and the orchestrator sends one call by call.
+/// Most calls one `ExecuteStage` request (of the tool gateway or of an executor) may
+/// carry; a larger stage is refused whole, and the orchestrator sends one call by call.
 pub const MAX_STAGE_CALLS: usize = 256;
+
+/// The answer to one call of a stage, from what `Execute` would have answered for it:
+/// its result, or the status it would have failed with. The gateway and the executor
+/// library both answer stages through it.
+pub fn stage_answer(answered: Result<v1::ToolResult, tonic::Status>) -> v1::StageAnswer {
+    use v1::stage_answer::{Answer, Refused};
+    let answer = match answered {
+        Ok(result) => Answer::Result(result),
+        Err(status) => Answer::Refused(Refused {
+            code: status.code().into(),
+            message: status.message().to_owned(),
+        }),
+    };
+    v1::StageAnswer {
+        answer: Some(answer),
+    }
+}
 
 /// Most reasons a verifier's answer may give; a longer answer is undecided.
 pub const MAX_VERIFIER_REASONS: usize = 32;

@@ -53,6 +53,15 @@ pub fn tool_executor<T: ToolExecutorService>(service: T) -> ToolExecutorServiceS
     configured!(ToolExecutorServiceServer::new(service))
 }
 
+/// The answers of a [`ToolExecutorService`]'s `ExecuteStage`, as they come: the stream
+/// type every executor in the workspace answers with.
+pub type StageStream =
+    tonic::codegen::BoxStream<crate::v1::ToolExecutorServiceExecuteStageResponse>;
+
+/// Any tool executor, behind a pointer (`Arc<ToolExecutor>`): how the gateway holds the
+/// executors that run in its own process.
+pub type ToolExecutor = dyn ToolExecutorService<ExecuteStageStream = StageStream>;
+
 /// Serves an [`EffectLedgerService`] implementation with the shared settings.
 pub fn effect_ledger<T: EffectLedgerService>(service: T) -> EffectLedgerServiceServer<T> {
     configured!(EffectLedgerServiceServer::new(service))

@@ -57,6 +57,16 @@ impl ToolExecutorService for OneTool {
         Err(Status::unimplemented("not needed by this test"))
     }
 
+    type ExecuteStageStream = agentloop_proto::server::StageStream;
+
+    /// A test executor from before stages: each call comes as an `Execute`.
+    async fn execute_stage(
+        &self,
+        _request: tonic::Request<agentloop_proto::v1::ToolExecutorServiceExecuteStageRequest>,
+    ) -> Result<tonic::Response<Self::ExecuteStageStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("no stages"))
+    }
+
     async fn reconcile(
         &self,
         _request: Request<ToolExecutorServiceReconcileRequest>,
@@ -265,6 +275,16 @@ impl ToolExecutorService for Silent {
         _request: Request<ToolExecutorServiceExecuteRequest>,
     ) -> Result<Response<ToolExecutorServiceExecuteResponse>, Status> {
         std::future::pending().await
+    }
+
+    type ExecuteStageStream = agentloop_proto::server::StageStream;
+
+    /// A test executor from before stages: each call comes as an `Execute`.
+    async fn execute_stage(
+        &self,
+        _request: tonic::Request<agentloop_proto::v1::ToolExecutorServiceExecuteStageRequest>,
+    ) -> Result<tonic::Response<Self::ExecuteStageStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("no stages"))
     }
 
     async fn reconcile(

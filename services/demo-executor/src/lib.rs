@@ -41,13 +41,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agentloop_executor::{Disposition, Executor, ExecutorService};
+use agentloop_executor::{Disposition, Executor, ExecutorService, StageStream};
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_proto::v1::{
     DescribeRequest, DescribeResponse, ToolExecutorServiceExecuteRequest,
-    ToolExecutorServiceExecuteResponse, ToolExecutorServiceReconcileRequest,
-    ToolExecutorServiceReconcileResponse, ToolExecutorServiceVerifyRequest,
-    ToolExecutorServiceVerifyResponse,
+    ToolExecutorServiceExecuteResponse, ToolExecutorServiceExecuteStageRequest,
+    ToolExecutorServiceReconcileRequest, ToolExecutorServiceReconcileResponse,
+    ToolExecutorServiceVerifyRequest, ToolExecutorServiceVerifyResponse,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -394,6 +394,16 @@ impl ToolExecutorService for DemoExecutor {
             }
         }
         Ok(Response::new(executed.into_response()))
+    }
+
+    type ExecuteStageStream = StageStream;
+
+    /// A stage holds reads only, which no fault of this executor touches.
+    async fn execute_stage(
+        &self,
+        request: Request<ToolExecutorServiceExecuteStageRequest>,
+    ) -> Result<Response<StageStream>, Status> {
+        self.executor.execute_stage(request).await
     }
 
     async fn reconcile(

@@ -9,15 +9,16 @@ use agentloop_auth::Caller;
 use agentloop_engine::{CallOutcome, SideEffect, ToolCall, ToolDigest};
 use agentloop_proto::MAX_STAGE_CALLS;
 use agentloop_proto::client::ClientConfig;
-use agentloop_proto::v1::stage_answer::{Answer, Refused};
-use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
+use agentloop_proto::server::ToolExecutor;
+use agentloop_proto::v1::stage_answer::Answer;
 use agentloop_proto::v1::tool_gateway_service_server::ToolGatewayService;
 use agentloop_proto::v1::tool_result::Outcome;
 use agentloop_proto::v1::{
     Check, DeregisterExecutorRequest, DeregisterExecutorResponse, ErrorType, ExecuteStageRequest,
     ExecuteStageResponse, InputAction, InputAnswer, ListToolsRequest, ListToolsResponse,
     NextAction, RegisterExecutorRequest, RegisterExecutorResponse, StageAnswer, ToolDescriptor,
-    ToolError, ToolExecutorServiceExecuteRequest, ToolExecutorServiceReconcileRequest,
+    ToolError, ToolExecutorServiceExecuteRequest, ToolExecutorServiceExecuteStageRequest,
+    ToolExecutorServiceExecuteStageResponse, ToolExecutorServiceReconcileRequest,
     ToolExecutorServiceVerifyRequest, ToolGatewayServiceExecuteRequest,
     ToolGatewayServiceExecuteResponse, ToolGatewayServiceReconcileRequest,
     ToolGatewayServiceReconcileResponse, ToolGatewayServiceVerifyRequest,
@@ -144,7 +145,7 @@ impl Default for GatewayLimits {
 /// directly, under the same deadline, slots and result mapping as over gRPC, and
 /// dropping the call still cancels it. For embedding and benchmarks; a deployment
 /// reaches its executors over gRPC.
-pub type InProcessExecutors = Vec<(String, Arc<dyn ToolExecutorService>)>;
+pub type InProcessExecutors = Vec<(String, Arc<ToolExecutor>)>;
 
 /// The tool gateway. Cheap to clone; serve it with
 /// [`agentloop_proto::server::tool_gateway`] or [`crate::run`].
@@ -334,6 +335,73 @@ impl Gateway {
         &self,
         request: ToolGatewayServiceExecuteRequest,
     ) -> Result<ToolResult, GatewayError> {
+        let registry = self.inner.registrar.current();
+        let began = Instant::now();
+        let (tool, call_id, deadline, timeout, request) =
+            match self.check_request(&registry, request, began)? {
+                (tool, Checked::Ready(ready)) => (
+                    tool,
+                    ready.call_id().to_owned(),
+                    ready.deadline,
+                    ready.timeout,
+                    ready.request,
+                ),
+                (tool, Checked::Answered { call_id, outcome }) => {
+                    self.observe(tool, &outcome, began);
+                    return Ok(ToolResult {
+                        call_id,
+                        outcome: Some(outcome),
+                    });
+                }
+            };
+        let outcome = self
+            .forward_call(tool, &call_id, deadline, timeout, request)
+            .await;
+        self.observe(tool, &outcome, began);
+        Ok(ToolResult {
+            call_id,
+            outcome: Some(outcome),
+        })
+    }
+
+    /// Executes one call: checks it, forwards it under its deadline and turns any
+    /// failure into the call's one terminal result.
+    ///
+    /// The embedded runtime's path, where every call in flight holds this future: the
+    /// checked call is taken apart inside the `match`, so that no part of it is kept
+    /// beside what `forward_call` holds (a local moved in part stays in the future).
+    async fn execute_call(&self, dispatch: Dispatch<'_>) -> Result<Outcome, GatewayError> {
+        let registry = self.inner.registrar.current();
+        let began = Instant::now();
+        let (tool, deadline, timeout, request) = match self.check(&registry, dispatch, began)? {
+            (tool, Checked::Ready(ready)) => (tool, ready.deadline, ready.timeout, ready.request),
+            (tool, Checked::Answered { outcome, .. }) => {
+                self.observe(tool, &outcome, began);
+                return Ok(outcome);
+            }
+        };
+        let call_id = dispatch.call.call_id.as_str();
+        let outcome = self
+            .forward_call(tool, call_id, deadline, timeout, request)
+            .await;
+        self.observe(tool, &outcome, began);
+        Ok(outcome)
+    }
+
+    /// Counts a call of `tool` that came to `outcome`, begun at `began`.
+    fn observe(&self, tool: &Tool, outcome: &Outcome, began: Instant) {
+        self.inner
+            .observed
+            .call_done(&tool.entry.name, outcome, began.elapsed());
+    }
+
+    /// Checks one call as it came over the wire, as [`Gateway::check`] does.
+    fn check_request<'r>(
+        &self,
+        registry: &'r Registry,
+        request: ToolGatewayServiceExecuteRequest,
+        began: Instant,
+    ) -> Result<(&'r Tool, Checked), GatewayError> {
         let call = request
             .call
             .map(agentloop_wire::tool_call_from)
@@ -348,8 +416,9 @@ impl Gateway {
             })?),
         };
         let timeout = requested_timeout(request.timeout)?;
-        let outcome = self
-            .execute_call(Dispatch {
+        self.check(
+            registry,
+            Dispatch {
                 invocation_id: &request.invocation_id,
                 call: &call,
                 effect_key: &request.effect_key,
@@ -357,17 +426,19 @@ impl Gateway {
                 timeout,
                 planned,
                 answer: request.input_answer.as_ref(),
-            })
-            .await?;
-        Ok(ToolResult {
-            call_id: call.call_id.as_str().to_owned(),
-            outcome: Some(outcome),
-        })
+            },
+            began,
+        )
     }
 
-    /// Executes one call: checks it, forwards it under its deadline and turns any
-    /// failure into the call's one terminal result.
-    async fn execute_call(&self, dispatch: Dispatch<'_>) -> Result<Outcome, GatewayError> {
+    /// Checks one call and makes the executor's request of it, with its deadline from
+    /// `began`; or answers it at once when it cannot be sent.
+    fn check<'r>(
+        &self,
+        registry: &'r Registry,
+        dispatch: Dispatch<'_>,
+        began: Instant,
+    ) -> Result<(&'r Tool, Checked), GatewayError> {
         let call = dispatch.call;
         for (field, value) in [
             ("invocation_id", dispatch.invocation_id),
@@ -395,40 +466,37 @@ impl Gateway {
         if let Some(answer) = dispatch.answer {
             check_answer(answer, max_args)?;
         }
-        let registry = self.inner.registrar.current();
-        let tool = tool(&registry, &call.tool)?;
-        let side_effect = tool.entry.side_effect;
+        let tool = tool(registry, &call.tool)?;
         // Never dispatch a write the executor could not dedupe.
-        if side_effect.writes() && dispatch.effect_key.is_empty() {
+        if tool.entry.side_effect.writes() && dispatch.effect_key.is_empty() {
             return Err(GatewayError::InvalidRequest(format!(
                 "tool {:?} writes, so the call needs an effect key",
                 call.tool
             )));
         }
+        if let Some(outcome) = unsendable(tool, dispatch.planned) {
+            let call_id = call.call_id.as_str().to_owned();
+            return Ok((tool, Checked::Answered { call_id, outcome }));
+        }
         let timeout = bounded(dispatch.timeout, tool.entry.timeout());
-        let began = Instant::now();
-        let deadline = began + timeout;
-        let outcome = match unsendable(tool, dispatch.planned) {
-            Some(outcome) => outcome,
-            None => {
-                let forwarded = ToolExecutorServiceExecuteRequest {
-                    invocation_id: dispatch.invocation_id.to_owned(),
-                    call: Some(agentloop_wire::tool_call(call)),
-                    effect_key: dispatch.effect_key.to_owned(),
-                    attempt: dispatch.attempt,
-                    input_answer: dispatch.answer.cloned(),
-                };
-                self.forward_call(tool, call.call_id.as_str(), deadline, timeout, forwarded)
-                    .await
-            }
+        let request = ToolExecutorServiceExecuteRequest {
+            invocation_id: dispatch.invocation_id.to_owned(),
+            call: Some(agentloop_wire::tool_call(call)),
+            effect_key: dispatch.effect_key.to_owned(),
+            attempt: dispatch.attempt,
+            input_answer: dispatch.answer.cloned(),
         };
-        self.inner
-            .observed
-            .call_done(&tool.entry.name, &outcome, began.elapsed());
-        Ok(outcome)
+        Ok((
+            tool,
+            Checked::Ready(Ready {
+                deadline: began + timeout,
+                timeout,
+                request,
+            }),
+        ))
     }
 
-    /// Forwards one checked call (`call_id`) to its tool's executor; what it came to.
+    /// Forwards one checked call to its tool's executor; what it came to.
     async fn forward_call(
         &self,
         tool: &Tool,
@@ -437,7 +505,6 @@ impl Gateway {
         timeout: Duration,
         request: ToolExecutorServiceExecuteRequest,
     ) -> Outcome {
-        let side_effect = tool.entry.side_effect;
         let route = &tool.executor.route;
         let forwarded = self
             .forward(
@@ -454,41 +521,9 @@ impl Gateway {
                 },
             )
             .await;
+        let side_effect = tool.entry.side_effect;
         match forwarded {
-            Ok(reply) => match reply.result {
-                Some(ToolResult {
-                    outcome: Some(Outcome::InputRequired(asked)),
-                    ..
-                }) if !agentloop_proto::input::within_bounds(&asked) => failure_outcome(
-                    side_effect,
-                    &CallFailure::MalformedReply {
-                        detail: format!(
-                            "a question over {} bytes or a schema over {} bytes",
-                            agentloop_proto::input::MAX_QUESTION_BYTES,
-                            agentloop_proto::input::MAX_QUESTION_SCHEMA_BYTES
-                        ),
-                    },
-                ),
-                Some(ToolResult {
-                    call_id: reply_id,
-                    outcome: Some(outcome),
-                }) if reply_id == call_id || reply_id.is_empty() => outcome,
-                Some(ToolResult {
-                    call_id: reply_id,
-                    outcome: Some(_),
-                }) => failure_outcome(
-                    side_effect,
-                    &CallFailure::MalformedReply {
-                        detail: format!("result for call {reply_id:?}"),
-                    },
-                ),
-                Some(ToolResult { outcome: None, .. }) | None => failure_outcome(
-                    side_effect,
-                    &CallFailure::MalformedReply {
-                        detail: "no result".to_owned(),
-                    },
-                ),
-            },
+            Ok(reply) => reply_outcome(side_effect, call_id, reply.result),
             Err(failure) => {
                 tracing::info!(tool = %tool.entry.name, ?failure, "executor call failed");
                 failure_outcome(side_effect, &failure)
@@ -496,32 +531,262 @@ impl Gateway {
         }
     }
 
-    /// One call of a stage, answered as `Execute` would have: its result, or the status
-    /// `Execute` would have failed with. A write is refused before anything is sent.
-    async fn stage_call(&self, request: ToolGatewayServiceExecuteRequest) -> StageAnswer {
+    /// A stage of reads, answered call by call as `Execute` would have. The calls to
+    /// one executor across the network go to it as one `ExecuteStage` (as many as its
+    /// slots allow in each); the others, and those to an executor that does not serve
+    /// stages, go one by one. All run at the same time.
+    async fn stage(&self, calls: Vec<ToolGatewayServiceExecuteRequest>) -> Vec<StageAnswer> {
         let registry = self.inner.registrar.current();
-        let write = request
-            .call
-            .as_ref()
-            .and_then(|call| registry.tools.get(&call.tool))
-            .filter(|tool| tool.entry.side_effect.writes());
-        let result = match write {
-            Some(tool) => Err(GatewayError::WriteInStage(tool.entry.name.clone())),
-            None => self.execute_request(request).await,
-        };
-        let answer = match result {
-            Ok(result) => Answer::Result(result),
-            Err(error) => {
-                let status = Status::from(error);
-                Answer::Refused(Refused {
-                    code: status.code().into(),
-                    message: status.message().to_owned(),
+        let began = Instant::now();
+        let mut answers: Vec<Option<StageAnswer>> = vec![None; calls.len()];
+        let mut ready: Vec<Staged<'_>> = Vec::with_capacity(calls.len());
+        for (index, request) in calls.into_iter().enumerate() {
+            let write = request
+                .call
+                .as_ref()
+                .and_then(|call| registry.tools.get(&call.tool))
+                .filter(|tool| tool.entry.side_effect.writes());
+            let checked = match write {
+                Some(tool) => Err(GatewayError::WriteInStage(tool.entry.name.clone())),
+                None => self.check_request(&registry, request, began),
+            };
+            let answer = match checked {
+                Ok((tool, Checked::Ready(call))) => {
+                    ready.push((index, tool, call));
+                    continue;
+                }
+                Ok((tool, Checked::Answered { call_id, outcome })) => {
+                    self.observe(tool, &outcome, began);
+                    stage_result(call_id, outcome)
+                }
+                Err(error) => agentloop_proto::stage_answer(Err(error.into())),
+            };
+            if let Some(slot) = answers.get_mut(index) {
+                *slot = Some(answer);
+            }
+        }
+        let sent = join_all(self.batches(ready).into_iter().map(|batch| async move {
+            match batch {
+                Batch::One(call) => vec![self.forward_one(call, began).await],
+                Batch::Stage(executor, calls) => self.forward_stage(&executor, calls, began).await,
+            }
+        }))
+        .await;
+        for (index, answer) in sent.into_iter().flatten() {
+            if let Some(slot) = answers.get_mut(index) {
+                *slot = Some(answer);
+            }
+        }
+        answers
+            .into_iter()
+            .map(|answer| {
+                // Every index was answered above; the default only keeps this total.
+                answer.unwrap_or_else(|| {
+                    agentloop_proto::stage_answer(Err(Status::internal("the call was not sent")))
                 })
+            })
+            .collect()
+    }
+
+    /// The stage's sendable calls, in the requests they go in: those to one executor
+    /// across the network that serves stages together, at most as many as its slots
+    /// in one request; any other alone.
+    fn batches<'r>(&self, ready: Vec<Staged<'r>>) -> Vec<Batch<'r>> {
+        let most = self
+            .inner
+            .limits
+            .max_concurrent_calls_per_executor
+            .min(MAX_STAGE_CALLS);
+        let mut batches = Vec::new();
+        let mut staged: Vec<(Arc<Executor>, Vec<Staged<'r>>)> = Vec::new();
+        for (index, tool, call) in ready {
+            let executor = &tool.executor;
+            if !matches!(executor.route, Route::Grpc { .. }) || !executor.serves_stages() {
+                batches.push(Batch::One((index, tool, call)));
+                continue;
+            }
+            match staged
+                .iter_mut()
+                .find(|(to, calls)| Arc::ptr_eq(to, executor) && calls.len() < most)
+            {
+                Some((_, calls)) => calls.push((index, tool, call)),
+                None => staged.push((Arc::clone(executor), vec![(index, tool, call)])),
+            }
+        }
+        for (executor, mut calls) in staged {
+            if calls.len() == 1
+                && let Some(call) = calls.pop()
+            {
+                batches.push(Batch::One(call));
+            } else {
+                batches.push(Batch::Stage(executor, calls));
+            }
+        }
+        batches
+    }
+
+    /// Sends one call of a stage on its own.
+    async fn forward_one(
+        &self,
+        (index, tool, call): Staged<'_>,
+        began: Instant,
+    ) -> (usize, StageAnswer) {
+        let call_id = call.call_id().to_owned();
+        let Ready {
+            deadline,
+            timeout,
+            request,
+        } = call;
+        let outcome = self
+            .forward_call(tool, &call_id, deadline, timeout, request)
+            .await;
+        self.observe(tool, &outcome, began);
+        (index, stage_result(call_id, outcome))
+    }
+
+    /// Sends `calls`, reads all, to `executor` as one `ExecuteStage` in as many of its
+    /// slots, under the latest of their deadlines, and takes each answer as `Execute`
+    /// would have: one that comes after its own call's deadline is that call's
+    /// deadline passing. An executor that answers UNIMPLEMENTED gets these calls, and
+    /// the later ones, one by one.
+    async fn forward_stage(
+        &self,
+        executor: &Executor,
+        calls: Vec<Staged<'_>>,
+        began: Instant,
+    ) -> Vec<(usize, StageAnswer)> {
+        let (Route::Grpc { client, .. }, Some(latest)) = (
+            &executor.route,
+            calls.iter().map(|(_, _, call)| call.deadline).max(),
+        ) else {
+            return join_all(calls.into_iter().map(|call| self.forward_one(call, began))).await;
+        };
+        let mut stage = Stage::new(&self.inner.observed, began, calls.len());
+        let permits = u32::try_from(calls.len()).unwrap_or(u32::MAX);
+        let slots = tokio::time::timeout_at(
+            latest,
+            Arc::clone(&executor.slots).acquire_many_owned(permits),
+        )
+        .await;
+        // Waiting for slots sends nothing, so running out of time here is `not_started`.
+        let Ok(Ok(slots)) = slots else {
+            stage.fail(Sent::all(calls), &self.busy(executor));
+            return stage.answers;
+        };
+        let now = Instant::now();
+        let (late, calls): (Vec<_>, Vec<_>) = calls
+            .into_iter()
+            .partition(|(_, _, call)| call.deadline <= now);
+        stage.fail(Sent::all(late), &self.busy(executor));
+        // Until the executor has answered a stage, the calls are kept to be sent one by
+        // one if it does not serve them.
+        let kept = (!executor.knows_stages()).then(|| calls.clone());
+        let (calls, requests): (Vec<Sent<'_>>, Vec<_>) = calls
+            .into_iter()
+            .map(|(index, tool, call)| (Sent::new(index, tool, &call), call.request))
+            .unzip();
+        stage.pending = calls.into_iter().map(Some).collect();
+        let mut request = Request::new(ToolExecutorServiceExecuteStageRequest { calls: requests });
+        request.set_timeout(latest.saturating_duration_since(now));
+        let mut client = client.clone();
+        let opening = client.execute_stage(request);
+        tokio::pin!(opening);
+        let opened = loop {
+            let Some(next) = stage.next_deadline() else {
+                return stage.answers;
+            };
+            match tokio::time::timeout_at(next, &mut opening).await {
+                Ok(opened) => break opened,
+                Err(_elapsed) => stage.expire(),
             }
         };
-        StageAnswer {
-            answer: Some(answer),
+        let mut replies = match opened {
+            Ok(response) => {
+                executor.set_serves_stages(true);
+                response.into_inner()
+            }
+            Err(status) if status.code() == tonic::Code::Unimplemented => {
+                executor.set_serves_stages(false);
+                drop(slots);
+                let Some(kept) = kept else {
+                    // It served stages before and no longer does (replaced without a
+                    // failed health check): these calls fail, as an Execute answered
+                    // UNIMPLEMENTED would; the next ones go one by one.
+                    stage.fail_pending(&self.failed(executor, &status));
+                    return stage.answers;
+                };
+                let unanswered = kept
+                    .into_iter()
+                    .filter(|(index, _, _)| stage.is_pending(*index));
+                let sent = join_all(unanswered.map(|call| self.forward_one(call, began))).await;
+                stage.answers.extend(sent);
+                return stage.answers;
+            }
+            Err(status) => {
+                stage.fail_pending(&self.failed(executor, &status));
+                return stage.answers;
+            }
+        };
+        // An executor may send one answer per call: the bound on a stream that repeats
+        // or invents indices.
+        let mut budget = stage.pending.len();
+        while let Some(next) = stage.next_deadline() {
+            if budget == 0 {
+                stage.fail_pending(&CallFailure::MalformedReply {
+                    detail: "the stage's answers repeat or name calls it was not sent".to_owned(),
+                });
+                break;
+            }
+            let reply = match tokio::time::timeout_at(next, replies.message()).await {
+                Err(_elapsed) => {
+                    stage.expire();
+                    continue;
+                }
+                Ok(Ok(Some(reply))) => reply,
+                Ok(Ok(None)) => {
+                    stage.fail_pending(&CallFailure::MalformedReply {
+                        detail: "the stage ended without an answer for the call".to_owned(),
+                    });
+                    break;
+                }
+                Ok(Err(status)) => {
+                    stage.fail_pending(&self.failed(executor, &status));
+                    break;
+                }
+            };
+            budget -= 1;
+            if !stage.answer(reply) {
+                tracing::info!(
+                    endpoint = %executor.endpoint,
+                    "an executor's stage answered a call twice, or one it was not sent"
+                );
+            }
         }
+        // Calls still running at the executor, if any, are cancelled with the stream.
+        drop(replies);
+        drop(slots);
+        stage.answers
+    }
+
+    /// The failure of calls that waited for `executor`'s slots until their deadline.
+    fn busy(&self, executor: &Executor) -> CallFailure {
+        CallFailure::NotSent {
+            detail: format!(
+                "the executor at {} was busy ({} calls in flight) until the deadline",
+                executor.endpoint, self.inner.limits.max_concurrent_calls_per_executor
+            ),
+        }
+    }
+
+    /// What a status from `executor` means for its calls; an executor that cannot be
+    /// reached is marked down, so that its calls answer at once until a health check
+    /// passes.
+    fn failed(&self, executor: &Executor, status: &Status) -> CallFailure {
+        let failure = classify_status(status);
+        if let CallFailure::Unreachable { .. } = failure {
+            executor.set_up(false);
+        }
+        failure
     }
 
     /// Sends `request` to `executor` through `send`, in one of the executor's slots and
@@ -572,14 +837,7 @@ impl Gateway {
         drop(slot);
         match result {
             Err(_elapsed) => Err(CallFailure::DeadlineExceeded),
-            Ok(Err(status)) => {
-                let failure = classify_status(&status);
-                if let CallFailure::Unreachable { .. } = failure {
-                    // Until a health check passes, its calls answer at once.
-                    executor.set_up(false);
-                }
-                Err(failure)
-            }
+            Ok(Err(status)) => Err(self.failed(executor, &status)),
             Ok(Ok(response)) => Ok(response.into_inner()),
         }
     }
@@ -686,6 +944,215 @@ impl Gateway {
 }
 
 /// A timeout on the wire, which must not be negative.
+/// A call checked and ready for its tool's executor.
+#[derive(Debug, Clone)]
+struct Ready {
+    deadline: Instant,
+    /// The time from the check to the deadline: the longest the call may take.
+    timeout: Duration,
+    request: ToolExecutorServiceExecuteRequest,
+}
+
+impl Ready {
+    fn call_id(&self) -> &str {
+        self.request
+            .call
+            .as_ref()
+            .map_or("", |call| call.call_id.as_str())
+    }
+}
+
+/// A checked call: ready to send, or answered without being sent.
+#[derive(Debug)]
+enum Checked {
+    Ready(Ready),
+    /// Its answer is known without asking (a contract that changed, an executor known
+    /// to be down).
+    Answered {
+        call_id: String,
+        outcome: Outcome,
+    },
+}
+
+/// A call of a stage ready to send: its place in the stage, its tool, the call.
+type Staged<'r> = (usize, &'r Tool, Ready);
+
+/// How the sendable calls of a stage go out.
+enum Batch<'r> {
+    /// On its own, as `Execute` sends it: its index in the stage, its tool, the call.
+    One(Staged<'r>),
+    /// With others to the same executor, in one `ExecuteStage`.
+    Stage(Arc<Executor>, Vec<Staged<'r>>),
+}
+
+/// A call of a stage whose request went out: what its answer is checked against.
+struct Sent<'r> {
+    index: usize,
+    tool: &'r Tool,
+    deadline: Instant,
+    call_id: String,
+}
+
+impl<'r> Sent<'r> {
+    fn new(index: usize, tool: &'r Tool, call: &Ready) -> Sent<'r> {
+        Sent {
+            index,
+            tool,
+            deadline: call.deadline,
+            call_id: call.call_id().to_owned(),
+        }
+    }
+
+    fn all(calls: Vec<Staged<'r>>) -> Vec<Sent<'r>> {
+        calls
+            .into_iter()
+            .map(|(index, tool, call)| Sent::new(index, tool, &call))
+            .collect()
+    }
+}
+
+/// The answers of one `ExecuteStage`, each counted in the call metrics as it comes,
+/// and the calls sent that are still unanswered.
+struct Stage<'o, 'r> {
+    observed: &'o Observed,
+    began: Instant,
+    answers: Vec<(usize, StageAnswer)>,
+    /// By their place in the request; `None` once answered.
+    pending: Vec<Option<Sent<'r>>>,
+}
+
+impl<'o, 'r> Stage<'o, 'r> {
+    fn new(observed: &'o Observed, began: Instant, calls: usize) -> Stage<'o, 'r> {
+        Stage {
+            observed,
+            began,
+            answers: Vec::with_capacity(calls),
+            pending: Vec::new(),
+        }
+    }
+
+    fn done(&mut self, sent: Sent<'_>, outcome: Outcome) {
+        self.observed
+            .call_done(&sent.tool.entry.name, &outcome, self.began.elapsed());
+        self.answers
+            .push((sent.index, stage_result(sent.call_id, outcome)));
+    }
+
+    /// Answers `calls`, none of them sent, with `failure`.
+    fn fail(&mut self, calls: Vec<Sent<'_>>, failure: &CallFailure) {
+        if !calls.is_empty() {
+            tracing::info!(?failure, calls = calls.len(), "executor stage failed");
+        }
+        for sent in calls {
+            let outcome = failure_outcome(sent.tool.entry.side_effect, failure);
+            self.done(sent, outcome);
+        }
+    }
+
+    /// Answers every call still pending with `failure`.
+    fn fail_pending(&mut self, failure: &CallFailure) {
+        let pending = std::mem::take(&mut self.pending);
+        self.fail(pending.into_iter().flatten().collect(), failure);
+    }
+
+    fn is_pending(&self, index: usize) -> bool {
+        self.pending
+            .iter()
+            .flatten()
+            .any(|sent| sent.index == index)
+    }
+
+    /// The earliest deadline of a call still pending; `None` when all are answered.
+    fn next_deadline(&self) -> Option<Instant> {
+        self.pending
+            .iter()
+            .flatten()
+            .map(|sent| sent.deadline)
+            .min()
+    }
+
+    /// Answers the pending calls whose deadline has passed: the executor's answer, if
+    /// it comes, is not waited for, as `Execute` would not have waited.
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let expired: Vec<Sent<'_>> = self
+            .pending
+            .iter_mut()
+            .filter(|slot| slot.as_ref().is_some_and(|sent| sent.deadline <= now))
+            .filter_map(Option::take)
+            .collect();
+        for sent in expired {
+            let outcome =
+                failure_outcome(sent.tool.entry.side_effect, &CallFailure::DeadlineExceeded);
+            self.done(sent, outcome);
+        }
+    }
+
+    /// Takes the executor's answer to one call; `false` if that call was not pending.
+    fn answer(&mut self, reply: ToolExecutorServiceExecuteStageResponse) -> bool {
+        let sent = usize::try_from(reply.index)
+            .ok()
+            .and_then(|index| self.pending.get_mut(index))
+            .and_then(Option::take);
+        let Some(sent) = sent else {
+            return false;
+        };
+        let outcome = stage_outcome(sent.tool.entry.side_effect, &sent.call_id, reply.answer);
+        self.done(sent, outcome);
+        true
+    }
+}
+
+/// A call's outcome as the stage answers it.
+fn stage_result(call_id: String, outcome: Outcome) -> StageAnswer {
+    agentloop_proto::stage_answer(Ok(ToolResult {
+        call_id,
+        outcome: Some(outcome),
+    }))
+}
+
+/// What an executor's reply to a call (`call_id`) came to: its result, unless the
+/// reply is malformed (no result, another call's, a question out of bounds).
+fn reply_outcome(side_effect: SideEffect, call_id: &str, reply: Option<ToolResult>) -> Outcome {
+    let malformed =
+        |detail: String| failure_outcome(side_effect, &CallFailure::MalformedReply { detail });
+    match reply {
+        Some(ToolResult {
+            outcome: Some(Outcome::InputRequired(asked)),
+            ..
+        }) if !agentloop_proto::input::within_bounds(&asked) => malformed(format!(
+            "a question over {} bytes or a schema over {} bytes",
+            agentloop_proto::input::MAX_QUESTION_BYTES,
+            agentloop_proto::input::MAX_QUESTION_SCHEMA_BYTES
+        )),
+        Some(ToolResult {
+            call_id: reply_id,
+            outcome: Some(outcome),
+        }) if reply_id == call_id || reply_id.is_empty() => outcome,
+        Some(ToolResult {
+            call_id: reply_id,
+            outcome: Some(_),
+        }) => malformed(format!("result for call {reply_id:?}")),
+        Some(ToolResult { outcome: None, .. }) | None => malformed("no result".to_owned()),
+    }
+}
+
+/// What an executor's answer to one call of a stage came to, as `Execute` answering
+/// the same would have: a refusal is the status Execute would have failed with.
+fn stage_outcome(side_effect: SideEffect, call_id: &str, answer: Option<StageAnswer>) -> Outcome {
+    match answer.and_then(|answer| answer.answer) {
+        Some(Answer::Result(result)) => reply_outcome(side_effect, call_id, Some(result)),
+        Some(Answer::Refused(refused)) => failure_outcome(
+            side_effect,
+            &CallFailure::Status {
+                code: tonic::Code::from(refused.code),
+                message: agentloop_proto::bounded_message(refused.message),
+            },
+        ),
+        None => reply_outcome(side_effect, call_id, None),
+    }
+}
+
 fn requested_timeout(
     requested: Option<prost_types::Duration>,
 ) -> Result<Option<Duration>, GatewayError> {
@@ -852,8 +1319,9 @@ impl ToolGatewayService for Gateway {
             ))
             .into());
         }
-        let answers = join_all(calls.into_iter().map(|call| self.stage_call(call))).await;
-        Ok(Response::new(ExecuteStageResponse { answers }))
+        Ok(Response::new(ExecuteStageResponse {
+            answers: self.stage(calls).await,
+        }))
     }
 
     async fn reconcile(

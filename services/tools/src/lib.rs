@@ -15,8 +15,11 @@
 //!   owns the tool, under the smaller of the tool's and the request's timeout, with a
 //!   bounded number of calls in flight per executor, and cancels the forwarded call
 //!   when its own caller goes away. `ExecuteStage` takes the read-only calls of one
-//!   stage in one request and forwards each of them the same way; it refuses writes,
-//!   which go one by one under the effect ledger. Executors in the same process can be
+//!   stage in one request; it sends those to one executor across the network as one
+//!   `ExecuteStage` of the executor's, streamed back and each held to its own deadline
+//!   (one by one to an executor that answers UNIMPLEMENTED), and the others as
+//!   `Execute` does. It refuses writes, which go one by one under the effect ledger.
+//!   Executors in the same process can be
 //!   called without a network ([`InProcessExecutors`]), with the same limits and
 //!   results.
 //!   `Verify` asks a registered verifier's executor to judge a final answer, over the

@@ -11,13 +11,14 @@
 //! refused whole, and the executor keeps what it had.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use agentloop_proto::client::{self, ClientConfig, Transport};
+use agentloop_proto::server::ToolExecutor;
 use agentloop_proto::v1::tool_executor_service_client::ToolExecutorServiceClient;
-use agentloop_proto::v1::tool_executor_service_server::{SERVICE_NAME, ToolExecutorService};
+use agentloop_proto::v1::tool_executor_service_server::SERVICE_NAME;
 use agentloop_proto::v1::{DescribeRequest, ToolDescriptor};
 use sha2::{Digest, Sha256};
 use tokio::sync::{Mutex, Semaphore};
@@ -44,7 +45,7 @@ pub(crate) enum Route {
         health: HealthClient<Transport>,
     },
     /// The executor's service implementation, in this process.
-    InProcess(Arc<dyn ToolExecutorService>),
+    InProcess(Arc<ToolExecutor>),
 }
 
 impl std::fmt::Debug for Route {
@@ -56,6 +57,11 @@ impl std::fmt::Debug for Route {
     }
 }
 
+/// What is known of an executor's `ExecuteStage`.
+const STAGES_UNKNOWN: u8 = 0;
+const STAGES_SERVED: u8 = 1;
+const STAGES_NOT_SERVED: u8 = 2;
+
 /// One executor endpoint: its route, its concurrency slots and whether it answers.
 #[derive(Debug)]
 pub(crate) struct Executor {
@@ -66,6 +72,9 @@ pub(crate) struct Executor {
     /// health check passes: while it is clear, calls answer `unavailable` at once
     /// instead of waiting for a connection that will not come.
     up: AtomicBool,
+    /// Whether it serves `ExecuteStage`: [`STAGES_UNKNOWN`] until it answers one, and
+    /// again each time it comes back (it may have been replaced by another version).
+    stages: AtomicU8,
     /// The health an in-process executor reports of what is behind it (an MCP server's
     /// connection); `None`: an in-process executor is always up.
     reports: Option<Arc<McpExecutor>>,
@@ -76,11 +85,34 @@ impl Executor {
         self.up.load(Ordering::Relaxed)
     }
 
+    /// Whether a stage of its calls may go to it as one `ExecuteStage`: unless it
+    /// answered one that it does not serve them.
+    pub(crate) fn serves_stages(&self) -> bool {
+        self.stages.load(Ordering::Relaxed) != STAGES_NOT_SERVED
+    }
+
+    /// Whether it has answered an `ExecuteStage` since it last came back.
+    pub(crate) fn knows_stages(&self) -> bool {
+        self.stages.load(Ordering::Relaxed) != STAGES_UNKNOWN
+    }
+
+    /// Records whether it answered an `ExecuteStage` (`false`: UNIMPLEMENTED).
+    pub(crate) fn set_serves_stages(&self, serves: bool) {
+        let stages = if serves {
+            STAGES_SERVED
+        } else {
+            tracing::info!(endpoint = %self.endpoint, "executor serves no stages: its calls go one by one");
+            STAGES_NOT_SERVED
+        };
+        self.stages.store(stages, Ordering::Relaxed);
+    }
+
     /// Records what a call or a health check found; `true` when it changed.
     pub(crate) fn set_up(&self, up: bool) -> bool {
         let was = self.up.swap(up, Ordering::Relaxed);
         if was != up {
             if up {
+                self.stages.store(STAGES_UNKNOWN, Ordering::Relaxed);
                 tracing::info!(endpoint = %self.endpoint, "executor is available again");
             } else {
                 tracing::warn!(endpoint = %self.endpoint, "executor is unavailable");
@@ -203,7 +235,7 @@ struct Sources {
     /// In the order they registered: the first to claim a name keeps it.
     described: Vec<Described>,
     executors: HashMap<String, Arc<Executor>>,
-    in_process: Vec<(String, Arc<dyn ToolExecutorService>)>,
+    in_process: Vec<(String, Arc<ToolExecutor>)>,
     /// The MCP servers of the registry, by the endpoint their tools are routed to.
     mcp: Vec<(String, Arc<McpExecutor>)>,
     client_config: ClientConfig,
@@ -222,7 +254,7 @@ impl Sources {
         let (route, reports) = match (local, mcp) {
             (Some((_, service)), _) => (Route::InProcess(Arc::clone(service)), None),
             (None, Some((_, mcp))) => {
-                let service: Arc<dyn ToolExecutorService> = mcp.clone();
+                let service: Arc<ToolExecutor> = mcp.clone();
                 (Route::InProcess(service), Some(Arc::clone(mcp)))
             }
             (None, None) => {
@@ -239,6 +271,7 @@ impl Sources {
             route,
             slots: Arc::new(Semaphore::new(self.slots)),
             up: AtomicBool::new(true),
+            stages: AtomicU8::new(STAGES_UNKNOWN),
             reports,
         });
         self.executors
@@ -370,7 +403,7 @@ impl Registrar {
     /// described yet ([`Registrar::refresh`] does that, and keeps trying).
     pub(crate) async fn new(
         config: ToolsConfig,
-        in_process: Vec<(String, Arc<dyn ToolExecutorService>)>,
+        in_process: Vec<(String, Arc<ToolExecutor>)>,
         client_config: ClientConfig,
         slots: usize,
         timeout: Duration,
@@ -402,7 +435,7 @@ impl Registrar {
             let executor = agentloop_a2a::RemoteAgent::new(agent)
                 .map_err(|error| ConfigError::InvalidA2aAgent(error.to_string()))?;
             agents.push(endpoint.clone());
-            in_process.push((endpoint, Arc::new(executor) as Arc<dyn ToolExecutorService>));
+            in_process.push((endpoint, Arc::new(executor) as Arc<ToolExecutor>));
         }
         let described = executors
             .into_iter()

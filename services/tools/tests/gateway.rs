@@ -17,6 +17,7 @@ use agentloop_demo_executor::{DemoConfig, DemoExecutor, FaultConfig};
 use agentloop_proto::MAX_STAGE_CALLS;
 use agentloop_proto::client::Transport;
 use agentloop_proto::client::{self, ClientConfig};
+use agentloop_proto::server::{StageStream, ToolExecutor};
 use agentloop_proto::v1::stage_answer::Answer;
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_proto::v1::tool_gateway_service_client::ToolGatewayServiceClient;
@@ -27,10 +28,10 @@ use agentloop_proto::v1::{
     EffectEntry, EffectState, ErrorType, ExecuteStageRequest, InputAction, InputAnswer,
     ListToolsRequest, ReconcileStatus, SideEffect, ToolCall, ToolDescriptor,
     ToolExecutorServiceExecuteRequest, ToolExecutorServiceExecuteResponse,
-    ToolExecutorServiceReconcileRequest, ToolExecutorServiceReconcileResponse,
-    ToolExecutorServiceVerifyRequest, ToolExecutorServiceVerifyResponse,
-    ToolGatewayServiceExecuteRequest, ToolGatewayServiceReconcileRequest,
-    ToolGatewayServiceVerifyRequest, ToolOutput, ToolResult,
+    ToolExecutorServiceExecuteStageRequest, ToolExecutorServiceReconcileRequest,
+    ToolExecutorServiceReconcileResponse, ToolExecutorServiceVerifyRequest,
+    ToolExecutorServiceVerifyResponse, ToolGatewayServiceExecuteRequest,
+    ToolGatewayServiceReconcileRequest, ToolGatewayServiceVerifyRequest, ToolOutput, ToolResult,
 };
 use agentloop_tools::{Gateway, GatewayError, GatewayLimits, ToolsConfig, VerifierEntry};
 use tokio::sync::{oneshot, watch};
@@ -389,6 +390,199 @@ async fn a_stage_runs_its_calls_together_and_a_caller_that_gives_up_cancels_them
     .unwrap();
 }
 
+/// The demo executor, with the RPCs the gateway sent it recorded by name; with
+/// `stages` off it answers `ExecuteStage` UNIMPLEMENTED, as an executor from before
+/// stages does.
+#[derive(Clone)]
+struct Recording {
+    executor: DemoExecutor,
+    stages: bool,
+    sent: Arc<Mutex<Vec<&'static str>>>,
+}
+
+impl Recording {
+    fn sent(&self) -> Vec<&'static str> {
+        self.sent.lock().unwrap().clone()
+    }
+}
+
+#[tonic::async_trait]
+impl ToolExecutorService for Recording {
+    async fn describe(
+        &self,
+        request: tonic::Request<DescribeRequest>,
+    ) -> Result<tonic::Response<DescribeResponse>, tonic::Status> {
+        self.executor.describe(request).await
+    }
+
+    async fn execute(
+        &self,
+        request: tonic::Request<ToolExecutorServiceExecuteRequest>,
+    ) -> Result<tonic::Response<ToolExecutorServiceExecuteResponse>, tonic::Status> {
+        self.sent.lock().unwrap().push("Execute");
+        self.executor.execute(request).await
+    }
+
+    type ExecuteStageStream = StageStream;
+
+    async fn execute_stage(
+        &self,
+        request: tonic::Request<ToolExecutorServiceExecuteStageRequest>,
+    ) -> Result<tonic::Response<StageStream>, tonic::Status> {
+        self.sent.lock().unwrap().push("ExecuteStage");
+        if !self.stages {
+            return Err(tonic::Status::unimplemented("no stages"));
+        }
+        self.executor.execute_stage(request).await
+    }
+
+    async fn reconcile(
+        &self,
+        request: tonic::Request<ToolExecutorServiceReconcileRequest>,
+    ) -> Result<tonic::Response<ToolExecutorServiceReconcileResponse>, tonic::Status> {
+        self.executor.reconcile(request).await
+    }
+
+    async fn verify(
+        &self,
+        request: tonic::Request<ToolExecutorServiceVerifyRequest>,
+    ) -> Result<tonic::Response<ToolExecutorServiceVerifyResponse>, tonic::Status> {
+        self.executor.verify(request).await
+    }
+}
+
+#[tokio::test]
+async fn a_stages_reads_go_to_their_executor_in_one_request_or_one_by_one_without_stages() {
+    for stages in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let recording = Recording {
+            executor: DemoExecutor::open(DemoConfig {
+                data_dir: dir.path().to_owned(),
+                ..DemoConfig::default()
+            })
+            .unwrap(),
+            stages,
+            sent: Arc::default(),
+        };
+        let served = serve_set(
+            agentloop_server::ServiceSet::new()
+                .add(agentloop_proto::server::tool_executor(recording.clone())),
+        )
+        .await;
+        let registry = ToolsConfig::from_descriptors(
+            &format!("http://{}", served.addr),
+            agentloop_demo_executor::descriptors(),
+        )
+        .unwrap();
+        let gateway = Gateway::new(registry, GatewayLimits::default())
+            .await
+            .unwrap();
+        let (_gateway, mut client) = serve_gateway(gateway).await;
+        for _ in 0..2 {
+            let answers = client
+                .execute_stage(ExecuteStageRequest {
+                    calls: vec![
+                        stage_call("c1", "lookup", r#"{"key":"policy"}"#, ""),
+                        stage_call("c2", "lookup", r#"{"key":"nope"}"#, ""),
+                        stage_call("c3", "lookup", r#"{"key":"profile"}"#, ""),
+                    ],
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .answers;
+            let outcomes: Vec<(String, Outcome)> = answers
+                .into_iter()
+                .map(|answer| match answer.answer.unwrap() {
+                    Answer::Result(result) => (result.call_id, result.outcome.unwrap()),
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            match &outcomes[..] {
+                [
+                    (c1, Outcome::Output(policy)),
+                    (c2, Outcome::Error(missing)),
+                    (c3, Outcome::Output(profile)),
+                ] => {
+                    assert_eq!([c1, c2, c3], ["c1", "c2", "c3"]);
+                    assert!(
+                        policy.output_json.contains("refund-under-100"),
+                        "{policy:?}"
+                    );
+                    assert_eq!(missing.error_type, ErrorType::NotFound as i32);
+                    assert!(profile.output_json.contains("active"), "{profile:?}");
+                }
+                other => panic!("stages {stages}: {other:?}"),
+            }
+        }
+        // With stages, one request per stage. Without, the first stage asks once, and
+        // from then on every call goes on its own: the answer is remembered.
+        let expected: &[&str] = if stages {
+            &["ExecuteStage", "ExecuteStage"]
+        } else {
+            &[
+                "ExecuteStage",
+                "Execute",
+                "Execute",
+                "Execute",
+                "Execute",
+                "Execute",
+                "Execute",
+            ]
+        };
+        assert_eq!(recording.sent(), expected, "stages {stages}");
+    }
+}
+
+#[tokio::test]
+async fn a_call_of_a_stage_past_its_deadline_times_out_alone_and_is_cancelled() {
+    let mut s = setup().await;
+    let mut stats = s.executor.watch_stats();
+    // Sent together as one `ExecuteStage`, whose own deadline is the latest of the
+    // three, that of the short sleep: ten minutes.
+    let stage = ExecuteStageRequest {
+        calls: vec![
+            with_timeout(stage_call("c1", "sleep", r#"{"ms":60000}"#, ""), 300),
+            stage_call("c2", "sleep", r#"{"ms":1}"#, ""),
+            stage_call("c3", "lookup", r#"{"key":"policy"}"#, ""),
+        ],
+    };
+    let answers = tokio::time::timeout(Duration::from_secs(30), s.client.execute_stage(stage))
+        .await
+        .expect("the stage waited past the deadline of its late call")
+        .unwrap()
+        .into_inner()
+        .answers;
+    let outcomes: Vec<Outcome> = answers
+        .into_iter()
+        .map(|answer| match answer.answer.unwrap() {
+            Answer::Result(result) => result.outcome.unwrap(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    match &outcomes[..] {
+        [
+            Outcome::Error(late),
+            Outcome::Output(slept),
+            Outcome::Output(found),
+        ] => {
+            assert_eq!(late.error_type, ErrorType::Timeout as i32, "{late:?}");
+            assert!(late.retryable);
+            assert!(slept.output_json.contains("slept"), "{slept:?}");
+            assert!(found.output_json.contains("refund-under-100"), "{found:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Once every call was answered, the stream was dropped, and with it the sleep.
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        stats.wait_for(|s| s.sleeps_cancelled == 1),
+    )
+    .await
+    .expect("the executor never saw the late call cancelled")
+    .unwrap();
+}
+
 #[tokio::test]
 async fn a_caller_that_gives_up_cancels_the_executor_call() {
     let mut s = setup().await;
@@ -605,9 +799,7 @@ async fn an_in_process_executor_is_called_without_a_network() {
     let endpoint = "http://in-process.localhost";
     let registry =
         ToolsConfig::from_descriptors(endpoint, agentloop_demo_executor::descriptors()).unwrap();
-    let service: std::sync::Arc<
-        dyn agentloop_proto::v1::tool_executor_service_server::ToolExecutorService,
-    > = std::sync::Arc::new(executor.clone());
+    let service: std::sync::Arc<ToolExecutor> = std::sync::Arc::new(executor.clone());
     let gateway = Gateway::with_in_process(
         registry,
         GatewayLimits::default(),
@@ -700,6 +892,16 @@ impl ToolExecutorService for Asking {
         }))
     }
 
+    type ExecuteStageStream = StageStream;
+
+    /// A test executor from before stages: each call comes as an `Execute`.
+    async fn execute_stage(
+        &self,
+        _request: tonic::Request<ToolExecutorServiceExecuteStageRequest>,
+    ) -> Result<tonic::Response<Self::ExecuteStageStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("no stages"))
+    }
+
     async fn reconcile(
         &self,
         _: tonic::Request<ToolExecutorServiceReconcileRequest>,
@@ -731,7 +933,7 @@ async fn a_tools_question_comes_back_bounded_and_its_answer_is_passed_on_checked
     };
     let registry = ToolsConfig::from_descriptors(endpoint, vec![ask]).unwrap();
     let executor = Asking::default();
-    let service: Arc<dyn ToolExecutorService> = Arc::new(executor.clone());
+    let service: Arc<ToolExecutor> = Arc::new(executor.clone());
     let gateway = Gateway::with_in_process(
         registry,
         GatewayLimits::default(),
@@ -845,6 +1047,16 @@ impl ToolExecutorService for TestVerifiers {
         _: tonic::Request<ToolExecutorServiceExecuteRequest>,
     ) -> Result<tonic::Response<ToolExecutorServiceExecuteResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("no tools"))
+    }
+
+    type ExecuteStageStream = StageStream;
+
+    /// A test executor from before stages: each call comes as an `Execute`.
+    async fn execute_stage(
+        &self,
+        _request: tonic::Request<ToolExecutorServiceExecuteStageRequest>,
+    ) -> Result<tonic::Response<Self::ExecuteStageStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("no stages"))
     }
 
     async fn reconcile(
@@ -1222,7 +1434,7 @@ async fn an_in_process_verifier_is_called_through_the_trait_without_a_network() 
     let verifiers = TestVerifiers::default();
     let mut dropped = verifiers.dropped.subscribe();
     let endpoint = "http://in-process.localhost";
-    let service: Arc<dyn ToolExecutorService> = Arc::new(verifiers.clone());
+    let service: Arc<ToolExecutor> = Arc::new(verifiers.clone());
     let gateway = Gateway::with_in_process(
         registry_of(vec![
             verifier("accepts", endpoint, 5_000),

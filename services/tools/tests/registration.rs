@@ -400,6 +400,16 @@ impl ToolExecutorService for Describes {
         Err(Status::unimplemented("describes only"))
     }
 
+    type ExecuteStageStream = agentloop_proto::server::StageStream;
+
+    /// A test executor from before stages: each call comes as an `Execute`.
+    async fn execute_stage(
+        &self,
+        _request: tonic::Request<agentloop_proto::v1::ToolExecutorServiceExecuteStageRequest>,
+    ) -> Result<tonic::Response<Self::ExecuteStageStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("no stages"))
+    }
+
     async fn reconcile(
         &self,
         _request: Request<ToolExecutorServiceReconcileRequest>,
