@@ -115,7 +115,11 @@ impl DecisionPort for Decision {
             let whole = calls::decide_request(&ask, None);
             response = answer(self.client.clone().decide(whole).await)?;
         }
-        self.learn(ask.profile, scripted, response.reads);
+        // The lock is taken again only when what the model reads changed, which most
+        // turns do not.
+        if response.reads != known {
+            self.learn(ask.profile, scripted, response.reads);
+        }
         Ok(calls::decided(response))
     }
 }

@@ -702,7 +702,10 @@ impl Gateway {
         };
         let mut replies = match opened {
             Ok(response) => {
-                executor.set_serves_stages(true);
+                // Written once, not on every stage: the executor is shared by all calls.
+                if kept.is_some() {
+                    executor.set_serves_stages(true);
+                }
                 response.into_inner()
             }
             Err(status) if status.code() == tonic::Code::Unimplemented => {
@@ -1038,7 +1041,7 @@ impl<'o, 'r> Stage<'o, 'r> {
             .push((sent.index, stage_result(sent.call_id, outcome)));
     }
 
-    /// Answers `calls`, none of them sent, with `failure`.
+    /// Answers `calls` with `failure`.
     fn fail(&mut self, calls: Vec<Sent<'_>>, failure: &CallFailure) {
         if !calls.is_empty() {
             tracing::info!(?failure, calls = calls.len(), "executor stage failed");
