@@ -104,6 +104,89 @@ impl From<ToolDigest> for String {
     }
 }
 
+/// The contract versions a turn's calls ran under, by tool name: one entry per tool,
+/// sorted by name, and written as a JSON object, as a map would be.
+///
+/// A sorted `Vec` rather than a `BTreeMap`: a turn names one tool or a few, and the map's
+/// first node has room for eleven (about 450 B). Every committed turn the model's window
+/// keeps holds one, which made these nodes the largest block of `agentloop bench`'s peak
+/// heap at N = 1,000.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolDigests(Vec<(String, ToolDigest)>);
+
+impl ToolDigests {
+    /// Whether no tool is named.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The entries, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, ToolDigest)> {
+        self.0.iter().map(|(tool, digest)| (tool.as_str(), *digest))
+    }
+
+    /// Sorts by name and keeps one entry per name, the last given (as a map's insert
+    /// would).
+    fn from_vec(mut entries: Vec<(String, ToolDigest)>) -> ToolDigests {
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries.dedup_by(|later, earlier| {
+            let same = later.0 == earlier.0;
+            if same {
+                earlier.1 = later.1;
+            }
+            same
+        });
+        ToolDigests(entries)
+    }
+}
+
+impl FromIterator<(String, ToolDigest)> for ToolDigests {
+    fn from_iter<I: IntoIterator<Item = (String, ToolDigest)>>(entries: I) -> ToolDigests {
+        let entries = entries.into_iter();
+        // Sized by the upper bound: a turn's calls, of which only the versioned ones are
+        // kept, so the buffer is not grown (and then left with room) the usual way.
+        let (lower, upper) = entries.size_hint();
+        let mut vec = Vec::with_capacity(upper.unwrap_or(lower));
+        vec.extend(entries);
+        ToolDigests::from_vec(vec)
+    }
+}
+
+impl Serialize for ToolDigests {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(tool, digest)| (tool, digest)))
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolDigests {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = ToolDigests;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of tool names to tool digests")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ToolDigests, A::Error> {
+                // The hint is the input's claim: bounded, so a hostile one allocates
+                // little.
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0).min(64));
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(ToolDigests::from_vec(entries))
+            }
+        }
+
+        deserializer.deserialize_map(Entries)
+    }
+}
+
 impl ToolSpec {
     /// A read-only tool.
     pub const fn read_only() -> ToolSpec {
@@ -171,5 +254,45 @@ impl<N: Into<String>> FromIterator<(N, ToolSpec)> for ToolCatalog {
                 .map(|(name, spec)| (name.into(), spec))
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// The stored JSON of a turn's digests is what the map it replaced wrote, whatever
+    /// order the calls named the tools in and however often.
+    #[test]
+    fn tool_digests_are_written_and_read_as_the_map_was() {
+        let (a, b, c) = (
+            ToolDigest([1; 16]),
+            ToolDigest([2; 16]),
+            ToolDigest([3; 16]),
+        );
+        let given = [
+            ("transfer".to_owned(), a),
+            ("lookup".to_owned(), b),
+            ("transfer".to_owned(), c),
+        ];
+        let digests: ToolDigests = given.iter().cloned().collect();
+        let map: BTreeMap<String, ToolDigest> = given.iter().cloned().collect();
+        let json = serde_json::to_string(&digests).unwrap();
+        assert_eq!(json, serde_json::to_string(&map).unwrap());
+        assert_eq!(
+            digests.iter().collect::<Vec<_>>(),
+            [("lookup", b), ("transfer", c)]
+        );
+
+        // Read back from text in any order, the last of a repeated name winning.
+        let unsorted = format!(r#"{{"transfer":"{a}","lookup":"{b}","transfer":"{c}"}}"#);
+        let read: ToolDigests = serde_json::from_str(&unsorted).unwrap();
+        assert_eq!(read, digests);
+        assert_eq!(serde_json::from_str::<ToolDigests>(&json).unwrap(), digests);
+        assert!(serde_json::from_str::<ToolDigests>(r#"{"lookup":"abc"}"#).is_err());
+        assert!(serde_json::from_str::<ToolDigests>(r#"["lookup"]"#).is_err());
+        assert!(ToolDigests::default().is_empty());
     }
 }

@@ -4,12 +4,10 @@
 //! [`crate::Invocation::restore`]), so the live path and a resume after a crash share
 //! one piece of code and cannot drift apart.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 
 use crate::canonical::Fingerprint;
-use crate::catalog::{ToolCatalog, ToolDigest};
+use crate::catalog::{ToolCatalog, ToolDigests};
 use crate::check::Check;
 use crate::decision::{
     CallId, Decision, DecisionBounds, ProposedDecision, Usage, ValidBatch, validate,
@@ -114,8 +112,8 @@ pub struct TurnRecord {
     /// The contract version (descriptor digest) of each versioned tool the executed
     /// batch called, by name: what the calls ran under, kept so a resume and an audit
     /// know it without the gateway.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub tools: BTreeMap<String, ToolDigest>,
+    #[serde(default, skip_serializing_if = "ToolDigests::is_empty")]
+    pub tools: ToolDigests,
     /// The policies that permitted each call the policy set allowed, in call order:
     /// what an audit reads beside the refusals.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

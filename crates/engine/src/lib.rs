@@ -44,7 +44,7 @@ mod terminal;
 mod time;
 
 pub use canonical::{BadFingerprint, Fingerprint, canonical_json};
-pub use catalog::{SideEffect, ToolCatalog, ToolDigest, ToolSpec};
+pub use catalog::{SideEffect, ToolCatalog, ToolDigest, ToolDigests, ToolSpec};
 pub use check::{Check, CheckKind, CheckVerdict, MAX_CLAIM_EFFECTS, MAX_PROFILE_VERIFIERS};
 pub use decision::{
     CallId, Decision, DecisionBounds, DecisionError, FinalAnswer, ProposedCall, ProposedDecision,

@@ -945,12 +945,14 @@ fn decode(stored: &StoredState, invocation_id: Uuid) -> Result<Current, StoreErr
 
 /// Rows per statement, at most. Chunks are powers of two, so a group's statements come
 /// in a few shapes that stay in the connection's statement cache (SQLite statements are
-/// prepared once per shape, not per group).
-const MAX_ROWS_PER_STATEMENT: usize = 1_024;
+/// prepared once per shape, not per group). A prepared statement's program grows with
+/// its rows, and the cache keeps every shape of every statement: 128 rows keep them
+/// about a tenth of the 1.9 MiB that shapes up to 1,024 rows held at `agentloop bench`'s
+/// peak, for a few more statements per group of hundreds of turns.
+const MAX_ROWS_PER_STATEMENT: usize = 128;
 
-/// `items` in chunks of 1,024, 512, 256, ... 1: few statements per group, and few
-/// statement shapes for the statement cache. 1,024 rows of the widest statement (7
-/// values) bind 7,168 values, under SQLite's limit of 32,766.
+/// `items` in chunks of 128, 64, 32, ... 1: few statements per group, and few statement
+/// shapes for the statement cache.
 fn chunks<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {
     std::iter::from_fn(move || {
         if items.is_empty() {
@@ -980,7 +982,7 @@ mod tests {
     fn chunks_are_powers_of_two_up_to_the_bound() {
         let items: Vec<usize> = (0..2_251).collect();
         let sizes: Vec<usize> = chunks(&items).map(<[usize]>::len).collect();
-        assert_eq!(sizes, [1_024, 1_024, 128, 64, 8, 2, 1]);
+        assert_eq!(sizes, [vec![128; 17], vec![64, 8, 2, 1]].concat());
         let rejoined: Vec<usize> = chunks(&items).flatten().copied().collect();
         assert_eq!(rejoined, items);
         assert_eq!(chunks::<u8>(&[]).count(), 0);

@@ -507,7 +507,7 @@ fn turn(record: &TurnRecord) -> pb::TurnCommitted {
         tool_digests: record
             .tools
             .iter()
-            .map(|(tool, digest)| (tool.clone(), digest.to_string()))
+            .map(|(tool, digest)| (tool.to_owned(), digest.to_string()))
             .collect(),
         permits: record.permits.iter().map(permit).collect(),
     }

@@ -1,6 +1,6 @@
 //! The turn in flight: its phase and the decision not yet committed.
 
-use std::collections::BTreeMap;
+use crate::catalog::ToolDigests;
 
 use crate::decision::{CallId, ProposedDecision, Usage, ValidBatch};
 use crate::event::{EndRecord, EventBody, Permit, Refusal, Rejection, RejectionKind, TurnRecord};
@@ -76,7 +76,7 @@ impl Draft {
             results: Vec::new(),
             rejection,
             checks: Vec::new(),
-            tools: BTreeMap::new(),
+            tools: ToolDigests::default(),
             permits: Vec::new(),
             policy: None,
         };

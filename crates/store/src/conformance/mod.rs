@@ -173,7 +173,9 @@ pub fn lookup_turn(seq: u64, turn: u32) -> Event {
             policy: None,
             checks: Vec::new(),
             // The contract version of the tool the calls ran under, kept as written.
-            tools: [("lookup".to_owned(), agentloop_engine::ToolDigest([7; 16]))].into(),
+            tools: [("lookup".to_owned(), agentloop_engine::ToolDigest([7; 16]))]
+                .into_iter()
+                .collect(),
             permits: vec![agentloop_engine::Permit {
                 call_id: agentloop_engine::CallId::new("c1"),
                 policies: vec!["lookups-for-everyone".into()],
@@ -194,7 +196,7 @@ fn turn(seq: u64, decision: ProposedDecision) -> Event {
             rejection: None,
             policy: None,
             checks: Vec::new(),
-            tools: std::collections::BTreeMap::new(),
+            tools: agentloop_engine::ToolDigests::default(),
             permits: Vec::new(),
         }),
     }
@@ -282,7 +284,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
             rejection: None,
             policy: None,
             checks: Vec::new(),
-            tools: std::collections::BTreeMap::new(),
+            tools: agentloop_engine::ToolDigests::default(),
             permits: Vec::new(),
         }),
     });
@@ -303,7 +305,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
             }),
             policy: None,
             checks: Vec::new(),
-            tools: std::collections::BTreeMap::new(),
+            tools: agentloop_engine::ToolDigests::default(),
             permits: Vec::new(),
         }),
     });
@@ -350,7 +352,7 @@ pub fn every_kind_of_event() -> Vec<Event> {
             }),
             policy: None,
             checks: Vec::new(),
-            tools: std::collections::BTreeMap::new(),
+            tools: agentloop_engine::ToolDigests::default(),
             permits: Vec::new(),
         }),
     });
