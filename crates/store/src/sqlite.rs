@@ -39,12 +39,13 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 /// writer writes, so this covers another process holding the file and checkpoints).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The writer's page cache, as SQLite's `cache_size` pragma (negative: KiB), 4 MiB.
-/// It holds the hot pages (the end of the events index, the rows of the invocations
-/// committing now). It fills up to its size as the database grows, so every MiB of it is
-/// resident: 16 MiB bought no throughput over 4 in `agentloop bench` and cost about 1 KB
-/// per parked invocation at N = 10,000 (`--park`), and 5 MiB of the peak at N = 1,000.
-const WRITER_CACHE_KIB: &str = "-4096";
+/// The writer's page cache, as SQLite's `cache_size` pragma (negative: KiB), 2 MiB
+/// (SQLite's default). It holds the hot pages (the end of the events index, the rows of
+/// the invocations committing now). It fills up to its size as the database grows, so
+/// every MiB of it is resident, and most of it is the events' pages just appended, which
+/// the writer does not read again: 16 MiB bought no throughput over 4 in
+/// `agentloop bench`, nor 4 over 2.
+const WRITER_CACHE_KIB: &str = "-2048";
 
 /// The name of the database file [`SqliteStore::open_in`] uses.
 pub const DATABASE_FILE: &str = "events.db";
@@ -130,8 +131,7 @@ impl SqliteStore {
             .await?;
         MIGRATOR.run(&pool).await?;
         // The writer's connection:
-        // - a page cache that holds the rows of the running invocations and the end of
-        //   the events table, which it rewrites over and over (SQLite's default: 2 MiB);
+        // - a page cache of a set size, whatever the default of the SQLite it runs on;
         // - no automatic checkpoint: the writer has checkpoints run beside it;
         // - statement journals (kept by multi-row statements in case they must be undone
         //   halfway) in memory, which costs no system calls.
