@@ -114,6 +114,9 @@ impl From<ToolDigest> for String {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ToolDigests(Vec<(String, ToolDigest)>);
 
+/// The most entries [`ToolDigests`] makes room for before it sees them.
+const PRESIZED: usize = 64;
+
 impl ToolDigests {
     /// Whether no tool is named.
     pub fn is_empty(&self) -> bool {
@@ -143,10 +146,11 @@ impl ToolDigests {
 impl FromIterator<(String, ToolDigest)> for ToolDigests {
     fn from_iter<I: IntoIterator<Item = (String, ToolDigest)>>(entries: I) -> ToolDigests {
         let entries = entries.into_iter();
-        // Sized by the upper bound: a turn's calls, of which only the versioned ones are
-        // kept, so the buffer is not grown (and then left with room) the usual way.
+        // Sized by the upper bound (a turn's calls, of which only the versioned ones are
+        // kept), so the buffer is not grown and left with room the usual way; bounded,
+        // since an iterator's hint is only a claim.
         let (lower, upper) = entries.size_hint();
-        let mut vec = Vec::with_capacity(upper.unwrap_or(lower));
+        let mut vec = Vec::with_capacity(upper.unwrap_or(lower).min(PRESIZED));
         vec.extend(entries);
         ToolDigests::from_vec(vec)
     }
@@ -175,7 +179,7 @@ impl<'de> Deserialize<'de> for ToolDigests {
             ) -> Result<ToolDigests, A::Error> {
                 // The hint is the input's claim: bounded, so a hostile one allocates
                 // little.
-                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0).min(64));
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0).min(PRESIZED));
                 while let Some(entry) = map.next_entry()? {
                     entries.push(entry);
                 }

@@ -946,9 +946,9 @@ fn decode(stored: &StoredState, invocation_id: Uuid) -> Result<Current, StoreErr
 /// Rows per statement, at most. Chunks are powers of two, so a group's statements come
 /// in a few shapes that stay in the connection's statement cache (SQLite statements are
 /// prepared once per shape, not per group). A prepared statement's program grows with
-/// its rows, and the cache keeps every shape of every statement: 128 rows keep them
-/// about a tenth of the 1.9 MiB that shapes up to 1,024 rows held at `agentloop bench`'s
-/// peak, for a few more statements per group of hundreds of turns.
+/// its rows, and the cache keeps every shape of every statement: the shapes up to 128
+/// rows hold 255 rows' worth, against 2,047 for shapes up to 1,024 (1.9 MiB at
+/// `agentloop bench`'s peak), for a few more statements per group of hundreds of turns.
 const MAX_ROWS_PER_STATEMENT: usize = 128;
 
 /// `items` in chunks of 128, 64, 32, ... 1: few statements per group, and few statement
