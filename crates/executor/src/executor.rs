@@ -454,15 +454,6 @@ fn parse<T: Tool>(call: &Call) -> Result<T::Args, Executed> {
     })
 }
 
-/// A tool's output as JSON text, without the spare room `serde_json` leaves (its buffer
-/// starts at 128 bytes and doubles): the text lives as long as the turn that holds it is
-/// in memory, in the model's window of every running invocation.
-fn output_text(output: &impl serde::Serialize) -> serde_json::Result<String> {
-    let mut json = serde_json::to_string(output)?;
-    json.shrink_to_fit();
-    Ok(json)
-}
-
 /// Runs the tool's call, bounded by its timeout and by the executor's stop. The outer
 /// `Err` means the executor stopped; the inner one is the tool's (or its timeout).
 async fn bounded_call<T: Tool>(
@@ -502,7 +493,7 @@ impl<T: Tool> RunTool for ReadTool<T> {
                 Ok(output) => output,
                 Err(error) => return Ok(Executed::failed(call_id, error)),
             };
-            Ok(match output_text(&output) {
+            Ok(match serde_json::to_string(&output) {
                 Ok(json) => Executed::output(call_id, json, T::receipt(&output), Disposition::Read),
                 Err(error) => Executed::failed(
                     call_id,
@@ -564,7 +555,7 @@ impl<T: Tool> RunTool for WriteTool<T> {
                 Err(error) => return Ok(Executed::failed(call_id, error)),
             };
             let receipt = T::receipt(&output);
-            let output_json = output_text(&output).map_err(|e| RequestError::Output {
+            let output_json = serde_json::to_string(&output).map_err(|e| RequestError::Output {
                 tool: T::NAME.to_owned(),
                 reason: e.to_string(),
             })?;
@@ -978,17 +969,5 @@ mod tests {
         ));
         assert!(!same_arguments(r#"{"a":1}"#, r#"{"a":2}"#));
         assert!(!same_arguments(r#"{"a":1}"#, "not json"));
-    }
-
-    /// A short output keeps no room beyond its text (`serde_json` starts at 128 bytes),
-    /// and a long one none beyond what the allocator rounds to.
-    #[test]
-    fn output_text_keeps_no_spare_room() {
-        let short = output_text(&serde_json::json!({"key": "k", "value": "v"})).unwrap();
-        assert_eq!(short, r#"{"key":"k","value":"v"}"#);
-        assert_eq!(short.capacity(), short.len());
-        let long = output_text(&"x".repeat(300)).unwrap();
-        assert_eq!(long.len(), 302);
-        assert_eq!(long.capacity(), long.len());
     }
 }

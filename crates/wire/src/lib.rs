@@ -407,13 +407,19 @@ pub fn call_outcome(result: pb::ToolResult) -> CallOutcome {
     }
 }
 
-/// An executor's outcome on the wire -> the engine's.
+/// An executor's outcome on the wire -> the engine's. Every executor's answer (over the
+/// network, in the gateway's process, MCP, A2A) passes here on its way into a turn.
 pub fn outcome_from(outcome: pb::tool_result::Outcome) -> CallOutcome {
     use pb::tool_result::Outcome;
     match outcome {
-        Outcome::Output(output) => CallOutcome::Output {
-            output_json: output.output_json,
-        },
+        Outcome::Output(output) => {
+            // Without the spare room of the buffer it was built in (`serde_json` starts
+            // at 128 bytes and doubles): the text lives as long as its turn is in memory,
+            // in the model's window of every running invocation.
+            let mut output_json = output.output_json;
+            output_json.shrink_to_fit();
+            CallOutcome::Output { output_json }
+        }
         Outcome::Error(error) => CallOutcome::Error(ToolError {
             error_type: error_type_from(error.error_type()),
             next_allowed_action: next_action_from(error.next_allowed_action()),
@@ -1054,5 +1060,25 @@ mod tests {
             acceptance(validate_final_response(accepted.clone())),
             accepted
         );
+    }
+
+    /// An output enters the engine without the room its buffer had: a short one in a
+    /// buffer of 128 bytes, as `serde_json` starts one, and a long one in a doubled one.
+    #[test]
+    fn an_output_keeps_no_spare_room() {
+        for text in [r#"{"key":"k","value":"v"}"#.to_owned(), "x".repeat(300)] {
+            let mut built = String::with_capacity(128.max(2 * text.len()));
+            built.push_str(&text);
+            assert!(built.capacity() > built.len());
+            let outcome = outcome_from(pb::tool_result::Outcome::Output(pb::ToolOutput {
+                output_json: built,
+                receipt: String::new(),
+            }));
+            let CallOutcome::Output { output_json } = outcome else {
+                panic!("an output became {outcome:?}");
+            };
+            assert_eq!(output_json, text);
+            assert_eq!(output_json.capacity(), output_json.len());
+        }
     }
 }
