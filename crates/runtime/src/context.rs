@@ -17,6 +17,10 @@ pub(crate) const HISTORY: usize = 16;
 /// The model's view of an invocation: its goal, the script of an offline run, and the
 /// window of its last [`HISTORY`] committed events, as the engine committed them.
 ///
+/// Each event is behind an `Arc` of its own, which the hub's live channel shares: a
+/// committed event is held once, however many watchers it reaches, and the window's
+/// room for more is pointers, not 328-byte events.
+///
 /// Behind one `Arc`, which the model call in flight shares: a commit changes the window
 /// only after the turn's decision came back, so the window is never copied.
 #[derive(Debug, Clone)]
@@ -28,7 +32,7 @@ struct Window {
     /// The script of an offline run, parsed, or why it does not parse (a script stored
     /// by a build whose parser was less strict): its decisions then fail.
     script: Option<Result<Arc<Script>, String>>,
-    history: Vec<StoredEvent>,
+    history: Vec<Arc<StoredEvent>>,
 }
 
 impl ModelContext {
@@ -49,7 +53,7 @@ impl ModelContext {
         ModelContext(Arc::new(Window {
             goal: std::mem::take(&mut spec.goal),
             script,
-            history,
+            history: history.into_iter().map(Arc::new).collect(),
         }))
     }
 
@@ -69,12 +73,12 @@ impl ModelContext {
     }
 
     /// The window, oldest first.
-    pub(crate) fn history(&self) -> &[StoredEvent] {
+    pub(crate) fn history(&self) -> &[Arc<StoredEvent>] {
         &self.0.history
     }
 
     /// Adds newly committed events to the window, dropping the oldest past [`HISTORY`].
-    pub(crate) fn committed(&mut self, events: impl IntoIterator<Item = StoredEvent>) {
+    pub(crate) fn committed(&mut self, events: impl IntoIterator<Item = Arc<StoredEvent>>) {
         let history = &mut Arc::make_mut(&mut self.0).history;
         for event in events {
             if history.len() == HISTORY {
@@ -88,7 +92,7 @@ impl ModelContext {
     /// holds and `cited` lacks. `Some(seq)` when some are still missing and the log has
     /// events before `seq`, the first the window holds, to look in.
     pub(crate) fn cite(&self, evidence: &[String], cited: &mut Vec<Cited>) -> Option<u64> {
-        cite(&self.0.history, evidence, cited);
+        cite(self.0.history.iter().map(AsRef::as_ref), evidence, cited);
         let first = self.0.history.first().map_or(1, |stored| stored.event.seq);
         (cited.len() < evidence.len() && first > 1).then_some(first)
     }
@@ -124,8 +128,12 @@ pub(crate) async fn read_log(
 /// Adds to `cited` the results in `events` of the calls in `evidence` that `cited`
 /// lacks, the newest first: a model may reuse a call ID in a later turn, and a turn
 /// reopened by an approval is committed again with its results.
-pub(crate) fn cite(events: &[StoredEvent], evidence: &[String], cited: &mut Vec<Cited>) {
-    for stored in events.iter().rev() {
+pub(crate) fn cite<'a>(
+    events: impl DoubleEndedIterator<Item = &'a StoredEvent>,
+    evidence: &[String],
+    cited: &mut Vec<Cited>,
+) {
+    for stored in events.rev() {
         if cited.len() == evidence.len() {
             return;
         }

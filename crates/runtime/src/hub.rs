@@ -61,8 +61,9 @@ impl Hub {
         channels.remove(&invocation_id);
     }
 
-    /// Publishes committed events to the invocation's watchers, if it has any.
-    pub(crate) fn publish(&self, invocation_id: Uuid, events: &[StoredEvent]) {
+    /// Publishes committed events to the invocation's watchers, if it has any: each is
+    /// the `Arc` the runner's window holds, so none is copied.
+    pub(crate) fn publish(&self, invocation_id: Uuid, events: &[Arc<StoredEvent>]) {
         let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(channel) = channels.get_mut(&invocation_id) else {
             return;
@@ -73,7 +74,7 @@ impl Hub {
         if let Some(sender) = &channel.sender {
             for event in events {
                 // No receiver is fine: every watcher left.
-                let _ = sender.send(Arc::new(event.clone()));
+                let _ = sender.send(Arc::clone(event));
             }
         }
     }
@@ -95,8 +96,8 @@ impl Hub {
 mod tests {
     use super::*;
 
-    fn event(seq: u64) -> StoredEvent {
-        StoredEvent {
+    fn event(seq: u64) -> Arc<StoredEvent> {
+        Arc::new(StoredEvent {
             committed_at: agentloop_engine::UnixMillis(seq),
             event: agentloop_engine::Event {
                 seq,
@@ -109,11 +110,11 @@ mod tests {
                     },
                 ),
             },
-        }
+        })
     }
 
     /// A subscriber learns up to which sequence number only the store has the events, and
-    /// receives every later one live.
+    /// receives every later one live, as the very event the runner published.
     #[tokio::test]
     async fn a_subscription_says_what_only_the_store_has() {
         let hub = Hub::default();
@@ -124,8 +125,10 @@ mod tests {
         hub.publish(id, &[event(6)]);
         let mut live = hub.subscribe(id).expect("runs here");
         assert_eq!(live.published, 6);
-        hub.publish(id, &[event(7), event(8)]);
-        assert_eq!(live.events.recv().await.expect("live").event.seq, 7);
+        let seventh = event(7);
+        hub.publish(id, &[Arc::clone(&seventh), event(8)]);
+        let received = live.events.recv().await.expect("live");
+        assert!(Arc::ptr_eq(&received, &seventh), "shared, not copied");
         assert_eq!(live.events.recv().await.expect("live").event.seq, 8);
         assert_eq!(hub.subscribe(id).expect("runs here").published, 8);
         hub.close(id);

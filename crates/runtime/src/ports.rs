@@ -109,7 +109,7 @@ pub struct Ask<'a> {
     /// The task, as the caller gave it.
     pub goal: &'a str,
     /// The last committed events, oldest first; older ones are in the log only.
-    pub history: &'a [StoredEvent],
+    pub history: &'a [Arc<StoredEvent>],
     /// The scripted model of an offline run, parsed once as the invocation's runner
     /// started.
     pub script: Option<&'a Script>,

@@ -147,7 +147,7 @@ pub async fn replay(
                         .await
                         .map_err(RuntimeError::Unavailable)?,
                 };
-                cite(&events[..index], evidence, &mut claim.cited);
+                cite(events[..index].iter(), evidence, &mut claim.cited);
                 let acceptance = policy
                     .accept(&spec.profile, &claim)
                     .await

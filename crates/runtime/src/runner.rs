@@ -785,11 +785,13 @@ impl Runner {
         span.end();
         match appended {
             Ok(()) => {
-                let stored: Vec<StoredEvent> = events
+                let stored: Vec<Arc<StoredEvent>> = events
                     .into_iter()
-                    .map(|event| StoredEvent {
-                        committed_at,
-                        event,
+                    .map(|event| {
+                        Arc::new(StoredEvent {
+                            committed_at,
+                            event,
+                        })
                     })
                     .collect();
                 self.shared.hub.publish(self.id, &stored);

@@ -97,7 +97,7 @@ impl Verify {
             .await
             .map_err(|error| error.to_string())?
             .unwrap_or_default();
-        cite(&events, &self.claim.evidence, &mut self.claim.cited);
+        cite(events.iter(), &self.claim.evidence, &mut self.claim.cited);
         Ok(())
     }
 

@@ -6,6 +6,7 @@
 //! A response that breaks the contract (a missing entry, an answer for another call)
 //! is a [`Failure`] here, so the runtime treats it as a service that did not answer.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop_effects::EffectState;
@@ -148,12 +149,12 @@ pub fn descriptors(tools: &[Tool], read: bool) -> Vec<pb::ToolDescriptor> {
 }
 
 /// The last `events` of a window: what a model that reads that many is shown.
-pub fn window(history: &[StoredEvent], events: usize) -> &[StoredEvent] {
+pub fn window(history: &[Arc<StoredEvent>], events: usize) -> &[Arc<StoredEvent>] {
     &history[history.len().saturating_sub(events)..]
 }
 
 /// A window of committed events as the decision service reads them.
-pub fn history(invocation_id: &str, window: &[StoredEvent]) -> Vec<pb::Event> {
+pub fn history(invocation_id: &str, window: &[Arc<StoredEvent>]) -> Vec<pb::Event> {
     window
         .iter()
         .map(|stored| wire::event(invocation_id, stored.committed_at, &stored.event))

@@ -268,7 +268,7 @@ async fn the_decision_port_sends_what_the_model_reads_and_all_again_when_it_read
         agentloop_server::ServiceSet::new().add(agentloop_proto::server::decision(service));
     let port = Decision::new(client::decision(serve(services).await));
 
-    let history: Vec<StoredEvent> = (1..=5).map(stored).collect();
+    let history: Vec<Arc<StoredEvent>> = (1..=5).map(stored).map(Arc::new).collect();
     let tools = [tool("lookup"), tool("search")];
     let ask = |turn| Ask {
         invocation: uuid::Uuid::nil(),
