@@ -113,10 +113,7 @@ async fn acquire_when_free(backend: &dyn LeaseBackend, key: &str, owner: &str) -
 pub async fn acquire_release_round_trip(backend: Arc<dyn LeaseBackend>) {
     let key = fresh_key("round-trip");
     let a = acquire(&*backend, &key, "worker-a", LONG).await;
-    assert_eq!(
-        (a.key.as_str(), a.owner.as_str()),
-        (key.as_str(), "worker-a")
-    );
+    assert_eq!((a.key.as_str(), &*a.owner), (key.as_str(), "worker-a"));
     assert_eq!(backend.acquire(&key, "worker-b", LONG).await.unwrap(), None);
     assert_eq!(
         backend.acquire(&key, "worker-a", LONG).await.unwrap(),
@@ -269,7 +266,7 @@ pub async fn non_owner_cannot_renew_or_release(backend: Arc<dyn LeaseBackend>) {
             ..lease.clone()
         },
         Lease {
-            owner: format!("{}:{}", lease.owner, lease.epoch),
+            owner: format!("{}:{}", lease.owner, lease.epoch).into(),
             epoch: 0,
             key: key.clone(),
         },

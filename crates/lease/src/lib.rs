@@ -71,8 +71,9 @@ pub const REVOCATION_BUFFER: usize = 1024;
 pub struct Lease {
     /// What is leased (for the orchestrator: the invocation ID).
     pub key: String,
-    /// Who holds it (a worker ID, unique per process and run).
-    pub owner: String,
+    /// Who holds it (a worker ID, unique per process and run). Shared: a worker holds
+    /// many leases, and the in-process backend gives them all its one copy.
+    pub owner: Arc<str>,
     /// The fencing token: larger than every epoch handed out for `key` before. Commits
     /// carry it so the store can refuse a stale holder.
     pub epoch: u64,

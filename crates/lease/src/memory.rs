@@ -104,20 +104,20 @@ impl LeaseBackend for InProcessLeases {
         state.held.insert(
             key.to_owned(),
             Held {
-                owner: shared,
+                owner: Arc::clone(&shared),
                 epoch,
                 expires: now + ttl,
             },
         );
         Ok(Some(Lease {
             key: key.to_owned(),
-            owner: owner.to_owned(),
+            owner: shared,
             epoch,
         }))
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, LeaseError> {
-        validate(&lease.key, Some(&lease.owner), Some(ttl))?;
+        validate(&lease.key, Some(&*lease.owner), Some(ttl))?;
         let now = Instant::now();
         let mut state = self.lock();
         match state.held.get_mut(&lease.key) {
@@ -130,7 +130,7 @@ impl LeaseBackend for InProcessLeases {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LeaseError> {
-        validate(&lease.key, Some(&lease.owner), None)?;
+        validate(&lease.key, Some(&*lease.owner), None)?;
         let now = Instant::now();
         let mut state = self.lock();
         match state.held.get(&lease.key) {

@@ -384,13 +384,13 @@ impl LeaseBackend for RedisLeases {
             .map_err(|e| LeaseError::Backend(format!("epoch {epoch:?} is not a u64: {e}")))?;
         Ok(Some(Lease {
             key: key.to_owned(),
-            owner: owner.to_owned(),
+            owner: Arc::from(owner),
             epoch,
         }))
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, LeaseError> {
-        validate(&lease.key, Some(&lease.owner), Some(ttl))?;
+        validate(&lease.key, Some(&*lease.owner), Some(ttl))?;
         let mut invocation = self.renew.prepare_invoke();
         invocation
             .key(self.holder_key(&lease.key))
@@ -412,7 +412,7 @@ impl LeaseBackend for RedisLeases {
         for batch in leases.chunks(RENEW_BATCH) {
             let mut pipe = redis::pipe();
             for lease in batch {
-                validate(&lease.key, Some(&lease.owner), Some(ttl))?;
+                validate(&lease.key, Some(&*lease.owner), Some(ttl))?;
                 pipe.cmd("EVAL")
                     .arg(RENEW)
                     .arg(1)
@@ -433,7 +433,7 @@ impl LeaseBackend for RedisLeases {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LeaseError> {
-        validate(&lease.key, Some(&lease.owner), None)?;
+        validate(&lease.key, Some(&*lease.owner), None)?;
         let mut invocation = self.release.prepare_invoke();
         invocation
             .key(self.holder_key(&lease.key))

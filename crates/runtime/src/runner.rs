@@ -133,6 +133,14 @@ impl Runner {
 
     async fn finish(&mut self) {
         let exit = self.drive().await;
+        // Boxed: what a future awaits is part of it, so the wind-down's locals (the exit,
+        // the keeper, their awaits) would make every parked invocation's future larger.
+        Box::pin(self.close(exit)).await;
+    }
+
+    /// Winds the invocation down after `drive` returned `exit`: lets the lease go (or hands
+    /// the invocation off when parked by a drain), and forgets it.
+    async fn close(&mut self, exit: Exit) {
         self.shared.hub.close(self.id);
         let keeper = self.keeper.take();
         let instruments = &self.shared.instruments;
@@ -232,72 +240,77 @@ impl Runner {
         let mut turn_began: Option<tokio::time::Instant> = None;
         loop {
             let executing = self.engine.is_executing();
-            let input = match queue.pop_front() {
-                Some(input) => input,
-                None => tokio::select! {
-                    biased;
-                    () = lost.cancelled() => {
-                        // Stop the running calls first: whoever runs the invocation next
-                        // must not find this worker's side effects still starting.
+            // `if let`, not `match`, and the lease's loss handled after the `select!`, not
+            // in it: the value an `if let` tests is dropped before its `else`, so neither
+            // the popped `Option<Input>` nor the `select!`'s output is kept in the future
+            // while the runner waits (in the `select!`, or to take the lease again).
+            let input = if let Some(input) = queue.pop_front() {
+                input
+            } else if let Some(input) = tokio::select! {
+                biased;
+                () = lost.cancelled() => None,
+                // One timer for both the deadline and the drain cutoff, and one
+                // branch for the drain: every branch's future lives in the runner's
+                // own, which a parked invocation keeps.
+                () = sleep_until(
+                    [deadline.filter(|_| tick_armed), drain_cutoff.filter(|_| executing)]
+                        .into_iter()
+                        .flatten()
+                        .min(),
+                ) => {
+                    if tick_armed && deadline.is_some_and(|at| at <= tokio::time::Instant::now()) {
+                        tick_armed = false;
+                        Some(Input::Tick)
+                    } else {
+                        warn!(invocation = %self.id, "drain timeout: cancelling the running calls");
                         if let Some(batch) = &batch {
                             batch.token.cancel();
                         }
-                        // Boxed, like the commit and the timer below: what a future
-                        // awaits is part of it, and a parked invocation keeps the
-                        // runner's future whole while it waits in neither.
-                        match Box::pin(self.regain()).await {
-                            Ok((token, reason)) => {
-                                lost = token;
-                                Input::Cancel { reason }
-                            }
-                            Err(why) => return Exit::Lost(why),
-                        }
+                        drain_cutoff = None;
+                        drain_cut = true;
+                        continue;
                     }
-                    // One timer for both the deadline and the drain cutoff, and one
-                    // branch for the drain: every branch's future lives in the runner's
-                    // own, which a parked invocation keeps.
-                    () = sleep_until(
-                        [deadline.filter(|_| tick_armed), drain_cutoff.filter(|_| executing)]
-                            .into_iter()
-                            .flatten()
-                            .min(),
-                    ) => {
-                        if tick_armed && deadline.is_some_and(|at| at <= tokio::time::Instant::now()) {
-                            tick_armed = false;
-                            Input::Tick
-                        } else {
-                            warn!(invocation = %self.id, "drain timeout: cancelling the running calls");
-                            if let Some(batch) = &batch {
-                                batch.token.cancel();
-                            }
-                            drain_cutoff = None;
-                            drain_cut = true;
+                }
+                () = self.shared.drain.cancelled(), if !executing || (drain_cutoff.is_none() && !drain_cut) => {
+                    if !executing {
+                        return Exit::Parked;
+                    }
+                    let timeout = Duration::from_millis(self.shared.config.limits.drain_timeout_ms);
+                    drain_cutoff = Some(tokio::time::Instant::now() + timeout);
+                    continue;
+                }
+                Some(done) = ops.next() => {
+                    let finished = done.finished_calls();
+                    if let (1.., Some(batch)) = (finished, &mut batch) {
+                        batch.running = batch.running.saturating_sub(finished);
+                        self.start_stage(batch, &mut ops);
+                    }
+                    match done {
+                        Done::One(input) => Some(input),
+                        Done::Stage(inputs) => {
+                            queue.extend(inputs);
                             continue;
                         }
                     }
-                    () = self.shared.drain.cancelled(), if !executing || (drain_cutoff.is_none() && !drain_cut) => {
-                        if !executing {
-                            return Exit::Parked;
-                        }
-                        let timeout = Duration::from_millis(self.shared.config.limits.drain_timeout_ms);
-                        drain_cutoff = Some(tokio::time::Instant::now() + timeout);
-                        continue;
+                }
+            } {
+                input
+            } else {
+                // Stop the running calls first: whoever runs the invocation next must not
+                // find this worker's side effects still starting.
+                if let Some(batch) = &batch {
+                    batch.token.cancel();
+                }
+                // Boxed, like the commit and the timer: what a future awaits is part of
+                // it, and a parked invocation keeps the runner's future whole while it
+                // waits in neither.
+                match Box::pin(self.regain()).await {
+                    Ok((token, reason)) => {
+                        lost = token;
+                        Input::Cancel { reason }
                     }
-                    Some(done) = ops.next() => {
-                        let finished = done.finished_calls();
-                        if let (1.., Some(batch)) = (finished, &mut batch) {
-                            batch.running = batch.running.saturating_sub(finished);
-                            self.start_stage(batch, &mut ops);
-                        }
-                        match done {
-                            Done::One(input) => input,
-                            Done::Stage(inputs) => {
-                                queue.extend(inputs);
-                                continue;
-                            }
-                        }
-                    }
-                },
+                    Err(why) => return Exit::Lost(why),
+                }
             };
             if let Input::CallFinished { .. } = input {
                 let _ = self
@@ -313,30 +326,43 @@ impl Runner {
                     continue;
                 }
             };
-            for action in actions {
-                match action {
-                    Action::Decide { turn } => {
+            // A loop, not `for`: the commit's parts are taken out of its action in a
+            // statement of their own, so neither the action nor the `Option` it came in
+            // is kept in the future while the commit is awaited.
+            let mut actions = actions.into_iter();
+            loop {
+                let (expected_version, events, totals) = match actions.next() {
+                    None => break,
+                    Some(Action::Commit {
+                        expected_version,
+                        events,
+                        totals,
+                    }) => (expected_version, events, totals),
+                    Some(Action::Finish(outcome)) => return Exit::Ended(outcome),
+                    Some(Action::Decide { turn }) => {
                         if self.shared.drain.is_cancelled() {
                             return Exit::Parked;
                         }
                         self.progress.turn.store(turn, Relaxed);
                         turn_began = Some(tokio::time::Instant::now());
                         ops.push(self.decide(turn));
+                        continue;
                     }
-                    Action::Authorize {
+                    Some(Action::Authorize {
                         turn,
                         calls,
                         approved,
-                    } => {
+                    }) => {
                         ops.push(self.authorize(turn, calls, approved));
+                        continue;
                     }
-                    Action::Execute {
+                    Some(Action::Execute {
                         turn,
                         calls,
                         plan,
                         refused,
                         answer,
-                    } => {
+                    }) => {
                         let count = u32::try_from(calls.len()).unwrap_or(u32::MAX);
                         self.progress.in_flight.store(count, Relaxed);
                         let started = batch.insert(Batch {
@@ -349,13 +375,15 @@ impl Runner {
                             token: CancellationToken::new(),
                         });
                         self.start_stage(started, &mut ops);
+                        continue;
                     }
-                    Action::CancelCalls { .. } => {
+                    Some(Action::CancelCalls { .. }) => {
                         if let Some(batch) = &batch {
                             batch.token.cancel();
                         }
+                        continue;
                     }
-                    Action::Reconcile { turn, calls } => {
+                    Some(Action::Reconcile { turn, calls }) => {
                         for call in calls {
                             let answered = batch
                                 .as_ref()
@@ -363,38 +391,33 @@ impl Runner {
                                 .map(|answer| answer.seq);
                             ops.push(self.reconcile(turn, call, answered));
                         }
+                        continue;
                     }
-                    Action::Verify {
+                    Some(Action::Verify {
                         answer, evidence, ..
-                    } => {
+                    }) => {
                         ops.push(self.verify(answer, evidence));
+                        continue;
                     }
-                    Action::Commit {
-                        expected_version,
-                        events,
-                        totals,
-                    } => {
-                        let ends = events.iter().any(|e| matches!(e.body, EventBody::Ended(_)));
-                        let commit = Box::pin(self.commit(expected_version, events, totals));
-                        let input = match commit.await {
-                            Ok(input) => input,
-                            Err(why) => return Exit::Lost(why),
-                        };
-                        batch = None;
-                        if let Some(began) = turn_began.take() {
-                            self.shared
-                                .instruments
-                                .turn_seconds
-                                .observe(began.elapsed().as_secs_f64());
-                        }
-                        self.progress.in_flight.store(0, Relaxed);
-                        if ends {
-                            ops.clear();
-                        }
-                        queue.push_back(input);
-                    }
-                    Action::Finish(outcome) => return Exit::Ended(outcome),
+                };
+                let ends = events.iter().any(|e| matches!(e.body, EventBody::Ended(_)));
+                let commit = Box::pin(self.commit(expected_version, events, totals));
+                let input = match commit.await {
+                    Ok(input) => input,
+                    Err(why) => return Exit::Lost(why),
+                };
+                batch = None;
+                if let Some(began) = turn_began.take() {
+                    self.shared
+                        .instruments
+                        .turn_seconds
+                        .observe(began.elapsed().as_secs_f64());
                 }
+                self.progress.in_flight.store(0, Relaxed);
+                if ends {
+                    ops.clear();
+                }
+                queue.push_back(input);
             }
         }
     }

@@ -39,13 +39,13 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 /// writer writes, so this covers another process holding the file and checkpoints).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The writer's page cache, as SQLite's `cache_size` pragma (negative: KiB), 2 MiB
-/// (SQLite's default). It holds the hot pages (the end of the events index, the rows of
-/// the invocations committing now). It fills up to its size as the database grows, so
+/// The writer's page cache, as SQLite's `cache_size` pragma (negative: KiB), 1 MiB
+/// (half SQLite's default). It holds the hot pages (the end of the events index, the rows
+/// of the invocations committing now). It fills up to its size as the database grows, so
 /// every MiB of it is resident, and most of it is the events' pages just appended, which
 /// the writer does not read again: 16 MiB bought no throughput over 4 in
-/// `agentloop bench`, nor 4 over 2.
-const WRITER_CACHE_KIB: &str = "-2048";
+/// `agentloop bench`, nor 4 over 2, nor 2 over 1.
+const WRITER_CACHE_KIB: &str = "-1024";
 
 /// The name of the database file [`SqliteStore::open_in`] uses.
 pub const DATABASE_FILE: &str = "events.db";

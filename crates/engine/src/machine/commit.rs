@@ -64,14 +64,14 @@ impl Invocation {
     pub(super) fn stage(
         &mut self,
         bodies: Vec<EventBody>,
-    ) -> Result<(u64, Vec<Event>, Protocol), Vec<Action>> {
+    ) -> Result<(u64, Vec<Event>, Box<Protocol>), Vec<Action>> {
         let expected_version = self.protocol.version;
         let events: Vec<Event> = bodies
             .into_iter()
             .zip(expected_version + 1..)
             .map(|(body, seq)| Event { seq, body })
             .collect();
-        let mut after = self.protocol.clone();
+        let mut after = Box::new(self.protocol.clone());
         if let Err(error) = events.iter().try_for_each(|event| after.apply(event)) {
             // The events were built on this very state, so they always apply; if one did
             // not, that is an engine bug, surfaced as checkpoint_failed instead of a panic.

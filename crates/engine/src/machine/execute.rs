@@ -162,19 +162,19 @@ impl Invocation {
             .iter()
             .map(|&index| batch.calls[index].clone())
             .collect();
-        self.phase = Phase::Reconciling(Reconciling {
+        self.phase = Phase::Reconciling(Box::new(Reconciling {
             draft,
             batch,
             results,
             pending,
             unresolved: None,
-        });
+        }));
         vec![Action::Reconcile { turn, calls }]
     }
 
     pub(super) fn reconciled(
         &mut self,
-        mut waiting: Reconciling,
+        mut waiting: Box<Reconciling>,
         call_id: CallId,
         answer: Result<CallOutcome, String>,
         now: UnixMillis,
@@ -204,7 +204,7 @@ impl Invocation {
             results,
             unresolved,
             ..
-        } = waiting;
+        } = *waiting;
         Ok(self.commit_batch(draft, batch, results, unresolved, now))
     }
 

@@ -112,8 +112,10 @@ pub(super) enum Phase {
     Starting {
         draft: Draft,
         batch: ValidBatch,
-        /// Protocol state once the commit is durable.
-        after: Protocol,
+        /// Protocol state once the commit is durable. Boxed here and in `Committing`, as
+        /// the reconciling state is: every running invocation keeps a phase, mostly a
+        /// small one, and the largest variant sets its size.
+        after: Box<Protocol>,
     },
     /// Restored with a batch started and not committed: `Start` runs it again (each
     /// write settled from its ledger entry), without asking the model.
@@ -132,14 +134,14 @@ pub(super) enum Phase {
         batch: ValidBatch,
         results: Vec<Option<CallOutcome>>,
     },
-    Reconciling(Reconciling),
+    Reconciling(Box<Reconciling>),
     Verifying {
         draft: Draft,
         answer: String,
     },
     Committing {
         /// Protocol state once the commit is durable.
-        after: Protocol,
+        after: Box<Protocol>,
         /// The end the commit carries, if it ends the invocation.
         end: Option<EndRecord>,
     },

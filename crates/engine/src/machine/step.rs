@@ -38,7 +38,7 @@ impl Invocation {
                 },
                 Input::Committed,
             ) => {
-                self.protocol = after;
+                self.protocol = *after;
                 if self.stop.is_some() {
                     // Stopped while the start was being committed: nothing was sent.
                     let results = match draft.earlier.take() {
@@ -91,7 +91,7 @@ impl Invocation {
                 Ok(self.verified(draft, answer, verification, now))
             }
             (Phase::Committing { after, end }, Input::Committed) => {
-                Ok(self.committed(after, end, now))
+                Ok(self.committed(*after, end, now))
             }
             (
                 Phase::Committing { .. } | Phase::Starting { .. },
