@@ -78,6 +78,8 @@ mod measure;
 mod model;
 pub mod wire;
 
+pub use measure::cpu_time;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;

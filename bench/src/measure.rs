@@ -91,7 +91,7 @@ pub(crate) fn process_status(pid: &str, field: &str) -> Option<u64> {
 
 /// User + system CPU time of a process so far (`/proc/PID/stat`, `pid` may be `self`;
 /// in USER_HZ = 100 ticks per second on Linux).
-pub(crate) fn cpu_time(pid: &str) -> anyhow::Result<Duration> {
+pub fn cpu_time(pid: &str) -> anyhow::Result<Duration> {
     let path = format!("/proc/{pid}/stat");
     let stat = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
     // Fields after the command name, which is in parentheses and may hold spaces.
