@@ -30,7 +30,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     let mut args = std::env::args().skip(1).filter(|a| !a.starts_with('-'));
-    let callers: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(100);
+    let callers: u64 = args
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(100)
+        .max(1);
     let exchanges: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(200_000);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async move {
