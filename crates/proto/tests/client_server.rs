@@ -1,7 +1,10 @@
 //! A real tonic server on an ephemeral port, reached through the crate's `connect`
 //! factory: proves the generated client and server agree with the shared limits, that
 //! the factory's clients do not compress, and that the servers still speak gzip to a
-//! client that asks for it.
+//! client that asks for it; and that the plain-text route's flow control carries
+//! messages and streams larger than its windows.
+
+#![allow(clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
 
@@ -9,9 +12,11 @@ use agentloop_proto::client::{self, ClientConfig, ConnectError};
 use agentloop_proto::server;
 use agentloop_proto::v1::tool_executor_service_server::ToolExecutorService;
 use agentloop_proto::v1::{
-    DescribeRequest, DescribeResponse, SideEffect, ToolDescriptor,
+    DescribeRequest, DescribeResponse, SideEffect, StageAnswer, ToolCall, ToolDescriptor,
     ToolExecutorServiceExecuteRequest, ToolExecutorServiceExecuteResponse,
-    ToolExecutorServiceReconcileRequest, ToolExecutorServiceReconcileResponse,
+    ToolExecutorServiceExecuteStageRequest, ToolExecutorServiceExecuteStageResponse,
+    ToolExecutorServiceReconcileRequest, ToolExecutorServiceReconcileResponse, ToolResult,
+    stage_answer, tool_result,
 };
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -317,5 +322,190 @@ async fn a_call_without_an_answer_ends_at_the_request_timeout() {
     // The server knows no deadline (none is sent): only the client's own timer ends it.
     let status = describe(&transport).await.expect_err("no answer comes");
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    served.stop().await.expect("the server stops cleanly");
+}
+
+/// A tool executor that echoes: `execute` answers with the call's arguments as the
+/// result's detail; `execute_stage` answers each call with a refusal whose message is as
+/// many bytes as the call's arguments say.
+struct Echo;
+
+#[tonic::async_trait]
+impl ToolExecutorService for Echo {
+    async fn describe(
+        &self,
+        _request: Request<DescribeRequest>,
+    ) -> Result<Response<DescribeResponse>, Status> {
+        Err(Status::unimplemented("not needed by this test"))
+    }
+
+    async fn execute(
+        &self,
+        request: Request<ToolExecutorServiceExecuteRequest>,
+    ) -> Result<Response<ToolExecutorServiceExecuteResponse>, Status> {
+        let call = request.into_inner().call.unwrap_or_default();
+        Ok(Response::new(ToolExecutorServiceExecuteResponse {
+            result: Some(ToolResult {
+                call_id: call.call_id,
+                outcome: Some(tool_result::Outcome::Unknown(tool_result::OutcomeUnknown {
+                    detail: call.arguments_json,
+                })),
+            }),
+        }))
+    }
+
+    type ExecuteStageStream = agentloop_proto::server::StageStream;
+
+    async fn execute_stage(
+        &self,
+        request: tonic::Request<ToolExecutorServiceExecuteStageRequest>,
+    ) -> Result<tonic::Response<Self::ExecuteStageStream>, tonic::Status> {
+        let answers = request
+            .into_inner()
+            .calls
+            .into_iter()
+            .zip(0..)
+            .map(|(call, index)| {
+                let size = call
+                    .call
+                    .and_then(|call| call.arguments_json.parse::<usize>().ok())
+                    .ok_or_else(|| Status::invalid_argument("the arguments are a size"))?;
+                Ok(ToolExecutorServiceExecuteStageResponse {
+                    index,
+                    answer: Some(StageAnswer {
+                        answer: Some(stage_answer::Answer::Refused(stage_answer::Refused {
+                            code: 0,
+                            message: "x".repeat(size),
+                        })),
+                    }),
+                })
+            })
+            .collect::<Vec<_>>();
+        Ok(Response::new(Box::pin(tokio_stream::iter(answers))))
+    }
+
+    async fn reconcile(
+        &self,
+        _request: Request<ToolExecutorServiceReconcileRequest>,
+    ) -> Result<Response<ToolExecutorServiceReconcileResponse>, Status> {
+        Err(Status::unimplemented("not needed by this test"))
+    }
+
+    async fn verify(
+        &self,
+        _request: Request<agentloop_proto::v1::ToolExecutorServiceVerifyRequest>,
+    ) -> Result<Response<agentloop_proto::v1::ToolExecutorServiceVerifyResponse>, Status> {
+        Err(Status::unimplemented("not needed by this test"))
+    }
+}
+
+/// A client of an [`Echo`] served on a new port, and the server.
+async fn echo() -> (client::Transport, Served) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+    let address = listener.local_addr().expect("local address");
+    let served = serve(listener, Echo);
+    let transport = client::connect(&format!("http://{address}"), ClientConfig::default())
+        .await
+        .expect("connects");
+    (transport, served)
+}
+
+/// `future`'s output, or a failed test if it stalls: a request timeout bounds a call
+/// until its response's headers, not the reading of its body.
+async fn unstalled<T>(future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), future)
+        .await
+        .expect("stalled for 20 s")
+}
+
+async fn execute(transport: &client::Transport, arguments: String) -> Result<String, Status> {
+    let response = client::tool_executor(transport.clone())
+        .execute(ToolExecutorServiceExecuteRequest {
+            call: Some(ToolCall {
+                call_id: "call-1".to_owned(),
+                tool: "echo".to_owned(),
+                arguments_json: arguments,
+            }),
+            ..ToolExecutorServiceExecuteRequest::default()
+        })
+        .await?;
+    match response
+        .into_inner()
+        .result
+        .and_then(|result| result.outcome)
+    {
+        Some(tool_result::Outcome::Unknown(unknown)) => Ok(unknown.detail),
+        other => Err(Status::internal(format!("not an echo: {other:?}"))),
+    }
+}
+
+#[tokio::test]
+async fn messages_larger_than_the_flow_control_windows_go_through_whole() {
+    let (transport, served) = echo().await;
+    // 3 MiB: more than the server's stream window (1 MiB), so the request waits for
+    // window updates, and more than the client's (2 MiB), so the response arrives only
+    // if the client hands its bytes back as it reads them. Twice, on one connection.
+    let arguments = "a".repeat(3 * 1024 * 1024);
+    for _ in 0..2 {
+        let echoed = unstalled(execute(&transport, arguments.clone()))
+            .await
+            .expect("the echo comes back");
+        assert_eq!(echoed.len(), arguments.len());
+        assert!(echoed == arguments, "the echo differs from the request");
+    }
+    served.stop().await.expect("the server stops cleanly");
+}
+
+#[tokio::test]
+async fn a_stream_larger_than_the_connection_window_is_read_whole() {
+    let (transport, served) = echo().await;
+    let megabyte = 1024 * 1024;
+    // Eight answers of 1 MiB: more than the connection's window (5 MiB).
+    let calls = (0..8)
+        .map(|_| ToolExecutorServiceExecuteRequest {
+            call: Some(ToolCall {
+                arguments_json: megabyte.to_string(),
+                ..ToolCall::default()
+            }),
+            ..ToolExecutorServiceExecuteRequest::default()
+        })
+        .collect();
+    let mut answers = client::tool_executor(transport.clone())
+        .execute_stage(ToolExecutorServiceExecuteStageRequest { calls })
+        .await
+        .expect("the stage starts")
+        .into_inner();
+    let sizes = unstalled(async {
+        let mut sizes = Vec::new();
+        while let Some(answer) = answers.message().await.expect("the stream goes on") {
+            match answer.answer.and_then(|answer| answer.answer) {
+                Some(stage_answer::Answer::Refused(refused)) => sizes.push(refused.message.len()),
+                other => panic!("not a sized answer: {other:?}"),
+            }
+        }
+        sizes
+    })
+    .await;
+    assert_eq!(sizes, vec![megabyte; 8]);
+    served.stop().await.expect("the server stops cleanly");
+}
+
+#[tokio::test]
+async fn a_request_over_the_message_limit_fails_alone() {
+    let (transport, served) = echo().await;
+    let status = unstalled(execute(
+        &transport,
+        "a".repeat(agentloop_proto::MAX_MESSAGE_BYTES + 1),
+    ))
+    .await
+    .expect_err("the request is over the limit");
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    // The connection is still good for the next call.
+    assert_eq!(
+        unstalled(execute(&transport, "{}".to_owned()))
+            .await
+            .expect("a small call"),
+        "{}"
+    );
     served.stop().await.expect("the server stops cleanly");
 }

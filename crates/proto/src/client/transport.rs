@@ -1,12 +1,14 @@
 //! [`Transport`]: the connection under every generated client of the workspace.
 //!
-//! tonic's `Channel` puts a tower `Buffer` in front of its connection: each call is
-//! queued to a worker task, which hands the response future back through a second
-//! channel. Over loopback, where an RPC is nearly all overhead, going without it saved
-//! 4-11% of a distributed turn's CPU (`agentloop bench`, docs/performance.md). So a plain-text endpoint is
-//! served by hyper's HTTP/2 client directly: a call clones the connection's sender and
-//! goes to the connection's task, the only task between the caller and the socket.
-//! `https` endpoints keep tonic's channel and its TLS (rustls, the system's roots).
+//! Over loopback an RPC is nearly all overhead, so a plain-text endpoint is served by
+//! the HTTP/2 library (h2) directly, with no task between a call and the connection's
+//! own. tonic's `Channel` queues each call to a tower `Buffer`'s worker task, and
+//! hyper's HTTP/2 client behind it spawns two more tasks per call: one that forwards
+//! the response and one that sends the request's body. Here the caller's future sends
+//! the headers and the message and awaits the response itself; the connection's task,
+//! which reads and writes the socket, is the only other task a call wakes
+//! (`agentloop bench`, docs/performance.md). `https` endpoints keep tonic's channel and
+//! its TLS (rustls, the system's roots).
 //!
 //! Both routes send a request's message with END_STREAM on its DATA frame ([`Eager`])
 //! rather than an empty DATA frame after it, one frame less per call.
@@ -18,9 +20,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use h2::client::{ResponseFuture as H2Response, SendRequest};
+use h2::{RecvStream, SendStream};
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::task::JoinHandle;
 use tonic::body::Body;
 use tonic::codegen::http::header::AUTHORIZATION;
 use tonic::codegen::http::uri::{Authority, Scheme, Uri};
@@ -72,7 +75,7 @@ impl Transport {
         self
     }
 
-    /// Over hyper's HTTP/2 client (`http`), connected on first use.
+    /// Over h2 (`http`), connected on first use.
     pub(super) fn plain(
         authority: Authority,
         connect_timeout: Duration,
@@ -83,7 +86,7 @@ impl Transport {
                 authority,
                 connect_timeout,
                 request_timeout,
-                sender: Mutex::new(None),
+                open: Mutex::new(None),
                 attempts: AtomicU64::new(0),
                 connecting: tokio::sync::Mutex::new(None),
             })),
@@ -105,13 +108,20 @@ struct Plain {
     authority: Authority,
     connect_timeout: Duration,
     request_timeout: Option<Duration>,
-    /// The open connection's sender; cloned by each call.
-    sender: Mutex<Option<http2::SendRequest<Body>>>,
+    /// The open connection; each call clones its sender.
+    open: Mutex<Option<Open>>,
     /// Attempts to connect so far; changed only under `connecting`.
     attempts: AtomicU64,
     /// Held while a connection is being opened, so that callers finding none open one,
     /// not one each; holds why the last attempt failed.
     connecting: tokio::sync::Mutex<Option<String>>,
+}
+
+/// A connection and the task that drives it.
+struct Open {
+    sender: SendRequest<Bytes>,
+    /// Ends when the connection does.
+    task: JoinHandle<()>,
 }
 
 type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, StdError>> + Send>>;
@@ -174,7 +184,7 @@ impl Plain {
     }
 
     async fn exchange(&self, request: Request<Body>) -> Result<Response<Body>, StdError> {
-        let mut sender = self.sender().await?;
+        let sender = self.sender().await?;
         let (mut parts, body) = request.into_parts();
         // The generated clients send the path alone; HTTP/2 wants the scheme and
         // authority as well.
@@ -182,10 +192,26 @@ impl Plain {
         uri.scheme = Some(Scheme::HTTP);
         uri.authority = Some(self.authority.clone());
         parts.uri = Uri::from_parts(uri)?;
-        let response = sender
-            .send_request(Request::from_parts(parts, body))
-            .await?;
-        Ok(response.map(Body::new))
+        // Waits while the server's limit of concurrent streams is reached. A connection
+        // that fails here has sent nothing of this call.
+        let mut sender = sender
+            .ready()
+            .await
+            .map_err(|error| ConnectError(error.into()))?;
+        let end = body.is_end_stream();
+        let (response, stream) = sender.send_request(Request::from_parts(parts, ()), end)?;
+        let upload = (!end).then(|| Upload {
+            body,
+            stream,
+            pending: None,
+        });
+        let response = Exchange { response, upload }.await?;
+        Ok(response.map(|recv| {
+            Body::new(Download {
+                recv,
+                data_ended: false,
+            })
+        }))
     }
 
     /// The open connection's sender, opening a connection if there is none. Callers that
@@ -194,7 +220,7 @@ impl Plain {
     ///
     /// A failure is a [`tonic::ConnectError`], which tonic reports as UNAVAILABLE and
     /// which tells whoever looks for it in the status's sources that nothing was sent.
-    async fn sender(&self) -> Result<http2::SendRequest<Body>, ConnectError> {
+    async fn sender(&self) -> Result<SendRequest<Bytes>, ConnectError> {
         if let Some(sender) = self.open_sender() {
             return Ok(sender);
         }
@@ -215,9 +241,10 @@ impl Plain {
             .unwrap_or_else(|_| Err(format!("timed out after {:?}", self.connect_timeout)))
             .map_err(|error| format!("cannot connect to {}: {error}", self.authority));
         match connected {
-            Ok(sender) => {
+            Ok(open) => {
                 *failure = None;
-                *self.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender.clone());
+                let sender = open.sender.clone();
+                *self.open.lock().unwrap_or_else(PoisonError::into_inner) = Some(open);
                 Ok(sender)
             }
             Err(error) => {
@@ -227,16 +254,16 @@ impl Plain {
         }
     }
 
-    fn open_sender(&self) -> Option<http2::SendRequest<Body>> {
-        self.sender
+    fn open_sender(&self) -> Option<SendRequest<Bytes>> {
+        self.open
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .filter(|sender| !sender.is_closed())
-            .cloned()
+            .filter(|open| !open.task.is_finished())
+            .map(|open| open.sender.clone())
     }
 
-    async fn connect(&self) -> Result<http2::SendRequest<Body>, String> {
+    async fn connect(&self) -> Result<Open, String> {
         let host = self.authority.host();
         // An IPv6 literal comes bracketed in a URI, not in a socket address.
         let host = host
@@ -251,15 +278,171 @@ impl Plain {
         stream
             .set_nodelay(true)
             .map_err(|error| error.to_string())?;
-        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .handshake(TokioIo::new(stream))
+        // hyper's client settings, which this route had before it used h2 directly:
+        // windows that let a large message go without waiting for WINDOW_UPDATEs, and
+        // bounds on what the peer can make it hold.
+        let (sender, connection) = h2::client::Builder::new()
+            .initial_window_size(2 * 1024 * 1024)
+            .initial_connection_window_size(5 * 1024 * 1024)
+            .max_header_list_size(16 * 1024)
+            .max_send_buffer_size(1024 * 1024)
+            .enable_push(false)
+            .handshake::<_, Bytes>(stream)
             .await
             .map_err(|error| error.to_string())?;
         // The connection ends when the peer closes it or the last sender is dropped;
         // its calls fail with its error, and the next call opens a new connection.
-        tokio::spawn(connection);
-        Ok(sender)
+        let task = tokio::spawn(async move {
+            // Its error reaches each call still open on it.
+            let _ = connection.await;
+        });
+        Ok(Open { sender, task })
+    }
+}
+
+/// A call in flight: its request's body going out and its response coming in, both
+/// driven by the caller's task.
+struct Exchange {
+    response: H2Response,
+    /// The request's body, until all of it is with the connection.
+    upload: Option<Upload>,
+}
+
+impl Future for Exchange {
+    type Output = Result<Response<RecvStream>, StdError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if let Some(upload) = &mut this.upload
+            && let Poll::Ready(sent) = upload.poll_send(cx)
+        {
+            this.upload = None;
+            // The body's own error (a message over the size limit, say) ends the call;
+            // the stream has been reset.
+            sent?;
+        }
+        let response = ready!(Pin::new(&mut this.response).poll(cx))?;
+        if let Some(upload) = this.upload.take() {
+            // A streaming request goes on after its response has begun.
+            tokio::spawn(upload);
+        }
+        Poll::Ready(Ok(response))
+    }
+}
+
+/// A request's body on its way out, within the stream's flow-control window: the next
+/// frame is read from the body only once the last one is with the connection, so a
+/// streaming request holds at most one frame here.
+struct Upload {
+    body: Body,
+    stream: SendStream<Bytes>,
+    /// Data read from the body and not yet sent, and whether the body ends with it.
+    pending: Option<(Bytes, bool)>,
+}
+
+impl Upload {
+    /// Sends what the body has ready. Ready once the body has been sent whole, or when
+    /// the stream can take no more: then the response tells why. An error is the body's
+    /// own, after which the stream is reset.
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        loop {
+            let Some((data, end)) = &mut self.pending else {
+                match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+                    // A body that did not say its last frame was the last.
+                    None => {
+                        let _ = self.stream.send_data(Bytes::new(), true);
+                        return Poll::Ready(Ok(()));
+                    }
+                    Some(Err(status)) => {
+                        self.stream.send_reset(h2::Reason::CANCEL);
+                        return Poll::Ready(Err(status));
+                    }
+                    Some(Ok(frame)) => match frame.into_data() {
+                        Ok(data) => self.pending = Some((data, self.body.is_end_stream())),
+                        Err(frame) => {
+                            if let Ok(trailers) = frame.into_trailers() {
+                                let _ = self.stream.send_trailers(trailers);
+                                return Poll::Ready(Ok(()));
+                            }
+                        }
+                    },
+                }
+                continue;
+            };
+            if data.is_empty() && !*end {
+                self.pending = None;
+                continue;
+            }
+            if !data.is_empty() {
+                // Capacity comes at once while the windows are open, as they are for a
+                // unary request; otherwise the connection's task wakes this one.
+                self.stream.reserve_capacity(data.len());
+                while self.stream.capacity() == 0 {
+                    match ready!(self.stream.poll_capacity(cx)) {
+                        Some(Ok(_)) => {}
+                        Some(Err(_)) | None => return Poll::Ready(Ok(())),
+                    }
+                }
+            }
+            let now = data.split_to(data.len().min(self.stream.capacity()));
+            let last = *end && data.is_empty();
+            if self.stream.send_data(now, last).is_err() || last {
+                return Poll::Ready(Ok(()));
+            }
+            if data.is_empty() {
+                self.pending = None;
+            }
+        }
+    }
+}
+
+impl Future for Upload {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // Its error has nobody to go to: the response is already with the caller, and
+        // the stream has been reset.
+        let _ = ready!(self.poll_send(cx));
+        Poll::Ready(())
+    }
+}
+
+/// A response's body as it arrives; each DATA frame's bytes go back to the stream's
+/// window once read.
+struct Download {
+    recv: RecvStream,
+    /// All DATA frames have been read; trailers may follow.
+    data_ended: bool,
+}
+
+impl HttpBody for Download {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        if !self.data_ended {
+            match ready!(self.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    // Fails only when the stream has ended, when no window is left.
+                    let _ = self.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(error)) => return Poll::Ready(Some(Err(error))),
+                None => self.data_ended = true,
+            }
+        }
+        Poll::Ready(
+            ready!(self.recv.poll_trailers(cx))
+                .transpose()
+                .map(|trailers| trailers.map(Frame::trailers)),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
     }
 }
 
@@ -270,7 +453,7 @@ fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
 
 /// A request body that looks one frame ahead, so that its last DATA frame says it is
 /// the last: a unary request's message then travels as one DATA frame with END_STREAM,
-/// where hyper would otherwise send an empty DATA frame after it.
+/// where an HTTP/2 client that cannot tell would send an empty DATA frame after it.
 struct Eager {
     inner: Body,
     /// The frame read ahead.
