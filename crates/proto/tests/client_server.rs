@@ -6,6 +6,8 @@
 
 #![allow(clippy::expect_used, clippy::panic)]
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use agentloop_proto::client::{self, ClientConfig, ConnectError};
@@ -18,10 +20,12 @@ use agentloop_proto::v1::{
     ToolExecutorServiceReconcileRequest, ToolExecutorServiceReconcileResponse, ToolResult,
     stage_answer, tool_result,
 };
+use http_body::Body as _;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::codec::CompressionEncoding;
+use tonic::codegen::{Bytes, Service as _, http};
 use tonic::{Request, Response, Status};
 
 /// A tool executor that only describes one tool.
@@ -508,4 +512,94 @@ async fn a_request_over_the_message_limit_fails_alone() {
         "{}"
     );
     served.stop().await.expect("the server stops cleanly");
+}
+
+/// A request body fed by a channel: a stream whose frames come when the test sends them.
+struct Fed(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl http_body::Body for Fed {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|data| data.map(|data| Ok(http_body::Frame::data(data))))
+    }
+}
+
+#[tokio::test]
+async fn a_request_still_streaming_when_its_response_begins_goes_on() {
+    // A bare HTTP/2 server that answers with headers at once, then reads the request to
+    // its end and sends how many bytes it read in the trailers.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+    let address = listener.local_addr().expect("local address");
+    let server = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.expect("a connection");
+        let mut connection = h2::server::handshake(socket).await.expect("a handshake");
+        let (request, mut respond) = connection
+            .accept()
+            .await
+            .expect("a request")
+            .expect("a good request");
+        // The connection's frames are read while it is polled.
+        tokio::spawn(async move { while connection.accept().await.is_some() {} });
+        let mut sending = respond
+            .send_response(http::Response::new(()), false)
+            .expect("the headers go");
+        let mut body = request.into_body();
+        let mut read = 0;
+        while let Some(data) = body.data().await {
+            let data = data.expect("the request's data");
+            read += data.len();
+            body.flow_control()
+                .release_capacity(data.len())
+                .expect("capacity goes back");
+        }
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("read", read.into());
+        sending.send_trailers(trailers).expect("the trailers go");
+    });
+
+    let mut transport = client::connect(&format!("http://{address}"), ClientConfig::default())
+        .await
+        .expect("connects");
+    let (feed, fed) = tokio::sync::mpsc::channel(1);
+    let request = http::Request::post("/count")
+        .body(tonic::body::Body::new(Fed(fed)))
+        .expect("a request");
+    std::future::poll_fn(|cx| transport.poll_ready(cx))
+        .await
+        .expect("ready");
+    // The response begins before the request has sent a byte.
+    let response = unstalled(transport.call(request))
+        .await
+        .expect("the response begins");
+    for _ in 0..3 {
+        feed.send(Bytes::from_static(b"12345"))
+            .await
+            .expect("the request reads on");
+    }
+    drop(feed);
+    let mut body = response.into_body();
+    let trailers = unstalled(async {
+        loop {
+            let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx))
+                .await
+                .expect("the trailers come")
+                .expect("a good frame");
+            if let Ok(trailers) = frame.into_trailers() {
+                break trailers;
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        trailers.get("read").map(|read| read.as_bytes()),
+        Some(&b"15"[..])
+    );
+    server.await.expect("the server ends well");
 }
