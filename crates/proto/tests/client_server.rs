@@ -1,8 +1,9 @@
 //! A real tonic server on an ephemeral port, reached through the crate's `connect`
 //! factory: proves the generated client and server agree with the shared limits, that
 //! the factory's clients do not compress, and that the servers still speak gzip to a
-//! client that asks for it; and that the plain-text route's flow control carries
-//! messages and streams larger than its windows.
+//! client that asks for it; and that the plain-text route carries messages and
+//! streams larger than its flow-control windows, and a request that still streams
+//! when its response begins.
 
 #![allow(clippy::expect_used, clippy::panic)]
 
