@@ -29,7 +29,9 @@ use tonic::codec::CompressionEncoding;
 use tonic::codegen::{Bytes, Service as _, http};
 use tonic::{Request, Response, Status};
 
-/// A tool executor that only describes one tool.
+/// A tool executor that describes one tool; `execute` answers with the call's arguments
+/// as the result's detail, and `execute_stage` answers each call with a refusal whose
+/// message is as many bytes as the call's arguments say.
 struct OneTool;
 
 fn descriptor() -> ToolDescriptor {
@@ -62,19 +64,47 @@ impl ToolExecutorService for OneTool {
 
     async fn execute(
         &self,
-        _request: Request<ToolExecutorServiceExecuteRequest>,
+        request: Request<ToolExecutorServiceExecuteRequest>,
     ) -> Result<Response<ToolExecutorServiceExecuteResponse>, Status> {
-        Err(Status::unimplemented("not needed by this test"))
+        let call = request.into_inner().call.unwrap_or_default();
+        Ok(Response::new(ToolExecutorServiceExecuteResponse {
+            result: Some(ToolResult {
+                call_id: call.call_id,
+                outcome: Some(tool_result::Outcome::Unknown(tool_result::OutcomeUnknown {
+                    detail: call.arguments_json,
+                })),
+            }),
+        }))
     }
 
     type ExecuteStageStream = agentloop_proto::server::StageStream;
 
-    /// A test executor from before stages: each call comes as an `Execute`.
     async fn execute_stage(
         &self,
-        _request: tonic::Request<agentloop_proto::v1::ToolExecutorServiceExecuteStageRequest>,
+        request: tonic::Request<ToolExecutorServiceExecuteStageRequest>,
     ) -> Result<tonic::Response<Self::ExecuteStageStream>, tonic::Status> {
-        Err(tonic::Status::unimplemented("no stages"))
+        let answers = request
+            .into_inner()
+            .calls
+            .into_iter()
+            .zip(0..)
+            .map(|(call, index)| {
+                let size = call
+                    .call
+                    .and_then(|call| call.arguments_json.parse::<usize>().ok())
+                    .ok_or_else(|| Status::invalid_argument("the arguments are a size"))?;
+                Ok(ToolExecutorServiceExecuteStageResponse {
+                    index,
+                    answer: Some(StageAnswer {
+                        answer: Some(stage_answer::Answer::Refused(stage_answer::Refused {
+                            code: 0,
+                            message: "x".repeat(size),
+                        })),
+                    }),
+                })
+            })
+            .collect::<Vec<_>>();
+        Ok(Response::new(Box::pin(tokio_stream::iter(answers))))
     }
 
     async fn reconcile(
@@ -330,85 +360,11 @@ async fn a_call_without_an_answer_ends_at_the_request_timeout() {
     served.stop().await.expect("the server stops cleanly");
 }
 
-/// A tool executor that echoes: `execute` answers with the call's arguments as the
-/// result's detail; `execute_stage` answers each call with a refusal whose message is as
-/// many bytes as the call's arguments say.
-struct Echo;
-
-#[tonic::async_trait]
-impl ToolExecutorService for Echo {
-    async fn describe(
-        &self,
-        _request: Request<DescribeRequest>,
-    ) -> Result<Response<DescribeResponse>, Status> {
-        Err(Status::unimplemented("not needed by this test"))
-    }
-
-    async fn execute(
-        &self,
-        request: Request<ToolExecutorServiceExecuteRequest>,
-    ) -> Result<Response<ToolExecutorServiceExecuteResponse>, Status> {
-        let call = request.into_inner().call.unwrap_or_default();
-        Ok(Response::new(ToolExecutorServiceExecuteResponse {
-            result: Some(ToolResult {
-                call_id: call.call_id,
-                outcome: Some(tool_result::Outcome::Unknown(tool_result::OutcomeUnknown {
-                    detail: call.arguments_json,
-                })),
-            }),
-        }))
-    }
-
-    type ExecuteStageStream = agentloop_proto::server::StageStream;
-
-    async fn execute_stage(
-        &self,
-        request: tonic::Request<ToolExecutorServiceExecuteStageRequest>,
-    ) -> Result<tonic::Response<Self::ExecuteStageStream>, tonic::Status> {
-        let answers = request
-            .into_inner()
-            .calls
-            .into_iter()
-            .zip(0..)
-            .map(|(call, index)| {
-                let size = call
-                    .call
-                    .and_then(|call| call.arguments_json.parse::<usize>().ok())
-                    .ok_or_else(|| Status::invalid_argument("the arguments are a size"))?;
-                Ok(ToolExecutorServiceExecuteStageResponse {
-                    index,
-                    answer: Some(StageAnswer {
-                        answer: Some(stage_answer::Answer::Refused(stage_answer::Refused {
-                            code: 0,
-                            message: "x".repeat(size),
-                        })),
-                    }),
-                })
-            })
-            .collect::<Vec<_>>();
-        Ok(Response::new(Box::pin(tokio_stream::iter(answers))))
-    }
-
-    async fn reconcile(
-        &self,
-        _request: Request<ToolExecutorServiceReconcileRequest>,
-    ) -> Result<Response<ToolExecutorServiceReconcileResponse>, Status> {
-        Err(Status::unimplemented("not needed by this test"))
-    }
-
-    async fn verify(
-        &self,
-        _request: Request<agentloop_proto::v1::ToolExecutorServiceVerifyRequest>,
-    ) -> Result<Response<agentloop_proto::v1::ToolExecutorServiceVerifyResponse>, Status> {
-        Err(Status::unimplemented("not needed by this test"))
-    }
-}
-
-/// A client of an [`Echo`] served on a new port, and the server.
-async fn echo() -> (client::Transport, Served) {
+/// A client of a [`OneTool`] served on a new port, and the server.
+async fn one_tool() -> (client::Transport, Served) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
     let address = listener.local_addr().expect("local address");
-    let served = serve(listener, Echo);
+    let served = serve(listener, OneTool);
     let transport = client::connect(&format!("http://{address}"), ClientConfig::default())
         .await
         .expect("connects");
@@ -446,7 +402,7 @@ async fn execute(transport: &client::Transport, arguments: String) -> Result<Str
 
 #[tokio::test]
 async fn messages_larger_than_the_flow_control_windows_go_through_whole() {
-    let (transport, served) = echo().await;
+    let (transport, served) = one_tool().await;
     // 3 MiB: more than the server's stream window (1 MiB), so the request waits for
     // window updates, and more than the client's (2 MiB), so the response arrives only
     // if the client hands its bytes back as it reads them. Twice, on one connection.
@@ -463,7 +419,7 @@ async fn messages_larger_than_the_flow_control_windows_go_through_whole() {
 
 #[tokio::test]
 async fn a_stream_larger_than_the_connection_window_is_read_whole() {
-    let (transport, served) = echo().await;
+    let (transport, served) = one_tool().await;
     let megabyte = 1024 * 1024;
     // Eight answers of 1 MiB: more than the connection's window (5 MiB).
     let calls = (0..8)
@@ -497,7 +453,7 @@ async fn a_stream_larger_than_the_connection_window_is_read_whole() {
 
 #[tokio::test]
 async fn a_request_over_the_message_limit_fails_alone() {
-    let (transport, served) = echo().await;
+    let (transport, served) = one_tool().await;
     let status = unstalled(execute(
         &transport,
         "a".repeat(agentloop_proto::MAX_MESSAGE_BYTES + 1),
